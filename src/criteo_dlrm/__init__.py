@@ -1,0 +1,4 @@
+"""criteo-dlrm
+"""
+
+__version__ = "0.1"

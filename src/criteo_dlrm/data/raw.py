@@ -1,0 +1,336 @@
+"""Streaming conversion of raw Criteo TSV day files (plain or gzip) into typed Parquet.
+
+The file is read block by block with pyarrow's CSV reader, every field as a string; labels, counts
+and hex categories are then validated and parsed column-wise with Arrow kernels and numpy, so no
+Python code runs per row or per cell. Rows that fail are never dropped silently: each one is
+written to a rejects file with its line number and the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+from loguru import logger
+from tqdm import tqdm
+
+from criteo_dlrm.schema import (
+    COLUMNS,
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    PARQUET_SCHEMA,
+    SPARSE_COLUMNS,
+)
+
+_DAY_FILE = re.compile(r"^(day_\d+|[A-Za-z0-9_.-]+\.(txt|tsv))(\.gz)?$")
+_INTEGER = r"^-?[0-9]{1,18}$"
+_ROW_GROUP_ROWS = 1 << 19
+_MAX_REPORTED = 5
+
+# ASCII byte -> hex nibble; 255 marks a byte that is not a hex digit.
+_NIBBLE = np.full(256, 255, dtype=np.uint8)
+for _offset, _chars in ((0, b"0123456789"), (10, b"abcdef"), (10, b"ABCDEF")):
+    _NIBBLE[np.frombuffer(_chars, dtype=np.uint8)] = np.arange(_offset, _offset + len(_chars))
+
+
+class IngestionError(ValueError):
+    """Raw input that cannot be converted; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class Reject:
+    """One input line that was not converted."""
+
+    line: int
+    reason: str
+    text: str
+
+
+@dataclass
+class DayReport:
+    """What converting one day file produced."""
+
+    source: str
+    parquet: str
+    rows: int
+    rejected: int
+    rejects_file: str | None
+    input_bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def day_name(path: Path) -> str:
+    """``day_3.gz`` -> ``day_3``; ``train.txt`` -> ``train``."""
+    name = path.name.removesuffix(".gz")
+    return name.removesuffix(".txt").removesuffix(".tsv")
+
+
+def day_sort_key(name: str) -> tuple[int, str]:
+    """Sort ``day_2`` before ``day_10``; other names after the numbered days, alphabetically."""
+    match = re.fullmatch(r"day_(\d+)", name)
+    return (int(match.group(1)), name) if match else (1 << 30, name)
+
+
+def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
+    """Return the raw day files in ``raw_dir`` (``day_<N>``, ``day_<N>.gz``, ``*.txt``, ``*.tsv``), in day order.
+
+    Raises:
+        IngestionError: the folder is missing or holds no day file.
+    """
+    folder = Path(raw_dir)
+    if not folder.is_dir():
+        raise IngestionError(
+            f"Raw data folder {folder} does not exist. Put Criteo day files (day_0.gz, day_1, ... or "
+            f"train.txt) there, or point ingestion at your folder: "
+            f"kedro run --pipeline=ingestion --params=ingestion.raw_dir=/path/to/criteo"
+        )
+    files = [p for p in folder.iterdir() if p.is_file() and _DAY_FILE.match(p.name)]
+    if not files:
+        raise IngestionError(
+            f"Raw data folder {folder} holds no Criteo day file (expected day_<N>, day_<N>.gz, *.txt or "
+            f"*.tsv). Regenerate the bundled sample with `python -m criteo_dlrm.data.synthetic "
+            f"--output {folder}` or set --params=ingestion.raw_dir=/path/to/criteo"
+        )
+    return sorted(files, key=lambda p: day_sort_key(day_name(p)))
+
+
+def parse_hex(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Parse 1-8 digit hex strings column-wise.
+
+    Args:
+        values: string array; nulls are missing values.
+
+    Returns:
+        ``(parsed, bad)``: ``parsed`` int64 (0 where null or bad), ``bad`` bool, True where a non-null
+        value is not 1-8 hex digits.
+    """
+    filled = pc.fill_null(values, "0")
+    lengths = pc.binary_length(filled).to_numpy(zero_copy_only=False)
+    fits = (lengths >= 1) & (lengths <= 8)
+    padded = pc.ascii_lpad(pc.if_else(pa.array(fits), filled, "0"), 8, "0")
+    count = len(padded)
+    offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset : padded.offset + count + 1]
+    raw = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(count, 8)
+    nibbles = _NIBBLE[raw]
+    bad = ~fits | (nibbles == 255).any(axis=1)
+    nibbles[bad] = 0
+    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+    return packed.view(">u4").ravel().astype(np.int64), bad
+
+
+def parse_integers(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Parse decimal integer strings (nulls stay null). Returns ``(int64 array, bad mask)``."""
+    try:
+        return pc.cast(values, pa.int64()), np.zeros(len(values), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        ok = pc.fill_null(pc.match_substring_regex(values, _INTEGER), True)
+        bad = ~ok.to_numpy(zero_copy_only=False)
+        return pc.cast(pc.if_else(ok, values, pa.scalar(None, pa.string())), pa.int64()), bad
+
+
+def _raw_text(batch: pa.RecordBatch, row: int) -> str:
+    return "\t".join("" if value is None else value for value in (col[row].as_py() for col in batch.columns))
+
+
+def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, str, str]]]:
+    """Validate and type one block of raw string columns.
+
+    Args:
+        batch: the 40 raw columns as strings, named as ``schema.COLUMNS``.
+
+    Returns:
+        ``(typed, bad)``: the valid rows typed as ``schema.PARQUET_SCHEMA`` and, for every other row,
+        ``(row index in batch, reason, raw text)``.
+    """
+    count = batch.num_rows
+    reasons: dict[int, str] = {}
+
+    labels = batch.column(LABEL_COLUMN)
+    is_one = pc.fill_null(pc.equal(labels, "1"), False).to_numpy(zero_copy_only=False)
+    is_zero = pc.fill_null(pc.equal(labels, "0"), False).to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(~(is_one | is_zero)):
+        reasons.setdefault(int(row), f"label {labels[row].as_py()!r} is not 0 or 1")
+
+    arrays: list[pa.Array] = [pa.array(is_one.astype(np.int8))]
+    for name in DENSE_COLUMNS:
+        column = batch.column(name)
+        parsed, bad = parse_integers(column)
+        for row in np.flatnonzero(bad):
+            reasons.setdefault(int(row), f"{name} {column[row].as_py()!r} is not an integer")
+        arrays.append(parsed)
+    for name in SPARSE_COLUMNS:
+        column = batch.column(name)
+        parsed, bad = parse_hex(column)
+        for row in np.flatnonzero(bad):
+            reasons.setdefault(int(row), f"{name} {column[row].as_py()!r} is not 1-8 hex digits")
+        arrays.append(pa.array(parsed, mask=column.is_null().to_numpy(zero_copy_only=False)))
+
+    typed = pa.RecordBatch.from_arrays(arrays, schema=PARQUET_SCHEMA)
+    if not reasons:
+        return typed, []
+    keep = np.ones(count, dtype=bool)
+    keep[list(reasons)] = False
+    bad_rows = [(row, reason, _raw_text(batch, row)) for row, reason in sorted(reasons.items())]
+    return typed.filter(pa.array(keep)), bad_rows
+
+
+class _LineTracker:
+    """Maps the reader's n-th well-formed row back to its physical line number.
+
+    pyarrow reports the line of each row with the wrong number of fields; every other line is
+    a row, so the n-th row sits at line ``n + 1 + (number of malformed lines before it)``.
+    """
+
+    def __init__(self) -> None:
+        self.malformed: list[Reject] = []
+
+    def handle(self, row: pa_csv.InvalidRow) -> str:
+        self.malformed.append(
+            Reject(row.number or 0, f"{row.actual_columns} fields, expected {row.expected_columns}", row.text)
+        )
+        return "skip"
+
+    def lines(self, first_row: int, rows: np.ndarray) -> np.ndarray:
+        lines = np.array([reject.line for reject in self.malformed], dtype=np.int64)
+        rows_before = lines - 1 - np.arange(len(lines))
+        return first_row + rows + 1 + np.searchsorted(rows_before, first_row + rows, side="right")
+
+
+def _open(path: Path) -> tuple[pa.NativeFile, pa.NativeFile]:
+    raw = pa.OSFile(str(path), "rb")
+    stream = pa.CompressedInputStream(raw, "gzip") if path.name.endswith(".gz") else raw
+    return raw, stream
+
+
+def _read_options(block_size: int) -> pa_csv.ReadOptions:
+    return pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False)
+
+
+def convert_day(
+    source: Path,
+    destination: Path,
+    *,
+    max_reject_fraction: float = 0.0,
+    block_size: int = 16 << 20,
+    progress: bool | None = None,
+) -> DayReport:
+    """Convert one raw day file into one Parquet file, streaming.
+
+    Memory stays bounded by ``block_size`` and one row group, whatever the file size. The Parquet file
+    appears (atomically) only when the day converts within ``max_reject_fraction``.
+
+    Args:
+        source: ``day_<N>``, ``day_<N>.gz`` or a Kaggle ``train.txt``.
+        destination: the Parquet file to write.
+        max_reject_fraction: share of bad lines tolerated; above it the conversion fails.
+        block_size: bytes of decompressed text parsed at a time.
+        progress: show a progress bar (None: only on a terminal).
+
+    Raises:
+        IngestionError: too many bad lines, or no row at all; the message names the file, the count
+            and the first bad lines, and the rejects file holds every one of them.
+    """
+    started = time.perf_counter()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    rejects_path = destination.with_name(destination.name.removesuffix(".parquet") + ".rejects.tsv")
+    rejects_path.unlink(missing_ok=True)
+    partial = destination.with_name(destination.name + ".partial")
+    tracker = _LineTracker()
+    rejects: list[Reject] = []
+    rows = rows_seen = 0
+    raw, stream = _open(source)
+    parse_options = pa_csv.ParseOptions(
+        delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=tracker.handle
+    )
+    convert_options = pa_csv.ConvertOptions(
+        column_types={name: pa.string() for name in COLUMNS}, strings_can_be_null=True, quoted_strings_can_be_null=False
+    )
+    bar = tqdm(
+        total=source.stat().st_size, unit="B", unit_scale=True, desc=source.name, disable=None if progress is None else not progress
+    )
+    try:
+        reader = pa_csv.open_csv(stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options)
+        with pq.ParquetWriter(partial, PARQUET_SCHEMA) as writer:
+            pending: list[pa.RecordBatch] = []
+            pending_rows = 0
+            for batch in reader:
+                typed, bad = parse_batch(batch)
+                if bad:
+                    rows_in_batch = np.array([row for row, _, _ in bad], dtype=np.int64)
+                    lines = tracker.lines(rows_seen, rows_in_batch)
+                    rejects.extend(Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad))
+                rows_seen += batch.num_rows
+                rows += typed.num_rows
+                pending.append(typed)
+                pending_rows += typed.num_rows
+                if pending_rows >= _ROW_GROUP_ROWS:
+                    writer.write_table(pa.Table.from_batches(pending))
+                    pending, pending_rows = [], 0
+                bar.update(raw.tell() - bar.n)
+                bar.set_postfix(rows=f"{rows:,}", refresh=False)
+            if pending_rows:
+                writer.write_table(pa.Table.from_batches(pending))
+    except pa.ArrowInvalid as error:
+        partial.unlink(missing_ok=True)
+        raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
+    finally:
+        bar.close()
+        stream.close()
+
+    rejects = sorted(rejects + tracker.malformed, key=lambda reject: reject.line)
+    total = rows + len(rejects)
+    if rejects:
+        _write_rejects(rejects_path, source, rejects)
+    if rows == 0:
+        partial.unlink(missing_ok=True)
+        raise IngestionError(f"{source}: no valid Criteo row in {total:,} lines." + _describe(rejects, rejects_path))
+    if len(rejects) > max_reject_fraction * total:
+        partial.unlink(missing_ok=True)
+        raise IngestionError(
+            f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
+            f"ingestion.max_reject_fraction={max_reject_fraction}." + _describe(rejects, rejects_path)
+            + "\nFix the file, or accept a share of bad lines with "
+            "`kedro run --params=ingestion.max_reject_fraction=0.001`."
+        )
+    os.replace(partial, destination)
+    report = DayReport(
+        source=str(source),
+        parquet=str(destination),
+        rows=rows,
+        rejected=len(rejects),
+        rejects_file=str(rejects_path) if rejects else None,
+        input_bytes=source.stat().st_size,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    logger.info(
+        "{}: {:,} rows -> {} ({:,} rejected) in {:.1f}s ({:,.0f} rows/s)",
+        source.name, rows, destination, len(rejects), report.seconds, rows / max(report.seconds, 1e-9),
+    )
+    return report
+
+
+def _describe(rejects: list[Reject], rejects_path: Path) -> str:
+    if not rejects:
+        return ""
+    first = "\n".join(f"  line {r.line}: {r.reason}" for r in rejects[:_MAX_REPORTED])
+    return f" First bad lines:\n{first}\nEvery rejected line is in {rejects_path}."
+
+
+def _write_rejects(path: Path, source: Path, rejects: list[Reject]) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+        writer.writerow(["file", "line", "reason", "text"])
+        writer.writerows((str(source), r.line, r.reason, r.text) for r in rejects)
+

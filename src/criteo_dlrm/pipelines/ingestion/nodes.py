@@ -1,0 +1,58 @@
+"""Ingestion nodes: thin adapters over ``criteo_dlrm.data.raw``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from loguru import logger
+
+from criteo_dlrm.data.raw import DayReport, convert_day, day_name, find_day_files
+from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
+
+
+def _previous_report(source: Path, destination: Path) -> DayReport | None:
+    """The report of an earlier conversion still valid for ``source``, or None."""
+    if not destination.exists() or destination.stat().st_mtime < source.stat().st_mtime:
+        return None
+    rejects = destination.with_name(destination.stem + ".rejects.tsv")
+    rejected = sum(1 for _ in rejects.open()) - 1 if rejects.exists() else 0
+    return DayReport(
+        source=str(source),
+        parquet=str(destination),
+        rows=pq.ParquetFile(destination).metadata.num_rows,
+        rejected=rejected,
+        rejects_file=str(rejects) if rejects.exists() else None,
+        input_bytes=source.stat().st_size,
+        seconds=0.0,
+    )
+
+
+def convert_raw_days(ingestion: dict) -> dict:
+    """Convert every raw day file in ``ingestion.raw_dir`` to Parquet in ``ingestion.output_dir``.
+
+    Days converted before (Parquet newer than its raw file) are skipped unless ``ingestion.force``.
+
+    Returns:
+        The ingestion report: one entry per day, in day order, with its Parquet path and row counts.
+    """
+    output_dir = Path(ingestion["output_dir"])
+    days = []
+    for source in find_day_files(ingestion["raw_dir"]):
+        name = day_name(source)
+        destination = output_dir / f"{name}.parquet"
+        report = None if ingestion.get("force") else _previous_report(source, destination)
+        if report is None:
+            report = convert_day(
+                source,
+                destination,
+                max_reject_fraction=float(ingestion["max_reject_fraction"]),
+                block_size=int(ingestion["block_size_mb"] * (1 << 20)),
+            )
+        else:
+            logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
+        entry = {"day": name, **report.as_dict()}
+        sidecar = source.with_name(name + SIDECAR_SUFFIX)
+        entry["click_probability"] = str(sidecar) if sidecar.exists() else None
+        days.append(entry)
+    return {"raw_dir": str(ingestion["raw_dir"]), "days": days}

@@ -1,0 +1,17 @@
+from kedro.pipeline import Node, Pipeline
+
+from .nodes import convert_raw_days
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline(
+        [
+            Node(
+                convert_raw_days,
+                inputs="params:ingestion",
+                outputs="ingestion_report",
+                name="convert_raw_days",
+                tags=["ingestion"],
+            )
+        ]
+    )

@@ -1,0 +1,49 @@
+"""The Criteo click-log layout, defined once.
+
+Raw rows are ``label \\t I1..I13 \\t C1..C26`` with empty fields for missing values. Typed Parquet keeps
+the seed project's column names so its files load too.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+NUM_RAW_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
+
+LABEL_COLUMN = "labels"
+DENSE_COLUMNS = [f"DENSE_{i}" for i in range(NUM_DENSE)]
+SPARSE_COLUMNS = [f"SPARSE_{i}" for i in range(NUM_SPARSE)]
+COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
+
+# Missing values are nulls in our Parquet. The seed's Parquet used 0 for dense and -1 for sparse;
+# SEED_SPARSE_MISSING is read as missing too so those files still load.
+SEED_SPARSE_MISSING = -1
+
+PARQUET_SCHEMA = pa.schema(
+    [pa.field(LABEL_COLUMN, pa.int8(), nullable=False)]
+    + [pa.field(name, pa.int64()) for name in DENSE_COLUMNS]
+    + [pa.field(name, pa.int64()) for name in SPARSE_COLUMNS]
+)
+
+
+def check_parquet_schema(schema: pa.Schema, source: str) -> None:
+    """Raise ``ValueError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
+
+    Integer widths may differ (the seed wrote int32/float columns); anything non-numeric is refused.
+    """
+    missing = [name for name in COLUMNS if name not in schema.names]
+    if missing:
+        raise ValueError(
+            f"{source}: not a Criteo day in ingestion's layout: missing columns {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}. Re-create it with `kedro run --pipeline=ingestion "
+            f"--params=ingestion.force=true`."
+        )
+    bad = [
+        f"{name}: {schema.field(name).type}"
+        for name in COLUMNS
+        if not (pa.types.is_integer(schema.field(name).type) or pa.types.is_floating(schema.field(name).type))
+    ]
+    if bad:
+        raise ValueError(f"{source}: Criteo columns must be numeric, found {bad[:5]}.")
