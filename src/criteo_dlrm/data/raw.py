@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import csv
 import os
+import queue
 import re
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,13 +36,8 @@ from criteo_dlrm.schema import (
 
 _DAY_FILE = re.compile(r"^(day_\d+|[A-Za-z0-9_.-]+\.(txt|tsv))(\.gz)?$")
 _INTEGER = r"^-?[0-9]{1,18}$"
-_ROW_GROUP_ROWS = 1 << 19
+_ROW_GROUP_ROWS = 1 << 18
 _MAX_REPORTED = 5
-
-# ASCII byte -> hex nibble; 255 marks a byte that is not a hex digit.
-_NIBBLE = np.full(256, 255, dtype=np.uint8)
-for _offset, _chars in ((0, b"0123456789"), (10, b"abcdef"), (10, b"ABCDEF")):
-    _NIBBLE[np.frombuffer(_chars, dtype=np.uint8)] = np.arange(_offset, _offset + len(_chars))
 
 
 class IngestionError(ValueError):
@@ -106,28 +104,60 @@ def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
     return sorted(files, key=lambda p: day_sort_key(day_name(p)))
 
 
+def _parse_hex_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Parse 8 ASCII hex digits held in each little-endian uint64 (SWAR: all digits at once).
+
+    Returns ``(values, bad)``; ``bad`` marks words with a byte that is not a hex digit.
+    """
+    low, ones = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
+    # '0'-'9' -> 0-9 from the low nibble; letters have bit 6 set and need 9 more ('a' = 0x61 -> 1 + 9).
+    nibbles = (words & low) + np.uint64(9) * ((words >> np.uint64(6)) & ones)
+    # Re-encode as lowercase hex and compare: only real hex digits survive the round trip. Bytes below
+    # 0x20 would alias digits once lowercased (| 0x20), so they are refused explicitly.
+    above_nine = ((nibbles + np.uint64(0x7676767676767676)) >> np.uint64(7)) & ones
+    encoded = nibbles + np.uint64(0x3030303030303030) + np.uint64(0x27) * above_nine
+    below_space = (words - np.uint64(0x2020202020202020)) & ~words & np.uint64(0x8080808080808080)
+    too_big = nibbles & np.uint64(0x1010101010101010)  # 'g'..'o' give nibbles 16..24
+    bad = (encoded != (words | np.uint64(0x2020202020202020))) | ((below_space | too_big) != 0)
+    # Byte k holds digit k (most significant first): fold pairs, then quads, then halves.
+    pairs = ((nibbles & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | ((nibbles >> np.uint64(8)) & np.uint64(0x000F000F000F000F))
+    quads = ((pairs & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | ((pairs >> np.uint64(16)) & np.uint64(0x000000FF000000FF))
+    values = ((quads & np.uint64(0xFFFF)) << np.uint64(16)) | ((quads >> np.uint64(32)) & np.uint64(0xFFFF))
+    values[bad] = 0
+    return values.astype(np.int64), bad
+
+
 def parse_hex(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Parse 1-8 digit hex strings column-wise.
 
     Args:
-        values: string array; nulls are missing values.
+        values: string or binary array; nulls are missing values.
 
     Returns:
         ``(parsed, bad)``: ``parsed`` int64 (0 where null or bad), ``bad`` bool, True where a non-null
         value is not 1-8 hex digits.
     """
-    filled = pc.fill_null(values, "0")
-    lengths = pc.binary_length(filled).to_numpy(zero_copy_only=False)
-    fits = (lengths >= 1) & (lengths <= 8)
-    padded = pc.ascii_lpad(pc.if_else(pa.array(fits), filled, "0"), 8, "0")
-    count = len(padded)
-    offsets = np.frombuffer(padded.buffers()[1], dtype=np.int32)[padded.offset : padded.offset + count + 1]
-    raw = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(count, 8)
-    nibbles = _NIBBLE[raw]
-    bad = ~fits | (nibbles == 255).any(axis=1)
-    nibbles[bad] = 0
-    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
-    return packed.view(">u4").ravel().astype(np.int64), bad
+    count = len(values)
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[values.offset : values.offset + count + 1]
+    lengths = np.diff(offsets)
+    if np.array_equal(lengths, np.where(valid, 8, 0)):
+        # Criteo's usual case: every value has 8 digits, so the data buffer is a packed (valid, 8) array.
+        words = np.frombuffer(values.buffers()[2], dtype="<u8", count=int(valid.sum()), offset=int(offsets[0]))
+        parsed, bad = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
+        parsed[valid], bad[valid] = _parse_hex_words(words)
+        return parsed, bad
+    # Other lengths: right-align each value in 8 bytes, '0'-padded on the left, then parse those words.
+    fits = ~valid | ((lengths >= 1) & (lengths <= 8))
+    data = np.frombuffer(values.buffers()[2], dtype=np.uint8) if values.buffers()[2] else np.zeros(0, np.uint8)
+    data = np.concatenate([np.full(8, ord("0"), dtype=np.uint8), data])
+    index = offsets[1:, None] + np.arange(8)  # +8 for the padding in front, -8 to end at the value's end
+    padded = data[index]
+    padded[np.arange(8)[None, :] < (8 - np.where(valid & fits, lengths, 8))[:, None]] = ord("0")
+    parsed, bad = _parse_hex_words(np.ascontiguousarray(padded).view("<u8").ravel())
+    bad = (bad | ~fits) & valid
+    parsed[bad | ~valid] = 0
+    return parsed, bad
 
 
 def parse_integers(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
@@ -141,7 +171,8 @@ def parse_integers(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
 
 
 def _raw_text(batch: pa.RecordBatch, row: int) -> str:
-    return "\t".join("" if value is None else value for value in (col[row].as_py() for col in batch.columns))
+    values = (column[row].as_py() for column in batch.columns)
+    return "\t".join("" if v is None else v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values)
 
 
 def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, str, str]]]:
@@ -174,7 +205,8 @@ def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, 
         column = batch.column(name)
         parsed, bad = parse_hex(column)
         for row in np.flatnonzero(bad):
-            reasons.setdefault(int(row), f"{name} {column[row].as_py()!r} is not 1-8 hex digits")
+            text = column[row].as_py().decode("utf-8", "replace")
+            reasons.setdefault(int(row), f"{name} {text!r} is not 1-8 hex digits")
         arrays.append(pa.array(parsed, mask=column.is_null().to_numpy(zero_copy_only=False)))
 
     typed = pa.RecordBatch.from_arrays(arrays, schema=PARQUET_SCHEMA)
@@ -214,6 +246,68 @@ def _open(path: Path) -> tuple[pa.NativeFile, pa.NativeFile]:
     return raw, stream
 
 
+def _in_background(work: Callable[[], None]) -> Callable[[], None]:
+    """Run ``work`` in a thread; the returned ``join`` waits for it and re-raises its error."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as error:  # re-raised by join
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+
+    return join
+
+
+def _read_ahead(reader: pa_csv.CSVStreamingReader, depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """Yield the reader's batches while a background thread reads the next ones.
+
+    pyarrow releases the GIL while it decompresses and splits text, so reading overlaps with our parsing
+    and Parquet writing. The reader itself stays single-threaded: only then does it report line numbers.
+    """
+    batches: queue.Queue = queue.Queue(maxsize=depth)
+
+    def produce() -> None:
+        try:
+            for batch in reader:
+                batches.put(batch)
+        finally:
+            batches.put(None)
+
+    join = _in_background(produce)
+    while (batch := batches.get()) is not None:
+        yield batch
+    join()
+
+
+class _WriteBehind:
+    """Writes Parquet row groups in a background thread, at most ``depth`` tables behind."""
+
+    def __init__(self, writer: pq.ParquetWriter, depth: int = 1):
+        self._tables: queue.Queue = queue.Queue(maxsize=depth)
+        self._join = _in_background(self._drain)
+        self._writer = writer
+
+    def _drain(self) -> None:
+        while (table := self._tables.get()) is not None:
+            self._writer.write_table(table)
+
+    def write(self, table: pa.Table) -> None:
+        self._tables.put(table)
+
+    def close(self) -> None:
+        self._tables.put(None)
+        self._join()
+
+
 def _read_options(block_size: int) -> pa_csv.ReadOptions:
     return pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False)
 
@@ -223,7 +317,7 @@ def convert_day(
     destination: Path,
     *,
     max_reject_fraction: float = 0.0,
-    block_size: int = 16 << 20,
+    block_size: int = 4 << 20,
     progress: bool | None = None,
 ) -> DayReport:
     """Convert one raw day file into one Parquet file, streaming.
@@ -254,36 +348,42 @@ def convert_day(
     parse_options = pa_csv.ParseOptions(
         delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=tracker.handle
     )
-    convert_options = pa_csv.ConvertOptions(
-        column_types={name: pa.string() for name in COLUMNS}, strings_can_be_null=True, quoted_strings_can_be_null=False
-    )
+    # Categories stay binary: they are parsed from their bytes, so UTF-8 validation would be wasted work.
+    column_types = {name: pa.binary() if name in SPARSE_COLUMNS else pa.string() for name in COLUMNS}
+    convert_options = pa_csv.ConvertOptions(column_types=column_types, strings_can_be_null=True)
     bar = tqdm(
         total=source.stat().st_size, unit="B", unit_scale=True, desc=source.name, disable=None if progress is None else not progress
     )
     try:
         reader = pa_csv.open_csv(stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options)
-        with pq.ParquetWriter(partial, PARQUET_SCHEMA) as writer:
+        with pq.ParquetWriter(partial, PARQUET_SCHEMA) as parquet:
+            writer = _WriteBehind(parquet)
             pending: list[pa.RecordBatch] = []
             pending_rows = 0
-            for batch in reader:
-                typed, bad = parse_batch(batch)
-                if bad:
-                    rows_in_batch = np.array([row for row, _, _ in bad], dtype=np.int64)
-                    lines = tracker.lines(rows_seen, rows_in_batch)
-                    rejects.extend(Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad))
-                rows_seen += batch.num_rows
-                rows += typed.num_rows
-                pending.append(typed)
-                pending_rows += typed.num_rows
-                if pending_rows >= _ROW_GROUP_ROWS:
-                    writer.write_table(pa.Table.from_batches(pending))
-                    pending, pending_rows = [], 0
-                bar.update(raw.tell() - bar.n)
-                bar.set_postfix(rows=f"{rows:,}", refresh=False)
-            if pending_rows:
-                writer.write_table(pa.Table.from_batches(pending))
+            try:
+                for batch in _read_ahead(reader):
+                    typed, bad = parse_batch(batch)
+                    if bad:
+                        rows_in_batch = np.array([row for row, _, _ in bad], dtype=np.int64)
+                        lines = tracker.lines(rows_seen, rows_in_batch)
+                        rejects.extend(Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad))
+                    rows_seen += batch.num_rows
+                    rows += typed.num_rows
+                    pending.append(typed)
+                    pending_rows += typed.num_rows
+                    if pending_rows >= _ROW_GROUP_ROWS:
+                        writer.write(pa.Table.from_batches(pending))
+                        pending, pending_rows = [], 0
+                    bar.update(raw.tell() - bar.n)
+                    bar.set_postfix(rows=f"{rows:,}", refresh=False)
+                if pending_rows:
+                    writer.write(pa.Table.from_batches(pending))
+            finally:
+                writer.close()
     except pa.ArrowInvalid as error:
         partial.unlink(missing_ok=True)
+        if "Empty CSV file" in str(error):
+            raise IngestionError(f"{source}: no valid Criteo row: the file is empty.") from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
     finally:
         bar.close()

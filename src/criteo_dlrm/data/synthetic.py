@@ -2,8 +2,8 @@
 
 Every row's true click probability is known, so tests and benchmarks can compare a model with the
 best achievable AUC and log loss (the "oracle"). The generator streams: a day of any size is written
-chunk by chunk, and each chunk is drawn from its own seed, so the same (seed, day) always gives the
-same bytes whatever the chunk size of the caller.
+chunk by chunk, and each chunk is drawn from its own seed, so the same seed, day and chunk size
+always give the same bytes.
 
 Run ``python -m criteo_dlrm.data.synthetic --help`` for the command line.
 """

@@ -1,0 +1,105 @@
+"""Ingestion benchmark: our streaming converter against the seed's pandas + per-cell ``int(x, 16)``.
+
+Generates N rows of Criteo-format data, converts them both ways in separate processes (so each
+reports its own peak RSS), and prints rows/s, peak memory and the ratio. Ours is also run on N/2 rows
+to show that its peak memory does not grow with the file.
+
+    python benchmarks/ingestion.py --rows 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+
+
+def seed_convert(source: Path, destination: Path) -> int:
+    """The seed's preprocessing (DESIGN.md section 2), made to run on pandas 3."""
+    names = ["labels", *DENSE_COLUMNS, *SPARSE_COLUMNS]
+    rows = 0
+    writer = None
+    for chunk in pd.read_csv(source, sep="\t", header=None, names=names, chunksize=1_000_000, dtype=str):
+        frame = pd.DataFrame({"labels": chunk["labels"].astype(np.int64)})
+        for name in DENSE_COLUMNS:
+            frame[name] = chunk[name].astype(np.float32).fillna(0)
+        for name in SPARSE_COLUMNS:
+            frame[name] = [int(value, 16) if isinstance(value, str) else -1 for value in chunk[name]]
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        writer = writer or pq.ParquetWriter(destination, table.schema)
+        writer.write_table(table)
+        rows += len(frame)
+    writer.close()
+    return rows
+
+
+def worker(method: str, source: Path, destination: Path) -> None:
+    started = time.perf_counter()
+    if method == "ours":
+        rows = convert_day(source, destination, progress=False).rows
+    else:
+        rows = seed_convert(source, destination)
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rows": rows, "seconds": seconds, "peak_mb": peak_mb}))
+
+
+def measure(method: str, source: Path, folder: Path) -> dict:
+    output = subprocess.run(
+        [sys.executable, __file__, "--worker", method, "--source", str(source), "--destination", str(folder / f"{method}.parquet")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--worker", choices=["ours", "seed"])
+    parser.add_argument("--source", type=Path)
+    parser.add_argument("--destination", type=Path)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.source, args.destination)
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model = ClickModel(seed=0)
+        small, large = folder / "day_small", folder / "day_0"
+        write_day(small, args.rows // 2, day=1, model=model)
+        write_day(large, args.rows, day=0, model=model)
+        results = {
+            f"ours, {args.rows // 2:,} rows": measure("ours", small, folder),
+            f"ours, {args.rows:,} rows": measure("ours", large, folder),
+            f"seed, {args.rows:,} rows": measure("seed", large, folder),
+        }
+        size_mb = large.stat().st_size / 1e6
+    print(f"\nIngestion of {args.rows:,} rows of plain Criteo TSV ({size_mb:,.0f} MB)\n")
+    print("| method | rows/s | seconds | peak RSS (MB) |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, result in results.items():
+        print(f"| {name} | {result['rows'] / result['seconds']:,.0f} | {result['seconds']:.1f} | {result['peak_mb']:,.0f} |")
+    ours, seed = results[f"ours, {args.rows:,} rows"], results[f"seed, {args.rows:,} rows"]
+    ratio = (ours["rows"] / ours["seconds"]) / (seed["rows"] / seed["seconds"])
+    print(f"\nspeed-up over the seed: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+import gzip
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from criteo_dlrm.data.raw import IngestionError, convert_day, find_day_files, parse_hex
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.schema import COLUMNS, PARQUET_SCHEMA
+from tests.conftest import naive_parse_line
+
+
+def _rows(parquet) -> list[tuple]:
+    table = pq.read_table(parquet)
+    assert table.schema.equals(PARQUET_SCHEMA)
+    return list(zip(*(table.column(name).to_pylist() for name in COLUMNS), strict=True))
+
+
+def _good_line(seed: int = 0) -> str:
+    rng = random.Random(seed)
+    dense = [str(rng.randint(-3, 5000)) if rng.random() > 0.3 else "" for _ in range(13)]
+    sparse = [f"{rng.getrandbits(32):08x}" if rng.random() > 0.2 else "" for _ in range(26)]
+    return "\t".join([str(rng.randint(0, 1)), *dense, *sparse])
+
+
+def test_parse_hex_matches_python_int():
+    rng = random.Random(0)
+    texts = []
+    for _ in range(5000):
+        digits = rng.randint(1, 8)
+        text = f"{rng.getrandbits(4 * digits):0{digits}x}"
+        texts.append(text.upper() if rng.random() < 0.3 else text)
+    parsed, bad = parse_hex(pa.array(texts))
+    assert not bad.any()
+    assert parsed.tolist() == [int(text, 16) for text in texts]
+
+
+def test_parse_hex_flags_non_hex_and_too_long_values():
+    parsed, bad = parse_hex(pa.array(["ffffffff", "0", "g1", "123456789", "", "é", None]))
+    assert bad.tolist() == [False, False, True, True, True, True, False]
+    assert parsed[:2].tolist() == [0xFFFFFFFF, 0]
+
+
+@pytest.mark.parametrize("name", ["day_0.gz", "day_0"])
+def test_generated_day_converts_exactly_as_python_parses_it(tmp_path, name):
+    source = tmp_path / name
+    write_day(source, 7_000, day=0, model=ClickModel(seed=2), chunk_rows=3000)
+    # A small block size forces many blocks, so block boundaries are exercised.
+    report = convert_day(source, tmp_path / "out" / "day_0.parquet", block_size=64 << 10)
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(source, "rt") as handle:
+        expected = [naive_parse_line(line) for line in handle]
+    assert report.rows == 7_000 and report.rejected == 0 and report.rejects_file is None
+    assert _rows(report.parquet) == expected
+
+
+def test_real_criteo_rows_convert_exactly(tmp_path, real_data):
+    for source in sorted(real_data.glob("*.tsv")):
+        report = convert_day(source, tmp_path / f"{source.stem}.parquet")
+        expected = [naive_parse_line(line) for line in source.open()]
+        assert report.rejected == 0
+        assert _rows(report.parquet) == expected, source.name
+
+
+def test_crlf_and_missing_trailing_newline_are_accepted(tmp_path):
+    lines = [_good_line(seed) for seed in range(5)]
+    source = tmp_path / "day_1"
+    source.write_bytes(("\r\n".join(lines)).encode())
+    report = convert_day(source, tmp_path / "day_1.parquet")
+    assert _rows(report.parquet) == [naive_parse_line(line) for line in lines]
+
+
+def test_missing_values_stay_distinct_from_zero(tmp_path):
+    fields = ["0", "", "0", *[""] * 11, "", "0", "00000000", *[""] * 23]
+    source = tmp_path / "day_0"
+    source.write_text("\t".join(fields) + "\n")
+    row = _rows(convert_day(source, tmp_path / "day_0.parquet").parquet)[0]
+    assert row[1] is None and row[2] == 0
+    assert row[14] is None and row[15] == 0 and row[16] == 0
+
+
+def _file_with_bad_lines(path):
+    good = [_good_line(seed) for seed in range(8)]
+    fields = good[0].split("\t")
+    bad = {
+        2: "\t".join(fields[:-1]),  # 39 fields
+        4: "\t".join(["2", *fields[1:]]),  # label not 0/1
+        5: "\t".join([fields[0], "12x", *fields[2:]]),  # count not an integer
+        7: "\t".join([*fields[:-1], "123456789"]),  # 9 hex digits
+        8: "",  # empty line
+        9: "\t".join([*fields[:20], "zzzz", *fields[21:]]),  # not hex
+        10: "\t".join([*fields, "extra"]),  # 41 fields
+    }
+    lines, good_iter = [], iter(good)
+    for number in range(1, 13):
+        lines.append(bad[number] if number in bad else next(good_iter))
+    path.write_text("\n".join(lines) + "\n")
+    return lines, bad
+
+
+def test_bad_lines_are_rejected_with_their_line_numbers_and_reasons(tmp_path):
+    source = tmp_path / "day_3"
+    lines, bad = _file_with_bad_lines(source)
+    with pytest.raises(IngestionError) as error:
+        convert_day(source, tmp_path / "out" / "day_3.parquet")
+    message = str(error.value)
+    assert str(source) in message and "7 of 12 lines rejected" in message
+    assert "line 2: 39 fields, expected 40" in message and "max_reject_fraction" in message
+    assert not (tmp_path / "out" / "day_3.parquet").exists(), "no Parquet when the day fails"
+
+    rejects = (tmp_path / "out" / "day_3.rejects.tsv").read_text().splitlines()
+    assert rejects[0] == "file\tline\treason\ttext"
+    numbers = [int(line.split("\t")[1]) for line in rejects[1:]]
+    assert numbers == sorted(bad)
+    reasons = {int(r.split("\t")[1]): r.split("\t")[2] for r in rejects[1:]}
+    assert "label '2'" in reasons[4] and "DENSE_0 '12x'" in reasons[5]
+    assert "SPARSE_25 '123456789'" in reasons[7] and "SPARSE_6 'zzzz'" in reasons[9]
+    assert "41 fields" in reasons[10]
+
+
+def test_bad_lines_within_the_allowed_share_keep_every_good_row(tmp_path):
+    source = tmp_path / "day_3"
+    lines, bad = _file_with_bad_lines(source)
+    report = convert_day(source, tmp_path / "day_3.parquet", max_reject_fraction=0.6)
+    good = [naive_parse_line(line) for number, line in enumerate(lines, 1) if number not in bad]
+    assert report.rejected == len(bad) and report.rows == len(good)
+    assert _rows(report.parquet) == good
+
+
+def test_line_numbers_stay_right_across_blocks(tmp_path):
+    lines = [_good_line(seed) for seed in range(3000)]
+    for number in (10, 1500, 2999):
+        lines[number - 1] = "\t".join(lines[number - 1].split("\t")[:30])
+    lines[2000 - 1] = "\t".join(["x", *lines[2000 - 1].split("\t")[1:]])
+    source = tmp_path / "day_0"
+    source.write_text("\n".join(lines) + "\n")
+    report = convert_day(source, tmp_path / "day_0.parquet", max_reject_fraction=0.01, block_size=32 << 10)
+    numbers = [int(line.split("\t")[1]) for line in open(report.rejects_file).read().splitlines()[1:]]
+    assert numbers == [10, 1500, 2000, 2999]
+
+
+def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(IngestionError, match="does not exist.*ingestion.raw_dir"):
+        find_day_files(tmp_path / "nowhere")
+    (tmp_path / "notes.md").write_text("hello")
+    with pytest.raises(IngestionError, match="holds no Criteo day file"):
+        find_day_files(tmp_path)
+
+
+def test_day_files_are_found_in_day_order(tmp_path):
+    for name in ("day_10.gz", "day_2", "day_1.gz", "train.txt", "day_1.click_probability.npy", "README"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in find_day_files(tmp_path)] == ["day_1.gz", "day_2", "day_10.gz", "train.txt"]
+
+
+def test_empty_file_is_a_clear_error(tmp_path):
+    source = tmp_path / "day_0"
+    source.write_text("")
+    with pytest.raises(IngestionError, match="no valid Criteo row"):
+        convert_day(source, tmp_path / "day_0.parquet")
+
+
+def test_labels_are_integers_and_dense_keeps_negatives(tmp_path):
+    source = tmp_path / "day_0"
+    source.write_text("\t".join(["1", "-2", *["7"] * 12, *["a"] * 26]) + "\n")
+    table = pq.read_table(convert_day(source, tmp_path / "d.parquet").parquet)
+    assert table.column("labels").type == pa.int8()
+    assert table.column("DENSE_0").to_pylist() == [-2]
+    assert np.all(table.column("SPARSE_25").to_numpy() == 10)

@@ -1,0 +1,63 @@
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from kedro.framework.session import KedroSession
+from kedro.framework.startup import bootstrap_project
+from kedro.io import DataCatalog, MemoryDataset
+from kedro.runner import SequentialRunner
+
+from criteo_dlrm.data.synthetic import write_days
+from criteo_dlrm.pipelines.ingestion import create_pipeline
+
+
+def _params(tmp_path: Path, **overrides) -> dict:
+    return {
+        "raw_dir": str(tmp_path / "raw"),
+        "output_dir": str(tmp_path / "intermediate"),
+        "force": False,
+        "max_reject_fraction": 0.0,
+        "block_size_mb": 1,
+        **overrides,
+    }
+
+
+def _run(params: dict) -> dict:
+    catalog = DataCatalog({"params:ingestion": MemoryDataset(params), "ingestion_report": MemoryDataset()})
+    SequentialRunner().run(create_pipeline(), catalog)
+    return catalog.load("ingestion_report")
+
+
+def test_pipeline_converts_each_day_and_skips_converted_ones(tmp_path):
+    write_days(tmp_path / "raw", days=2, rows_per_day=1500, seed=0)
+    report = _run(_params(tmp_path))
+    assert [d["day"] for d in report["days"]] == ["day_0", "day_1"]
+    assert all(pq.ParquetFile(d["parquet"]).metadata.num_rows == 1500 for d in report["days"])
+    assert report["days"][0]["click_probability"].endswith("day_0.click_probability.npy")
+    written = Path(report["days"][0]["parquet"]).stat().st_mtime_ns
+
+    again = _run(_params(tmp_path))
+    assert Path(again["days"][0]["parquet"]).stat().st_mtime_ns == written
+    assert [d["rows"] for d in again["days"]] == [1500, 1500]
+
+    forced = _run(_params(tmp_path, force=True))
+    assert Path(forced["days"][0]["parquet"]).stat().st_mtime_ns != written
+
+
+def test_pipeline_stops_on_bad_input_naming_the_file(tmp_path):
+    write_days(tmp_path / "raw", days=1, rows_per_day=100, seed=0, compress=False)
+    with (tmp_path / "raw" / "day_0").open("a") as handle:
+        handle.write("1\t2\t3\n")
+    with pytest.raises(Exception, match=r"day_0: 1 of 101 lines rejected"):
+        _run(_params(tmp_path))
+
+
+@pytest.mark.slow
+def test_kedro_session_runs_ingestion_in_a_project_copy(project):
+    bootstrap_project(project)
+    with KedroSession.create(project_path=project) as session:
+        session.run(pipeline_names=["ingestion"])
+    report = json.loads((project / "data/02_intermediate/ingestion_report.json").read_text())
+    assert [d["rows"] for d in report["days"]] == [20_000, 20_000, 20_000]
+    assert all((project / d["parquet"]).exists() for d in report["days"])
