@@ -1,0 +1,49 @@
+"""Reading typed Criteo Parquet days (ours, or the seed project's) as numpy column batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from criteo_dlrm.schema import COLUMNS, DENSE_COLUMNS, LABEL_COLUMN, SEED_SPARSE_MISSING, SPARSE_COLUMNS, check_parquet_schema
+
+BATCH_ROWS = 1 << 18
+
+
+def open_day(path: str | Path) -> pq.ParquetFile:
+    """Open one day's Parquet after checking it has the Criteo columns (``ValueError`` naming the file if not)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: Parquet day not found. Run `kedro run --pipelines=ingestion` first.")
+    day = pq.ParquetFile(path)
+    check_parquet_schema(day.schema_arrow, str(path))
+    return day
+
+
+def sparse_values(column: pa.Array) -> np.ndarray:
+    """int64 ids with -1 for missing (our nulls and the seed's -1 alike)."""
+    return pc.fill_null(column.cast(pa.int64()), SEED_SPARSE_MISSING).to_numpy(zero_copy_only=False)
+
+
+def dense_values(column: pa.Array, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, missing bool)``; missing values are 0 in ``values``."""
+    missing = column.is_null().to_numpy(zero_copy_only=False)
+    values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+    return values.astype(dtype, copy=False), missing
+
+
+def iter_batches(paths: Sequence[str | Path], columns: Sequence[str] = COLUMNS) -> Iterator[pa.RecordBatch]:
+    """Stream the given days as record batches of at most ``BATCH_ROWS`` rows."""
+    for path in paths:
+        yield from open_day(path).iter_batches(batch_size=BATCH_ROWS, columns=list(columns))
+
+
+def count_rows(paths: Sequence[str | Path]) -> int:
+    return sum(open_day(path).metadata.num_rows for path in paths)
+
+
+__all__ = ["DENSE_COLUMNS", "LABEL_COLUMN", "SPARSE_COLUMNS", "count_rows", "dense_values", "iter_batches", "open_day", "sparse_values"]

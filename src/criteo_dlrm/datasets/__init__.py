@@ -1,0 +1,6 @@
+"""Custom Kedro datasets (adapters: they store what the core produces)."""
+
+from .feature_vocabularies_dataset import FeatureVocabulariesDataset
+from .torch_checkpoint_dataset import TorchCheckpointDataset
+
+__all__ = ["FeatureVocabulariesDataset", "TorchCheckpointDataset"]

@@ -1,0 +1,57 @@
+"""Metadata nodes: thin adapters over ``criteo_dlrm.data.metadata``."""
+
+from __future__ import annotations
+
+from loguru import logger
+
+from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
+
+
+def split_days(days: list[dict], validation_days: list[str] | None, train_days: list[str] | None) -> tuple[list[dict], list[dict]]:
+    """Split the ingested days into training and validation days (default: the last day validates).
+
+    Raises:
+        ValueError: an unknown day name, a day that both trains and validates, or no day left to train on.
+    """
+    names = [day["day"] for day in days]
+    validation = list(validation_days) if validation_days else names[-1:]
+    train = list(train_days) if train_days else [name for name in names if name not in validation]
+    unknown = [name for name in validation + train if name not in names]
+    if unknown:
+        raise ValueError(f"metadata: unknown day(s) {unknown}; the ingested days are {names}.")
+    overlap = sorted(set(train) & set(validation))
+    if overlap:
+        raise ValueError(
+            f"metadata: {overlap} would both train and validate. Change metadata.train_days or metadata.validation_days."
+        )
+    if not train:
+        raise ValueError(
+            f"metadata: no training day is left (days {names}, validation {validation}). Ingest at least two days "
+            "(split Kaggle's train.txt into day files, see the README) or set metadata.validation_days."
+        )
+    by_name = {day["day"]: day for day in days}
+    return [by_name[name] for name in train], [by_name[name] for name in validation]
+
+
+def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, FeatureVocabularies]:
+    """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days."""
+    settings = MetadataSettings(
+        min_frequency=metadata["min_frequency"],
+        max_vocabulary_size=metadata["max_vocabulary_size"],
+        vocabulary_size_overrides=dict(metadata.get("vocabulary_size_overrides") or {}),
+        use_modulus_hash=metadata["use_modulus_hash"],
+        modulus_hash_size=metadata.get("modulus_hash_size"),
+    )
+    train, validation = split_days(ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days"))
+    feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], settings)
+    feature_metadata["source_days"] = {
+        "train": [{key: day[key] for key in ("day", "parquet", "rows")} for day in train],
+        "validation": [{key: day.get(key) for key in ("day", "parquet", "rows", "click_probability")} for day in validation],
+    }
+    feature_metadata["parameters"] = {key: metadata.get(key) for key in sorted(metadata)}
+    tables = [feature_metadata["sparse"][name]["table_size"] for name in feature_metadata["sparse"]]
+    logger.info(
+        "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",
+        feature_metadata["label"]["rows"], feature_metadata["label"]["ctr"], len(tables), sum(tables), max(tables),
+    )
+    return feature_metadata, FeatureVocabularies(vocabularies)

@@ -1,0 +1,17 @@
+from kedro.pipeline import Node, Pipeline
+
+from .nodes import compute_metadata
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline(
+        [
+            Node(
+                compute_metadata,
+                inputs=["ingestion_report", "params:metadata"],
+                outputs=["feature_metadata", "feature_vocabularies"],
+                name="compute_feature_metadata",
+                tags=["metadata"],
+            )
+        ]
+    )

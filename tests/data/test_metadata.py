@@ -1,0 +1,195 @@
+import tracemalloc
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import MetadataSettings, ValueCounter, build_vocabulary, compute_feature_metadata
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.schema import DENSE_COLUMNS, PARQUET_SCHEMA, SPARSE_COLUMNS
+
+
+@pytest.fixture(scope="module")
+def generated_days(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("days")
+    model = ClickModel(seed=4)
+    paths = []
+    for day in range(2):
+        write_day(folder / f"day_{day}", 6000, day=day, model=model)
+        paths.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
+    return paths
+
+
+def _expected_vocabulary(series: pd.Series, min_frequency: int, cap: int) -> list[int]:
+    counts = series.dropna().astype("int64").value_counts()
+    frame = counts[counts >= min_frequency].rename("count").rename_axis("value").reset_index()
+    return frame.sort_values(["count", "value"], ascending=[False, True])["value"].head(cap).tolist()
+
+
+def _check_against_pandas(paths, settings):
+    metadata, vocabularies = compute_feature_metadata(paths, settings)
+    frame = pd.concat([pd.read_parquet(path) for path in paths], ignore_index=True)
+    assert metadata["label"] == {"rows": len(frame), "positives": int(frame["labels"].sum()), "ctr": frame["labels"].mean()}
+    for name in SPARSE_COLUMNS:
+        column, stats = frame[name], metadata["sparse"][name]
+        assert stats["missing"] == column.isna().sum()
+        assert stats["distinct"] == column.nunique()
+        expected = _expected_vocabulary(column, settings.min_frequency, settings.cap(name))
+        assert vocabularies[name].tolist() == expected, name
+        assert stats["table_size"] == len(expected) + 1
+    for name in DENSE_COLUMNS:
+        column, stats = frame[name].dropna(), metadata["dense"][name]
+        transformed = np.log1p(np.maximum(column.to_numpy(dtype=float), 0))
+        assert stats["count"] == len(column) and stats["missing"] == frame[name].isna().sum()
+        assert stats["min"] == column.min() and stats["max"] == column.max()
+        assert stats["log1p_mean"] == pytest.approx(transformed.mean(), rel=1e-9)
+        assert stats["log1p_std"] == pytest.approx(transformed.std(), rel=1e-6)
+    return metadata, vocabularies
+
+
+def test_metadata_matches_pandas_on_generated_days(generated_days):
+    _check_against_pandas(generated_days, MetadataSettings(min_frequency=2, max_vocabulary_size=500))
+
+
+def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
+    paths = [convert_day(path, tmp_path / f"{path.stem}.parquet").parquet for path in sorted(real_data.glob("kaggle*.tsv"))]
+    metadata, _ = _check_against_pandas(paths, MetadataSettings(min_frequency=1, max_vocabulary_size=10**6))
+    assert metadata["label"]["rows"] == 14_584
+
+
+def test_frequency_threshold_and_cap_at_their_edges():
+    values = np.array([10, 20, 30, 40, 50])
+    counts = np.array([3, 5, 3, 2, 5])
+    assert build_vocabulary(values, counts, min_frequency=3, cap=10).tolist() == [20, 50, 10, 30]
+    assert build_vocabulary(values, counts, min_frequency=5, cap=10).tolist() == [20, 50]
+    assert build_vocabulary(values, counts, min_frequency=6, cap=10).tolist() == []
+    # Ties at the cap go to the smaller value, whatever the input order.
+    assert build_vocabulary(values[::-1], counts[::-1], min_frequency=1, cap=3).tolist() == [20, 50, 10]
+    assert build_vocabulary(values, counts, min_frequency=1, cap=1).tolist() == [20]
+
+
+def test_value_counter_merges_many_batches_exactly():
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 5000, 3000) for _ in range(40)]
+    counter = ValueCounter()
+    for batch in batches:
+        counter.add(batch)
+    values, counts = counter.result()
+    expected = pd.Series(np.concatenate(batches)).value_counts().sort_index()
+    assert values.tolist() == expected.index.tolist() and counts.tolist() == expected.tolist()
+
+
+def test_per_feature_cap_override(generated_days):
+    settings = MetadataSettings(min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7})
+    metadata, vocabularies = compute_feature_metadata(generated_days, settings)
+    assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 8
+    assert len(vocabularies["SPARSE_3"]) == 100
+
+
+def test_missing_and_unseen_values_encode_to_zero(generated_days):
+    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=1))
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    vocabulary = vocabularies["SPARSE_0"]
+    values = np.array([vocabulary[0], vocabulary[-1], -1, 2**40, vocabulary[3]])
+    assert encoder.encode_sparse_column(0, values).tolist() == [1, len(vocabulary), 0, 0, 4]
+
+
+def test_encoder_matches_a_python_dict_lookup(generated_days):
+    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    table = pq.read_table(generated_days[1])
+    encoded = encoder.encode_batch(table)
+    for feature, name in enumerate(SPARSE_COLUMNS):
+        lookup = {int(v): i + 1 for i, v in enumerate(vocabularies[name])}
+        expected = [0 if v is None else lookup.get(v, 0) for v in table.column(name).to_pylist()]
+        assert encoded.sparse[:, feature].tolist() == expected, name
+    stats = metadata["dense"]["DENSE_4"]
+    raw = table.column("DENSE_4").to_pylist()
+    expected = [0.0 if v is None else (np.log1p(max(v, 0)) - stats["log1p_mean"]) / stats["log1p_std"] for v in raw]
+    np.testing.assert_allclose(encoded.dense[:, 4], expected, rtol=1e-5, atol=1e-5)
+    assert encoded.labels.tolist() == table.column("labels").to_pylist()
+
+
+def test_modulus_hash_mode(generated_days):
+    settings = MetadataSettings(use_modulus_hash=True, modulus_hash_size=1000)
+    metadata, vocabularies = compute_feature_metadata(generated_days, settings)
+    assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
+    assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    values = np.array([0, 998, 999, 123456, -1])
+    assert encoder.encode_sparse_column(5, values).tolist() == [1, 999, 1, 1 + 123456 % 999, 0]
+    default = compute_feature_metadata(generated_days, MetadataSettings(use_modulus_hash=True, max_vocabulary_size=50))[0]
+    assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 1
+    assert default["sparse"]["SPARSE_2"]["table_size"] == 51
+
+
+def test_encoder_state_round_trips(generated_days):
+    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    restored = FeatureEncoder.from_state_dict(encoder.state_dict())
+    table = pq.read_table(generated_days[0])
+    left, right = encoder.encode_batch(table), restored.encode_batch(table)
+    np.testing.assert_array_equal(left.sparse, right.sparse)
+    np.testing.assert_array_equal(left.dense, right.dense)
+
+
+def test_memory_does_not_grow_with_rows_when_days_are_split(tmp_path):
+    model = ClickModel(seed=9)
+    write_day(tmp_path / "whole", 60_000, day=0, model=model, chunk_rows=10_000)
+    whole = convert_day(tmp_path / "whole", tmp_path / "whole.parquet").parquet
+    table = pq.read_table(whole)
+    pieces = []
+    for i in range(6):
+        path = tmp_path / f"piece_{i}.parquet"
+        pq.write_table(table.slice(i * 10_000, 10_000), path)
+        pieces.append(path)
+
+    def peak(paths) -> tuple[int, dict]:
+        tracemalloc.start()
+        result = compute_feature_metadata(paths, MetadataSettings(min_frequency=2), progress=False)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top, result
+
+    peak_whole, (metadata_whole, vocab_whole) = peak([whole])
+    peak_split, (metadata_split, vocab_split) = peak(pieces)
+    dense_whole, dense_split = metadata_whole.pop("dense"), metadata_split.pop("dense")
+    assert metadata_whole == metadata_split
+    for name in DENSE_COLUMNS:  # sums in another order: equal up to rounding
+        assert dense_whole[name] == pytest.approx(dense_split[name], rel=1e-12)
+    assert all(np.array_equal(vocab_whole[n], vocab_split[n]) for n in SPARSE_COLUMNS)
+    assert peak_split < 1.5 * peak_whole
+
+
+def test_a_day_with_another_schema_is_refused(tmp_path):
+    path = tmp_path / "day_0.parquet"
+    pq.write_table(pa.table({"label": [1], "I1": [2]}), path)
+    with pytest.raises(ValueError, match=r"day_0.parquet: not a Criteo day.*missing columns"):
+        compute_feature_metadata([path], MetadataSettings())
+
+
+def test_empty_training_set_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="No training day"):
+        compute_feature_metadata([], MetadataSettings())
+    path = tmp_path / "day_0.parquet"
+    pq.write_table(PARQUET_SCHEMA.empty_table(), path)
+    with pytest.raises(ValueError, match="hold no rows"):
+        compute_feature_metadata([path], MetadataSettings())
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"min_frequency": 0}, "min_frequency must be >= 1"),
+        ({"max_vocabulary_size": -5}, "max_vocabulary_size must be >= 1"),
+        ({"vocabulary_size_overrides": {"SPARSE_99": 3}}, "unknown feature 'SPARSE_99'"),
+        ({"modulus_hash_size": 1}, "modulus_hash_size must be >= 2"),
+    ],
+)
+def test_nonsense_parameters_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        MetadataSettings(**settings)

@@ -1,0 +1,85 @@
+import json
+
+import numpy as np
+import pytest
+from kedro.framework.session import KedroSession
+from kedro.framework.startup import bootstrap_project
+from kedro.io import DataCatalog, MemoryDataset
+from kedro.runner import SequentialRunner
+
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.datasets import FeatureVocabulariesDataset
+from criteo_dlrm.pipelines.metadata import create_pipeline
+from criteo_dlrm.pipelines.metadata.nodes import split_days
+
+PARAMS = {
+    "validation_days": None,
+    "train_days": None,
+    "min_frequency": 2,
+    "max_vocabulary_size": 1000,
+    "vocabulary_size_overrides": {},
+    "use_modulus_hash": False,
+    "modulus_hash_size": None,
+}
+
+
+def _report(tmp_path, days=3):
+    model, entries = ClickModel(seed=1), []
+    for day in range(days):
+        write_day(tmp_path / f"day_{day}", 2000, day=day, model=model)
+        report = convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet")
+        entries.append({"day": f"day_{day}", **report.as_dict(), "click_probability": None})
+    return {"raw_dir": str(tmp_path), "days": entries}
+
+
+def test_pipeline_trains_on_all_but_the_last_day_and_round_trips_vocabularies(tmp_path):
+    catalog = DataCatalog(
+        {
+            "ingestion_report": MemoryDataset(_report(tmp_path)),
+            "params:metadata": MemoryDataset(PARAMS),
+            "feature_metadata": MemoryDataset(),
+            "feature_vocabularies": FeatureVocabulariesDataset(filepath=str(tmp_path / "vocab.npz")),
+        }
+    )
+    SequentialRunner().run(create_pipeline(), catalog)
+    metadata = catalog.load("feature_metadata")
+    assert [d["day"] for d in metadata["source_days"]["train"]] == ["day_0", "day_1"]
+    assert [d["day"] for d in metadata["source_days"]["validation"]] == ["day_2"]
+    assert metadata["label"]["rows"] == 4000 and metadata["parameters"]["min_frequency"] == 2
+    json.dumps(metadata)  # must be JSON-ready
+    loaded = catalog.load("feature_vocabularies")
+    assert set(loaded.arrays) == set(metadata["sparse"])
+    assert all(len(loaded.arrays[n]) == metadata["sparse"][n]["vocabulary_size"] for n in loaded.arrays)
+    assert loaded.arrays["SPARSE_0"].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("validation", "train", "message"),
+    [
+        (["day_9"], None, r"unknown day\(s\) \['day_9'\]"),
+        (["day_1"], ["day_0", "day_1"], "would both train and validate"),
+        (["day_0", "day_1", "day_2"], None, "no training day is left"),
+    ],
+)
+def test_day_split_errors_say_what_to_change(validation, train, message):
+    days = [{"day": f"day_{i}"} for i in range(3)]
+    with pytest.raises(ValueError, match=message):
+        split_days(days, validation, train)
+
+
+def test_single_file_is_refused_with_a_hint(tmp_path):
+    with pytest.raises(ValueError, match="split Kaggle"):
+        split_days([{"day": "train"}], None, None)
+
+
+@pytest.mark.slow
+def test_kedro_session_runs_ingestion_and_metadata(project):
+    bootstrap_project(project)
+    with KedroSession.create(project_path=project) as session:
+        session.run(pipeline_names=["ingestion", "metadata"])
+    [metadata_file] = (project / "data/04_feature/feature_metadata.json").glob("*/feature_metadata.json")
+    [vocab_file] = (project / "data/04_feature/feature_vocabularies.npz").glob("*/feature_vocabularies.npz")
+    assert metadata_file.parent.name == vocab_file.parent.name, "saved as one version"
+    metadata = json.loads(metadata_file.read_text())
+    assert metadata["label"]["rows"] == 40_000 and metadata["source_days"]["validation"][0]["day"] == "day_2"
