@@ -1,0 +1,1 @@
+"""Training and evaluation machinery (plain PyTorch, no Kedro inside)."""

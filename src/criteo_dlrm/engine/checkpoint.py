@@ -1,0 +1,47 @@
+"""Checkpoint files: atomic writes, ``weights_only`` loads, and what a checkpoint records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_FORMAT = 1
+
+
+def library_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in ("torch", "numpy", "pyarrow", "pandas", "kedro", "criteo_dlrm"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short hash of JSON-able settings: two runs resume each other only when these agree."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a crash mid-write leaves the old file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        torch.save(checkpoint, temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load on the CPU with ``weights_only=True`` (no arbitrary code runs from the file)."""
+    return torch.load(path, map_location="cpu", weights_only=True)

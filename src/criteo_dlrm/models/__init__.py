@@ -1,0 +1,3 @@
+from .dlrm import DLRM, DLRMConfig
+
+__all__ = ["DLRM", "DLRMConfig"]

@@ -1,0 +1,150 @@
+"""DLRM (Naumov et al., 2019) for Criteo: dense MLP, embeddings, dot interaction, prediction MLP.
+
+The model returns logits; the loss is ``BCEWithLogitsLoss`` and a sigmoid is applied only where
+probabilities are reported. Embedding tables that share a dimension live in one fused table with
+per-feature row offsets, so a batch needs one lookup per dimension instead of 26.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+INTERACTIONS = ("dot", "cat")
+
+
+class ConfigError(ValueError):
+    """Inconsistent model or training settings; the message names the values to change."""
+
+
+@dataclass
+class DLRMConfig:
+    """Sizes of the model. ``table_sizes`` come from ``feature_metadata``; the rest from parameters."""
+
+    table_sizes: list[int]
+    embedding_dims: list[int]
+    dense_in_features: int = 13
+    dense_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256, 64])
+    dense_output_size: int = 16
+    prediction_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256])
+    interaction: str = "dot"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if len(self.embedding_dims) != len(self.table_sizes):
+            problems.append(
+                f"sparse_embedding_sizes has {len(self.embedding_dims)} entries for {len(self.table_sizes)} features: "
+                "give one number for all, or one per feature"
+            )
+        if self.interaction not in INTERACTIONS:
+            problems.append(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
+        if self.interaction == "dot" and any(dim != self.dense_output_size for dim in self.embedding_dims):
+            problems.append(
+                f"interaction 'dot' needs every embedding size equal to dense_mlp.output_size "
+                f"({self.dense_output_size}), got sparse_embedding_sizes {sorted(set(self.embedding_dims))}: "
+                "make them equal, or use interaction 'cat'"
+            )
+        sizes = [*self.dense_hidden_sizes, self.dense_output_size, *self.prediction_hidden_sizes, *self.embedding_dims]
+        if any(int(size) < 1 for size in sizes):
+            problems.append(f"layer and embedding sizes must be positive, got {sizes}")
+        if any(int(size) < 1 for size in self.table_sizes):
+            problems.append("every table needs at least one row (check feature_metadata)")
+        if problems:
+            raise ConfigError("Invalid DLRM settings:\n  " + "\n  ".join(problems))
+
+    @property
+    def num_features(self) -> int:
+        """Vectors that interact: the dense output and one per table."""
+        return 1 + len(self.table_sizes)
+
+    @property
+    def interaction_size(self) -> int:
+        if self.interaction == "dot":
+            return self.dense_output_size + self.num_features * (self.num_features - 1) // 2
+        return self.dense_output_size + sum(self.embedding_dims)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
+    """Linear layers between consecutive ``sizes`` with ReLU in between (and after the last if asked)."""
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2 or final_activation:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class FusedEmbedding(nn.Module):
+    """Several embedding tables of one dimension stored as one, with per-table row offsets."""
+
+    def __init__(self, table_sizes: list[int], dim: int, sparse: bool):
+        super().__init__()
+        offsets = torch.tensor([0, *table_sizes[:-1]], dtype=torch.long).cumsum(0)
+        self.register_buffer("offsets", offsets, persistent=False)
+        self.weight = nn.Embedding(sum(table_sizes), dim, sparse=sparse)
+        # DLRM's initialisation: uniform in +-1/sqrt(rows) per table, so large tables start near zero.
+        with torch.no_grad():
+            for start, rows in zip(offsets.tolist(), table_sizes, strict=True):
+                bound = 1.0 / math.sqrt(rows)
+                self.weight.weight[start : start + rows].uniform_(-bound, bound)
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        """indices: (B, T) int -> (B, T, dim)."""
+        return self.weight(indices + self.offsets)
+
+
+class DLRM(nn.Module):
+    """The paper's DLRM; ``forward(dense, sparse)`` returns logits.
+
+    Args:
+        config: sizes and interaction.
+        sparse_gradients: embeddings produce sparse gradients (for SparseAdam, Adagrad, SGD).
+    """
+
+    def __init__(self, config: DLRMConfig, sparse_gradients: bool = True):
+        super().__init__()
+        self.config = config
+        self.bottom_mlp = mlp([config.dense_in_features, *config.dense_hidden_sizes, config.dense_output_size], final_activation=True)
+        # One fused table per distinct embedding size. 'dot' needs one size, so its single group keeps
+        # feature order; for 'cat' the grouped order is just a fixed permutation of the MLP's inputs.
+        dims = sorted(set(config.embedding_dims))
+        self.groups = [[f for f, d in enumerate(config.embedding_dims) if d == dim] for dim in dims]
+        self.embeddings = nn.ModuleList(
+            FusedEmbedding([config.table_sizes[f] for f in group], dim, sparse_gradients) for dim, group in zip(dims, self.groups, strict=True)
+        )
+        rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
+        self.register_buffer("pair_rows", rows, persistent=False)
+        self.register_buffer("pair_cols", cols, persistent=False)
+        self.top_mlp = mlp([config.interaction_size, *config.prediction_hidden_sizes, 1], final_activation=False)
+
+    def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
+        """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group."""
+        return [table(sparse[:, group]) for table, group in zip(self.embeddings, self.groups, strict=True)]
+
+    def interact(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""
+        if self.config.interaction == "cat":
+            flat = torch.cat([e.flatten(1) for e in embedded], dim=1)  # (B, sum T_g * D_g), grouped order
+            return torch.cat([x, flat], dim=1)
+        vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
+        pairs = dots[:, self.pair_rows, self.pair_cols]  # (B, 351) upper triangle, no diagonal
+        return torch.cat([x, pairs], dim=1)  # (B, D + 351)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,)."""
+        x = self.bottom_mlp(dense)  # (B, D)
+        return self.top_mlp(self.interact(x, self.embed(sparse))).squeeze(1)  # (B,)
+
+    def embedding_parameters(self) -> list[nn.Parameter]:
+        return [table.weight.weight for table in self.embeddings]
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        embedding = {id(p) for p in self.embedding_parameters()}
+        return [p for p in self.parameters() if id(p) not in embedding]

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+from sklearn import metrics as sk
+
+from criteo_dlrm.engine.metrics import MetricError, binary_metrics, entropy, log_loss, reliability_curve, roc_auc, roc_curve
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_auc_and_log_loss_match_sklearn_on_random_data(seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.random(5000) < 0.3
+    scores = np.clip(rng.random(5000) * 0.5 + labels * 0.3, 0, 1)
+    assert roc_auc(labels, scores) == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+    assert log_loss(labels, scores) == pytest.approx(sk.log_loss(labels, np.clip(scores, 1e-7, 1 - 1e-7)), rel=1e-9)
+
+
+def test_auc_handles_heavy_ties_like_sklearn():
+    rng = np.random.default_rng(1)
+    labels = rng.random(20_000) < 0.2
+    scores = np.round(rng.random(20_000) + labels * 0.2, 1)  # ~13 distinct values
+    assert roc_auc(labels, scores) == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+    assert roc_auc(labels, np.full(len(labels), 0.4)) == 0.5
+
+
+def test_auc_on_a_hand_computed_example():
+    # Pairs (pos, neg): (0.8 > 0.3), (0.8 > 0.5), (0.5 = 0.5 -> half), (0.5 > 0.3) -> 3.5 / 4
+    assert roc_auc([1, 1, 0, 0], [0.8, 0.5, 0.5, 0.3]) == 0.875
+
+
+def test_single_class_is_a_clear_error_not_nan():
+    with pytest.raises(MetricError, match="0 clicks and 3 non-clicks"):
+        roc_auc([0, 0, 0], [0.1, 0.2, 0.3])
+    with pytest.raises(MetricError, match="No rows"):
+        binary_metrics([], [])
+    with pytest.raises(MetricError, match="NaN"):
+        binary_metrics([0, 1], [0.5, np.nan])
+
+
+def test_binary_metrics_by_hand():
+    labels = np.array([1, 0, 0, 0])
+    probabilities = np.array([0.6, 0.2, 0.2, 0.4])
+    result = binary_metrics(labels, probabilities)
+    expected_loss = -(np.log(0.6) + 2 * np.log(0.8) + np.log(0.6)) / 4
+    assert result["log_loss"] == pytest.approx(expected_loss)
+    assert result["normalized_entropy"] == pytest.approx(expected_loss / -(0.25 * np.log(0.25) + 0.75 * np.log(0.75)))
+    assert result["calibration"] == pytest.approx(0.35 / 0.25)
+    assert result["accuracy"] == 1.0 and result["auc"] == 1.0 and result["ctr"] == 0.25
+
+
+def test_predicting_the_base_rate_has_normalized_entropy_one():
+    labels = np.random.default_rng(0).random(10_000) < 0.1
+    result = binary_metrics(labels, np.full(len(labels), labels.mean()))
+    assert result["normalized_entropy"] == pytest.approx(1.0, abs=1e-6)
+    assert entropy(labels.mean()) == pytest.approx(result["log_loss"])
+
+
+def test_roc_curve_matches_sklearn_points():
+    rng = np.random.default_rng(3)
+    labels = rng.random(500) < 0.4
+    scores = np.round(rng.random(500), 2)
+    fpr, tpr = roc_curve(labels, scores)
+    sk_fpr, sk_tpr, _ = sk.roc_curve(labels, scores, drop_intermediate=False)
+    np.testing.assert_allclose(fpr, sk_fpr)
+    np.testing.assert_allclose(tpr, sk_tpr)
+
+
+def test_reliability_curve_bins_cover_every_row():
+    labels = np.array([0, 0, 1, 1, 0, 1])
+    curve = reliability_curve(labels, np.array([0.1, 0.2, 0.3, 0.7, 0.8, 0.9]), bins=3)
+    assert curve["rows"].tolist() == [2, 2, 2]
+    np.testing.assert_allclose(curve["predicted"], [0.15, 0.5, 0.85])
+    np.testing.assert_allclose(curve["observed"], [0.0, 1.0, 0.5])
