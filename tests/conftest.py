@@ -50,3 +50,30 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = copy_project(tmp_path / "project")
     monkeypatch.chdir(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_features(tmp_path_factory):
+    """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""
+    from criteo_dlrm.data.encoding import FeatureEncoder
+    from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model, parquet = ClickModel(seed=11), []
+    for day, rows in enumerate((3000, 1000)):
+        write_day(folder / f"day_{day}", rows, day=day, model=model)
+        parquet.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
+    metadata, vocabularies = compute_feature_metadata(parquet[:1], MetadataSettings(min_frequency=2), progress=False)
+    metadata["source_days"] = {
+        "train": [{"day": "day_0", "parquet": parquet[0], "rows": 3000}],
+        "validation": [{"day": "day_1", "parquet": parquet[1], "rows": 1000, "click_probability": str(folder / "day_1.click_probability.npy")}],
+    }
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    return {
+        "metadata": metadata,
+        "vocabularies": FeatureVocabularies(vocabularies, version="2026-01-01T00.00.00.000Z"),
+        "train": encoder.encode_days(parquet[:1]),
+        "validation": encoder.encode_days(parquet[1:]),
+    }

@@ -31,9 +31,7 @@ def bridge_loguru() -> None:
 
 def producers_of(dataset: str) -> list[str]:
     """Names of the registered pipelines (other than ``__default__``) that output ``dataset``."""
-    return sorted(
-        name for name, pipeline in registered_pipelines.items() if name != "__default__" and dataset in pipeline.outputs()
-    )
+    return sorted(name for name, pipeline in registered_pipelines.items() if name != "__default__" and dataset in pipeline.all_outputs())
 
 
 class ProjectHooks:

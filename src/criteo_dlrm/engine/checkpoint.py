@@ -45,3 +45,12 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load on the CPU with ``weights_only=True`` (no arbitrary code runs from the file)."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
+    """The DLRM a checkpoint describes, with its weights (on the CPU, in eval mode)."""
+    from criteo_dlrm.models import DLRM, DLRMConfig
+
+    model = DLRM(DLRMConfig(**checkpoint["model_config"]))
+    model.load_state_dict(checkpoint["model_state"])
+    return model.eval()

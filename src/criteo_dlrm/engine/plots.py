@@ -1,0 +1,54 @@
+"""Evaluation figures: ROC curve, calibration (reliability) curve and score histograms by label."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from criteo_dlrm.engine.metrics import reliability_curve, roc_curve  # noqa: E402
+
+
+def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float]) -> Figure:
+    """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend."""
+    figure, axes = plt.subplots(figsize=(6, 6))
+    for name, scores in curves.items():
+        fpr, tpr = roc_curve(labels, scores)
+        axes.plot(fpr, tpr, label=f"{name} (AUC {aucs[name]:.4f})")
+    axes.plot([0, 1], [0, 1], linestyle="--", color="grey", label="chance (AUC 0.5)")
+    axes.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC curve on the validation days", xlim=(0, 1), ylim=(0, 1))
+    axes.legend(loc="lower right")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def calibration_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int = 20) -> Figure:
+    """Observed CTR against mean predicted CTR in bins of equal row counts; the diagonal is perfect."""
+    curve = reliability_curve(labels, probabilities, bins)
+    figure, axes = plt.subplots(figsize=(6, 6))
+    top = max(curve["predicted"].max(), curve["observed"].max()) * 1.05
+    axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
+    axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"model ({bins} bins of equal rows)")
+    axes.set(xlabel="mean predicted CTR", ylabel="observed CTR", title="Calibration on the validation days", xlim=(0, top), ylim=(0, top))
+    axes.legend(loc="upper left")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def score_histogram_figure(labels: np.ndarray, probabilities: np.ndarray) -> Figure:
+    """Distributions of predicted CTR for clicked and not-clicked rows."""
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    bins = np.linspace(0, 1, 51)
+    labels = labels.astype(bool)
+    axes.hist(probabilities[~labels], bins=bins, alpha=0.6, density=True, label=f"no click ({(~labels).sum():,} rows)")
+    axes.hist(probabilities[labels], bins=bins, alpha=0.6, density=True, label=f"click ({labels.sum():,} rows)")
+    axes.set(xlabel="predicted click probability", ylabel="density", title="Predicted CTR by label")
+    axes.legend()
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+import torch
+from kedro.io.core import Version
+
+from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.metadata import FeatureVocabularies
+from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, TorchCheckpointDataset
+
+
+def _versioned(cls, path, load=None, save=None):
+    return cls(filepath=str(path), version=Version(load, save))
+
+
+def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    checkpoint = {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict(), "step": 7, "config": {"a": [1, 2]}}
+    _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt", save="v1").save(checkpoint)
+    loaded = _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt").load()
+    assert loaded["catalog_version"] == "v1" and loaded["step"] == 7 and loaded["config"] == {"a": [1, 2]}
+    fresh = torch.optim.Adam(torch.nn.Linear(3, 1).parameters())
+    fresh.load_state_dict(loaded["optimizer_state"])
+    torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_checkpoints_load_with_weights_only(tmp_path):
+    # Any object outside tensors and plain containers is refused at load: no code runs from the file.
+    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v1").save({"object": ValueError("x")})
+    with pytest.raises(Exception, match="[Ww]eights only"):
+        _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()
+
+
+def test_a_failed_write_leaves_the_previous_version_intact(tmp_path):
+    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v1").save({"step": 1})
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(Exception, match="disk full"):
+        _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v2").save({"step": Unpicklable()})
+    assert _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()["step"] == 1
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_vocabularies_round_trip_with_their_version(tmp_path):
+    arrays = {"SPARSE_0": np.array([5, 3, 9], dtype=np.int64), "SPARSE_1": np.zeros(0, dtype=np.int64)}
+    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-01-01").save(FeatureVocabularies(arrays))
+    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-02-01").save({"SPARSE_0": np.array([1])})
+    pinned = _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", load="2026-01-01").load()
+    assert pinned.version == "2026-01-01" and pinned.arrays["SPARSE_0"].tolist() == [5, 3, 9]
+    latest = _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz").load()
+    assert latest.version == "2026-02-01" and latest.arrays["SPARSE_0"].tolist() == [1]
+
+
+def test_encoded_arrays_load_memory_mapped(tmp_path):
+    arrays = EncodedArrays(np.array([0, 1], np.float32), np.ones((2, 13), np.float32), np.arange(52, dtype=np.int32).reshape(2, 26))
+    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
+    assert not dataset.exists()
+    dataset.save(arrays)
+    loaded = dataset.load()
+    assert isinstance(loaded.sparse, np.memmap)
+    np.testing.assert_array_equal(loaded.sparse, arrays.sparse)

@@ -1,0 +1,90 @@
+import pytest
+import torch
+
+from criteo_dlrm.engine.device import autocast, compile_model, configure_backends, resolve_device
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models.dlrm import ConfigError
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_auto_picks_cuda_only_when_present():
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
+def test_asking_for_cuda_without_it_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no usable CUDA device.*training.device=auto"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match="no usable CUDA"):
+        resolve_device("cuda:1")
+
+
+def test_unknown_devices_are_refused():
+    with pytest.raises(ConfigError, match="is not a device"):
+        resolve_device("gpu0")
+    with pytest.raises(ConfigError, match="not supported"):
+        resolve_device("meta")
+
+
+def test_threads_are_set_explicitly_and_tf32_only_on_cuda():
+    before = torch.get_num_threads()
+    try:
+        assert configure_backends(torch.device("cpu"), allow_tf32=True, num_threads=1) == {"num_threads": 1}
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
+    a = torch.randn(4, 4)
+    with autocast(torch.device("cpu"), "bf16"):
+        assert (a @ a).dtype == torch.bfloat16
+    with autocast(torch.device("cpu"), "fp32"):
+        assert (a @ a).dtype == torch.float32
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        autocast(torch.device("cpu"), "fp16")
+
+
+def _small_model() -> DLRM:
+    torch.manual_seed(0)
+    return DLRM(DLRMConfig([5] * 26, [4] * 26, dense_hidden_sizes=[8], dense_output_size=4, prediction_hidden_sizes=[8]))
+
+
+@pytest.mark.slow
+def test_compiled_model_matches_eager_and_keeps_state_dict_keys():
+    eager, compiled = _small_model(), compile_model(_small_model())
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    dense, sparse = torch.randn(32, 13), torch.randint(0, 5, (32, 26))
+    torch.testing.assert_close(compiled(dense, sparse), eager(dense, sparse), rtol=1e-4, atol=1e-5)
+    compiled(dense, sparse).sum().backward()
+    assert compiled.embeddings[0].weight.weight.grad.is_sparse
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_training_step_with_bf16_tf32_and_pinned_batches():
+    from criteo_dlrm.data.batches import Batch
+
+    device = resolve_device("auto")
+    assert configure_backends(device, allow_tf32=True, num_threads=None)["tf32"] is True
+    assert torch.backends.cuda.matmul.allow_tf32
+    model = _small_model().to(device)
+    batch = Batch(torch.rand(64).round(), torch.randn(64, 13), torch.randint(0, 5, (64, 26))).pin_memory()
+    assert batch.dense.is_pinned()
+    batch = batch.to(device, non_blocking=True)
+    with autocast(device, "bf16"):
+        logits = model(batch.dense, batch.sparse)
+    assert logits.dtype == torch.bfloat16
+    torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), batch.labels).backward()
+    assert model.embeddings[0].weight.weight.grad.is_sparse
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_compiled_model_on_cuda_matches_eager():
+    device = torch.device("cuda")
+    eager, compiled = _small_model().to(device), compile_model(_small_model().to(device), "max-autotune")
+    dense, sparse = torch.randn(256, 13, device=device), torch.randint(0, 5, (256, 26), device=device)
+    torch.testing.assert_close(compiled(dense, sparse), eager(dense, sparse), rtol=1e-3, atol=1e-3)

@@ -1,0 +1,192 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.engine import loop
+from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError, TrainingSettings, build_optimizers, learning_rate_factor
+from criteo_dlrm.engine.profiling import TOP_OPS_REPORT, ProfilerSettings
+from criteo_dlrm.engine.tensorboard import TensorBoardLogger
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models.dlrm import ConfigError
+
+
+def _model(features, seed=0, sparse=True) -> DLRM:
+    torch.manual_seed(seed)
+    sizes = [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    config = DLRMConfig(sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[16])
+    return DLRM(config, sparse_gradients=sparse)
+
+
+def _trainer(features, tmp_path, settings: TrainingSettings, **kwargs) -> Trainer:
+    return Trainer(
+        _model(features, sparse=settings.sparse_gradients),
+        settings,
+        BatchLoader(features["train"], settings.batch_size_train, shuffle=True, seed=settings.seed),
+        BatchLoader(features["validation"], settings.batch_size_validation),
+        torch.device("cpu"),
+        tmp_path / "run",
+        **kwargs,
+    )
+
+
+def _settings(**overrides) -> TrainingSettings:
+    values = {"num_epochs": 2, "batch_size_train": 200, "batch_size_validation": 512, "log_every_steps": 5, "embedding_learning_rate": 0.01}
+    return TrainingSettings(**{**values, **overrides})
+
+
+def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
+    model = _model(tiny_features)
+    optimizers = build_optimizers(model, TrainingSettings())
+    assert isinstance(optimizers["dense"], torch.optim.Adam) and isinstance(optimizers["embeddings"], torch.optim.SparseAdam)
+    assert {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]} == {id(p) for p in model.embedding_parameters()}
+    seed_way = build_optimizers(_model(tiny_features, sparse=False), TrainingSettings(embedding_optimizer="dense_adam"))
+    assert list(seed_way) == ["dense"]
+
+
+def test_warm_up_and_decay_schedules():
+    settings = TrainingSettings(warmup_steps=4, decay="linear")
+    assert [learning_rate_factor(s, 12, settings) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
+    cosine = TrainingSettings(decay="cosine")
+    assert learning_rate_factor(5, 10, cosine) == pytest.approx(0.5)
+    assert learning_rate_factor(7, 10, TrainingSettings()) == 1.0
+
+
+def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_features, tmp_path):
+    result = _trainer(tiny_features, tmp_path, _settings(num_epochs=3)).fit()
+    assert result.steps == 3 * 15
+    assert [h["step"] for h in result.history] == [15, 30, 45]
+    assert all(h["rows"] == 1000 for h in result.history), "validation covers the whole validation set"
+    assert result.best_metrics["auc"] > 0.6
+    assert result.best_metrics["log_loss"] == min(h["log_loss"] for h in result.history)
+
+
+def test_same_seed_gives_the_same_metrics_twice(tiny_features, tmp_path):
+    first = _trainer(tiny_features, tmp_path / "a", _settings()).fit()
+    second = _trainer(tiny_features, tmp_path / "b", _settings()).fit()
+    assert [h["log_loss"] for h in first.history] == [h["log_loss"] for h in second.history]
+    other = _trainer(tiny_features, tmp_path / "c", _settings(seed=1)).fit()
+    assert [h["log_loss"] for h in other.history] != [h["log_loss"] for h in first.history]
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path):
+    settings = _settings(num_epochs=2, validate_every_steps=4)
+    reference = _trainer(tiny_features, tmp_path / "whole", settings)
+    reference_result = reference.fit()
+
+    resume_path = tmp_path / "progress.pt"
+    crashing = _trainer(tiny_features, tmp_path / "crash", settings, resume_path=resume_path, fingerprint="x")
+    original_step = crashing._train_step
+
+    def step_then_crash(batch, timings):
+        if crashing.step == 19:  # after the validation at step 16
+            raise _Crash
+        return original_step(batch, timings)
+
+    crashing._train_step = step_then_crash
+    with pytest.raises(_Crash):
+        crashing.fit()
+    assert resume_path.exists()
+
+    resumed = _trainer(tiny_features, tmp_path / "resumed", settings, resume_path=resume_path, fingerprint="x")
+    assert resumed.step == 16
+    result = resumed.fit()
+    for name, tensor in reference.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
+    for name, state in reference.optimizers["embeddings"].state_dict()["state"].items():
+        torch.testing.assert_close(resumed.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"])
+
+
+def test_a_checkpoint_of_other_settings_is_not_resumed(tiny_features, tmp_path):
+    resume_path = tmp_path / "progress.pt"
+    _trainer(tiny_features, tmp_path / "a", _settings(num_epochs=1), resume_path=resume_path, fingerprint="one").fit()
+    other = _trainer(tiny_features, tmp_path / "b", _settings(num_epochs=1), resume_path=resume_path, fingerprint="two")
+    assert other.step == 0
+
+
+def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monkeypatch):
+    losses = iter([0.5, 0.4, 0.45, 0.46, 0.3])
+
+    def scripted(labels, probabilities):
+        return {"rows": len(labels), "ctr": 0.25, "auc": 0.7, "log_loss": next(losses), "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
+
+    monkeypatch.setattr(loop, "binary_metrics", scripted)
+    result = _trainer(tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)).fit()
+    assert result.stopped_early
+    assert [h["log_loss"] for h in result.history] == [0.5, 0.4, 0.45, 0.46]
+    assert result.best_step == 10 and result.best_metrics["log_loss"] == 0.4
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_features, tmp_path):
+    train = tiny_features["train"]
+    dense = np.array(train.dense)
+    dense[25 * 200 % len(dense):, 0] = np.inf  # rows of later batches (file order below) carry an inf
+    poisoned = EncodedArrays(np.array(train.labels), dense, np.array(train.sparse))
+    settings = _settings(num_epochs=3, validate_every_steps=5)
+    trainer = Trainer(
+        _model(tiny_features),
+        settings,
+        BatchLoader(poisoned, 200, shuffle=False),
+        BatchLoader(tiny_features["validation"], 512),
+        torch.device("cpu"),
+        tmp_path / "run",
+        resume_path=tmp_path / "progress.pt",
+        fingerprint="f",
+    )
+    with pytest.raises(TrainingDivergedError, match=r"at step 11\b.*progress.pt"):
+        trainer.fit()
+    assert torch.load(tmp_path / "progress.pt", weights_only=True)["step"] == 10
+
+
+def test_tensorboard_scalars_and_hparams_read_back(tiny_features, tmp_path):
+    logger = TensorBoardLogger(tmp_path / "run")
+    _trainer(tiny_features, tmp_path, _settings(num_epochs=1), metric_logger=logger).fit()
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {
+        "train/loss", "train/learning_rate", "train/embedding_learning_rate", "train/samples_per_second",
+        "time/data_ms", "time/forward_ms", "time/backward_ms", "time/optimizer_ms",
+        "validation/log_loss", "validation/auc", "validation/normalized_entropy", "validation/accuracy", "validation/calibration",
+    }  # fmt: skip
+    assert expected <= tags
+    assert [e.step for e in events.Scalars("validation/auc")] == [15]
+    assert all(np.isfinite(e.value) for e in events.Scalars("train/loss"))
+    assert "hparams/auc" in tags and "hparams/log_loss" in tags
+    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
+    profile = ProfilerSettings(enabled=True, wait=1, warmup=1, active=2, repeat=1)
+    _trainer(tiny_features, tmp_path, _settings(num_epochs=1, profiler=profile)).fit()
+    traces = list((tmp_path / "run").glob("*.pt.trace.json"))
+    assert len(traces) == 1
+    trace = json.loads(traces[0].read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("aten::addmm" in name or "aten::mm" in name for name in names)
+    report = (tmp_path / "run" / TOP_OPS_REPORT).read_text()
+    assert "Self CPU" in report and "aten::" in report
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"embedding_optimizer": "lamb"}, "embedding_optimizer must be one of"),
+        ({"decay": "step"}, "decay must be one of"),
+        ({"batch_size_train": 0}, "batch_size_train must be >= 1"),
+        ({"max_steps": 0}, "max_steps must be >= 1"),
+    ],
+)
+def test_invalid_training_settings_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainingSettings(**overrides)

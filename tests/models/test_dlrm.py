@@ -1,0 +1,106 @@
+import pytest
+import torch
+from torch import nn
+
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models.dlrm import ConfigError
+
+TABLES = [3, 7, 50, 11, 2, 9, 100, 4, 5, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
+
+
+def _config(**overrides) -> DLRMConfig:
+    values = {"table_sizes": TABLES, "embedding_dims": [4] * 26, "dense_hidden_sizes": [8], "dense_output_size": 4, "prediction_hidden_sizes": [16]}
+    return DLRMConfig(**{**values, **overrides})
+
+
+def _inputs(batch: int = 6, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch, 13, generator=generator)
+    sparse = torch.stack([torch.randint(0, size, (batch,), generator=generator) for size in TABLES], dim=1)
+    return dense, sparse
+
+
+def test_dot_interaction_matches_a_naive_double_loop():
+    torch.manual_seed(0)
+    model = DLRM(_config())
+    dense, sparse = _inputs()
+    x = model.bottom_mlp(dense)
+    embedded = model.embed(sparse)
+    result = model.interact(x, embedded)
+    vectors = [x] + [embedded[0][:, f] for f in range(26)]
+    for b in range(len(dense)):
+        expected = [float(vectors[i][b] @ vectors[j][b]) for i in range(27) for j in range(i + 1, 27)]
+        assert result[b, :4].tolist() == pytest.approx(x[b].tolist())
+        assert result[b, 4:].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert result.shape == (6, 4 + 351) == (6, model.config.interaction_size)
+
+
+def test_fused_table_rows_belong_to_their_feature():
+    model = DLRM(_config())
+    dense, sparse = _inputs()
+    embedded = model.embed(sparse)[0]
+    weight = model.embeddings[0].weight.weight
+    offsets = [0]
+    for size in TABLES[:-1]:
+        offsets.append(offsets[-1] + size)
+    for f in range(26):
+        torch.testing.assert_close(embedded[:, f], weight[offsets[f] + sparse[:, f]])
+
+
+def test_forward_returns_one_logit_per_row_for_both_interactions():
+    dense, sparse = _inputs(batch=5)
+    assert DLRM(_config())(dense, sparse).shape == (5,)
+    mixed = _config(interaction="cat", embedding_dims=[2] * 10 + [6] * 16)
+    model = DLRM(mixed)
+    assert len(model.embeddings) == 2
+    assert model(dense, sparse).shape == (5,)
+    assert mixed.interaction_size == 4 + 2 * 10 + 6 * 16
+
+
+def test_outputs_are_logits_not_probabilities():
+    model = DLRM(_config())
+    with torch.no_grad():
+        model.top_mlp[-1].bias.fill_(5.0)
+    logits = model(*_inputs())
+    assert (logits > 1).all(), "no sigmoid inside the model"
+
+
+def test_gradients_reach_every_table_and_are_sparse():
+    model = DLRM(_config())
+    dense, sparse = _inputs(batch=64)
+    nn.BCEWithLogitsLoss()(model(dense, sparse), torch.ones(64)).backward()
+    grad = model.embeddings[0].weight.weight.grad
+    assert grad.is_sparse
+    touched = set(grad.coalesce().indices()[0].tolist())
+    offsets = torch.tensor([0, *TABLES[:-1]]).cumsum(0)
+    for f in range(26):
+        assert set((offsets[f] + sparse[:, f]).tolist()) <= touched
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.dense_parameters() if p.dim() > 1)
+
+
+def test_a_tiny_batch_can_be_overfitted():
+    torch.manual_seed(0)
+    model = DLRM(_config(), sparse_gradients=False)
+    dense, sparse = _inputs(batch=16, seed=3)
+    labels = (torch.arange(16) % 3 == 0).float()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(300):
+        optimizer.zero_grad()
+        loss = nn.BCEWithLogitsLoss()(model(dense, sparse), labels)
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.01
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"embedding_dims": [8] * 26}, r"interaction 'dot' needs every embedding size equal to dense_mlp.output_size \(4\)"),
+        ({"embedding_dims": [4] * 25}, "sparse_embedding_sizes has 25 entries for 26 features"),
+        ({"interaction": "outer"}, "interaction must be one of"),
+        ({"dense_hidden_sizes": [0]}, "sizes must be positive"),
+    ],
+)
+def test_inconsistent_settings_fail_with_what_to_change(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(**overrides)

@@ -1,0 +1,105 @@
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from kedro.framework.session import KedroSession
+from kedro.framework.startup import bootstrap_project
+from kedro.io import DataCatalog, MemoryDataset
+from kedro.io.core import Version
+from kedro.runner import SequentialRunner
+
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.datasets import TorchCheckpointDataset
+from criteo_dlrm.hooks import MissingInputError
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models.dlrm import ConfigError
+from criteo_dlrm.pipelines.training import create_pipeline
+from criteo_dlrm.pipelines.training.nodes import model_config
+from tests.conftest import PROJECT_ROOT
+
+
+def training_params(tmp_path: Path, **overrides) -> dict:
+    params = yaml.safe_load((PROJECT_ROOT / "conf/base/parameters_training.yml").read_text())["training"]
+    params.update(
+        num_epochs=2, tensorboard_dir=str(tmp_path / "tb"), in_progress_dir=str(tmp_path / "progress"), batch_size={"train": 200, "validation": 4096}
+    )
+    params.update(overrides)
+    return params
+
+
+def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
+    return DataCatalog(
+        {
+            "feature_metadata": MemoryDataset(tiny_features["metadata"]),
+            "feature_vocabularies": MemoryDataset(tiny_features["vocabularies"], copy_mode="assign"),
+            "params:training": MemoryDataset(params),
+            "run_version": MemoryDataset("2026-11-30T00.00.00.000Z"),
+            "dlrm_checkpoint": TorchCheckpointDataset(filepath=str(checkpoint_path), version=Version(None, "v1")),
+            "train_features": MemoryDataset(copy_mode="assign"),
+            "validation_features": MemoryDataset(copy_mode="assign"),
+            "training_summary": MemoryDataset(),
+        }
+    )
+
+
+def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path):
+    params = training_params(tmp_path)
+    catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
+    SequentialRunner().run(create_pipeline(), catalog)
+    checkpoint = TorchCheckpointDataset(filepath=str(tmp_path / "ckpt.pt"), version=Version(None, None)).load()
+    for key in ("model_state", "optimizer_state", "step", "epoch", "model_config", "training_parameters", "encoder", "best_validation", "library_versions"):
+        assert key in checkpoint, key
+    assert checkpoint["metadata"]["version"] == "2026-01-01T00.00.00.000Z"
+    assert checkpoint["metadata"]["vocabulary_sha256"] == tiny_features["metadata"]["vocabulary_sha256"]
+    assert checkpoint["training_parameters"] == params
+    assert set(checkpoint["optimizer_state"]) == {"dense", "embeddings"}
+
+    model = DLRM(DLRMConfig(**checkpoint["model_config"]))
+    model.load_state_dict(checkpoint["model_state"])
+    encoder = FeatureEncoder.from_state_dict(checkpoint["encoder"])
+    assert encoder.table_sizes == model.config.table_sizes
+
+    summary = catalog.load("training_summary")
+    assert Path(summary["tensorboard_run"]) == tmp_path / "tb" / "2026-11-30T00.00.00.000Z"
+    assert list(Path(summary["tensorboard_run"]).glob("events.out.tfevents.*"))
+    assert summary["best_validation"] == checkpoint["best_validation"]
+    assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing to resume"
+
+
+def test_dot_with_mismatched_sizes_fails_before_training(tiny_features, tmp_path):
+    params = training_params(tmp_path, sparse_embedding_sizes=32)
+    with pytest.raises(ConfigError, match="dense_mlp.output_size"):
+        model_config(params, tiny_features["metadata"])
+
+
+def test_per_feature_embedding_sizes_with_cat(tiny_features, tmp_path):
+    params = training_params(tmp_path, interaction="cat", sparse_embedding_sizes=[4] * 13 + [8] * 13)
+    assert model_config(params, tiny_features["metadata"]).embedding_dims == [4] * 13 + [8] * 13
+
+
+def test_bf16_training_runs_on_cpu(tiny_features, tmp_path):
+    params = training_params(tmp_path, precision="bf16", max_steps=5)
+    catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
+    SequentialRunner().run(create_pipeline(), catalog)
+    assert catalog.load("training_summary")["steps"] == 5
+
+
+def test_cuda_on_a_machine_without_it_is_refused(tiny_features, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    catalog = _catalog(tiny_features, training_params(tmp_path, device="cuda"), tmp_path / "ckpt.pt")
+    with pytest.raises(ConfigError, match="no usable CUDA"):
+        SequentialRunner().run(create_pipeline(), catalog)
+
+
+@pytest.mark.slow
+def test_training_on_a_fresh_clone_names_the_commands_to_run_first(project):
+    bootstrap_project(project)
+    with pytest.raises(MissingInputError) as error, KedroSession.create(project_path=project) as session:
+        session.run(pipeline_names=["training"])
+    message = str(error.value)
+    assert "feature_metadata: produced by `kedro run --pipelines=metadata`" in message
+    assert "kedro run" in message
+
+
