@@ -60,7 +60,16 @@ def worker(method: str, source: Path, destination: Path) -> None:
 
 def measure(method: str, source: Path, folder: Path) -> dict:
     output = subprocess.run(
-        [sys.executable, __file__, "--worker", method, "--source", str(source), "--destination", str(folder / f"{method}.parquet")],
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            method,
+            "--source",
+            str(source),
+            "--destination",
+            str(folder / f"{method}.parquet"),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -95,7 +104,9 @@ def main() -> None:
     print("| method | rows/s | seconds | peak RSS (MB) |")
     print("| --- | ---: | ---: | ---: |")
     for name, result in results.items():
-        print(f"| {name} | {result['rows'] / result['seconds']:,.0f} | {result['seconds']:.1f} | {result['peak_mb']:,.0f} |")
+        print(
+            f"| {name} | {result['rows'] / result['seconds']:,.0f} | {result['seconds']:.1f} | {result['peak_mb']:,.0f} |"
+        )
     ours, seed = results[f"ours, {args.rows:,} rows"], results[f"seed, {args.rows:,} rows"]
     ratio = (ours["rows"] / ours["seconds"]) / (seed["rows"] / seed["seconds"])
     print(f"\nspeed-up over the seed: {ratio:.1f}x")

@@ -68,7 +68,14 @@ def tiny_features(tmp_path_factory):
     metadata, vocabularies = compute_feature_metadata(parquet[:1], MetadataSettings(min_frequency=2), progress=False)
     metadata["source_days"] = {
         "train": [{"day": "day_0", "parquet": parquet[0], "rows": 3000}],
-        "validation": [{"day": "day_1", "parquet": parquet[1], "rows": 1000, "click_probability": str(folder / "day_1.click_probability.npy")}],
+        "validation": [
+            {
+                "day": "day_1",
+                "parquet": parquet[1],
+                "rows": 1000,
+                "click_probability": str(folder / "day_1.click_probability.npy"),
+            }
+        ],
     }
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     return {

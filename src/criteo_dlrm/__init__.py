@@ -1,4 +1,3 @@
-"""criteo-dlrm
-"""
+"""criteo-dlrm"""
 
 __version__ = "0.1"

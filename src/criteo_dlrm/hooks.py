@@ -3,11 +3,13 @@ and the run's catalog version handed to nodes that name output folders after it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 from kedro.framework.hooks import hook_impl
-from kedro.framework.project import pipelines as registered_pipelines
 from loguru import logger
+
+from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
 
 RUN_VERSION = "run_version"
 
@@ -29,9 +31,36 @@ def bridge_loguru() -> None:
     logger.add(_PropagateHandler(), format="{message}", level="DEBUG")
 
 
+def _pipeline(name: str):
+    return importlib.import_module(f"criteo_dlrm.pipelines.{name}").create_pipeline()
+
+
 def producers_of(dataset: str) -> list[str]:
-    """Names of the registered pipelines (other than ``__default__``) that output ``dataset``."""
-    return sorted(name for name, pipeline in registered_pipelines.items() if name != "__default__" and dataset in pipeline.all_outputs())
+    """Names of the project's pipelines that output ``dataset``, in run order.
+
+    Built from the pipeline modules, since a run loads only the pipelines it was asked for.
+    """
+    return [name for name in PIPELINE_ORDER if dataset in _pipeline(name).all_outputs()]
+
+
+def _missing_inputs(pipeline, catalog) -> list[str]:
+    return [
+        name
+        for name in sorted(pipeline.inputs())
+        if not name.startswith("params:") and name not in ("parameters", RUN_VERSION) and not catalog.exists(name)
+    ]
+
+
+def pipelines_to_run_first(missing: list[str], catalog) -> list[str]:
+    """Every pipeline, in run order, needed to produce ``missing`` and whatever those need in turn."""
+    needed: set[str] = set()
+    frontier = list(missing)
+    while frontier:
+        for producer in producers_of(frontier.pop()):
+            if producer not in needed:
+                needed.add(producer)
+                frontier.extend(_missing_inputs(_pipeline(producer), catalog))
+    return [name for name in PIPELINE_ORDER if name in needed]
 
 
 class ProjectHooks:
@@ -46,20 +75,12 @@ class ProjectHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        missing = [
-            name
-            for name in sorted(pipeline.inputs())
-            if not name.startswith("params:") and name not in ("parameters", RUN_VERSION) and not catalog.exists(name)
-        ]
+        missing = _missing_inputs(pipeline, catalog)
         if not missing:
             return
-        lines = []
-        for name in missing:
-            producers = producers_of(name)
-            command = f"kedro run --pipelines={','.join(producers)}" if producers else "kedro run"
-            lines.append(f"  {name}: produced by `{command}`")
+        first = pipelines_to_run_first(missing, catalog)
+        command = f"kedro run --pipelines={','.join(first)}" if first else "kedro run"
         raise MissingInputError(
-            "This run needs datasets that no earlier run has written:\n"
-            + "\n".join(lines)
-            + "\nRun those pipelines first, or `kedro run` for the whole job."
+            f"This run needs {', '.join(missing)}, which no earlier run has written. "
+            f"Run `{command}` first, or `kedro run` for the whole job."
         )

@@ -33,7 +33,11 @@ def _expected_vocabulary(series: pd.Series, min_frequency: int, cap: int) -> lis
 def _check_against_pandas(paths, settings):
     metadata, vocabularies = compute_feature_metadata(paths, settings)
     frame = pd.concat([pd.read_parquet(path) for path in paths], ignore_index=True)
-    assert metadata["label"] == {"rows": len(frame), "positives": int(frame["labels"].sum()), "ctr": frame["labels"].mean()}
+    assert metadata["label"] == {
+        "rows": len(frame),
+        "positives": int(frame["labels"].sum()),
+        "ctr": frame["labels"].mean(),
+    }
     for name in SPARSE_COLUMNS:
         column, stats = frame[name], metadata["sparse"][name]
         assert stats["missing"] == column.isna().sum()
@@ -56,7 +60,9 @@ def test_metadata_matches_pandas_on_generated_days(generated_days):
 
 
 def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
-    paths = [convert_day(path, tmp_path / f"{path.stem}.parquet").parquet for path in sorted(real_data.glob("kaggle*.tsv"))]
+    paths = [
+        convert_day(path, tmp_path / f"{path.stem}.parquet").parquet for path in sorted(real_data.glob("kaggle*.tsv"))
+    ]
     metadata, _ = _check_against_pandas(paths, MetadataSettings(min_frequency=1, max_vocabulary_size=10**6))
     assert metadata["label"]["rows"] == 14_584
 
@@ -122,7 +128,9 @@ def test_modulus_hash_mode(generated_days):
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     values = np.array([0, 998, 999, 123456, -1])
     assert encoder.encode_sparse_column(5, values).tolist() == [1, 999, 1, 1 + 123456 % 999, 0]
-    default = compute_feature_metadata(generated_days, MetadataSettings(use_modulus_hash=True, max_vocabulary_size=50))[0]
+    default = compute_feature_metadata(generated_days, MetadataSettings(use_modulus_hash=True, max_vocabulary_size=50))[
+        0
+    ]
     assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 1
     assert default["sparse"]["SPARSE_2"]["table_size"] == 51
 

@@ -17,7 +17,12 @@ def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    checkpoint = {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict(), "step": 7, "config": {"a": [1, 2]}}
+    checkpoint = {
+        "model_state": model.state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        "step": 7,
+        "config": {"a": [1, 2]},
+    }
     _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt", save="v1").save(checkpoint)
     loaded = _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt").load()
     assert loaded["catalog_version"] == "v1" and loaded["step"] == 7 and loaded["config"] == {"a": [1, 2]}
@@ -57,7 +62,9 @@ def test_vocabularies_round_trip_with_their_version(tmp_path):
 
 
 def test_encoded_arrays_load_memory_mapped(tmp_path):
-    arrays = EncodedArrays(np.array([0, 1], np.float32), np.ones((2, 13), np.float32), np.arange(52, dtype=np.int32).reshape(2, 26))
+    arrays = EncodedArrays(
+        np.array([0, 1], np.float32), np.ones((2, 13), np.float32), np.arange(52, dtype=np.int32).reshape(2, 26)
+    )
     dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
     assert not dataset.exists()
     dataset.save(arrays)

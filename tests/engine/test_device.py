@@ -49,7 +49,9 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
 
 def _small_model() -> DLRM:
     torch.manual_seed(0)
-    return DLRM(DLRMConfig([5] * 26, [4] * 26, dense_hidden_sizes=[8], dense_output_size=4, prediction_hidden_sizes=[8]))
+    return DLRM(
+        DLRMConfig([5] * 26, [4] * 26, dense_hidden_sizes=[8], dense_output_size=4, prediction_hidden_sizes=[8])
+    )
 
 
 @pytest.mark.slow

@@ -8,7 +8,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine import loop
-from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError, TrainingSettings, build_optimizers, learning_rate_factor
+from criteo_dlrm.engine.loop import (
+    Trainer,
+    TrainingDivergedError,
+    TrainingSettings,
+    build_optimizers,
+    learning_rate_factor,
+)
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT, ProfilerSettings
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM, DLRMConfig
@@ -35,15 +41,25 @@ def _trainer(features, tmp_path, settings: TrainingSettings, **kwargs) -> Traine
 
 
 def _settings(**overrides) -> TrainingSettings:
-    values = {"num_epochs": 2, "batch_size_train": 200, "batch_size_validation": 512, "log_every_steps": 5, "embedding_learning_rate": 0.01}
+    values = {
+        "num_epochs": 2,
+        "batch_size_train": 200,
+        "batch_size_validation": 512,
+        "log_every_steps": 5,
+        "embedding_learning_rate": 0.01,
+    }
     return TrainingSettings(**{**values, **overrides})
 
 
 def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
     model = _model(tiny_features)
     optimizers = build_optimizers(model, TrainingSettings())
-    assert isinstance(optimizers["dense"], torch.optim.Adam) and isinstance(optimizers["embeddings"], torch.optim.SparseAdam)
-    assert {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]} == {id(p) for p in model.embedding_parameters()}
+    assert isinstance(optimizers["dense"], torch.optim.Adam) and isinstance(
+        optimizers["embeddings"], torch.optim.SparseAdam
+    )
+    assert {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]} == {
+        id(p) for p in model.embedding_parameters()
+    }
     seed_way = build_optimizers(_model(tiny_features, sparse=False), TrainingSettings(embedding_optimizer="dense_adam"))
     assert list(seed_way) == ["dense"]
 
@@ -103,7 +119,9 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path)
         torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
     assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
     for name, state in reference.optimizers["embeddings"].state_dict()["state"].items():
-        torch.testing.assert_close(resumed.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"])
+        torch.testing.assert_close(
+            resumed.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"]
+        )
 
 
 def test_a_checkpoint_of_other_settings_is_not_resumed(tiny_features, tmp_path):
@@ -117,10 +135,20 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
     losses = iter([0.5, 0.4, 0.45, 0.46, 0.3])
 
     def scripted(labels, probabilities):
-        return {"rows": len(labels), "ctr": 0.25, "auc": 0.7, "log_loss": next(losses), "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
+        return {
+            "rows": len(labels),
+            "ctr": 0.25,
+            "auc": 0.7,
+            "log_loss": next(losses),
+            "normalized_entropy": 0.9,
+            "calibration": 1.0,
+            "accuracy": 0.7,
+        }
 
     monkeypatch.setattr(loop, "binary_metrics", scripted)
-    result = _trainer(tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)).fit()
+    result = _trainer(
+        tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)
+    ).fit()
     assert result.stopped_early
     assert [h["log_loss"] for h in result.history] == [0.5, 0.4, 0.45, 0.46]
     assert result.best_step == 10 and result.best_metrics["log_loss"] == 0.4
@@ -129,7 +157,7 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_features, tmp_path):
     train = tiny_features["train"]
     dense = np.array(train.dense)
-    dense[25 * 200 % len(dense):, 0] = np.inf  # rows of later batches (file order below) carry an inf
+    dense[25 * 200 % len(dense) :, 0] = np.inf  # rows of later batches (file order below) carry an inf
     poisoned = EncodedArrays(np.array(train.labels), dense, np.array(train.sparse))
     settings = _settings(num_epochs=3, validate_every_steps=5)
     trainer = Trainer(

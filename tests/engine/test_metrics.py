@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 from sklearn import metrics as sk
 
-from criteo_dlrm.engine.metrics import MetricError, binary_metrics, entropy, log_loss, reliability_curve, roc_auc, roc_curve
+from criteo_dlrm.engine.metrics import (
+    MetricError,
+    binary_metrics,
+    entropy,
+    log_loss,
+    reliability_curve,
+    roc_auc,
+    roc_curve,
+)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -9,7 +9,13 @@ TABLES = [3, 7, 50, 11, 2, 9, 100, 4, 5, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 1
 
 
 def _config(**overrides) -> DLRMConfig:
-    values = {"table_sizes": TABLES, "embedding_dims": [4] * 26, "dense_hidden_sizes": [8], "dense_output_size": 4, "prediction_hidden_sizes": [16]}
+    values = {
+        "table_sizes": TABLES,
+        "embedding_dims": [4] * 26,
+        "dense_hidden_sizes": [8],
+        "dense_output_size": 4,
+        "prediction_hidden_sizes": [16],
+    }
     return DLRMConfig(**{**values, **overrides})
 
 
@@ -95,7 +101,10 @@ def test_a_tiny_batch_can_be_overfitted():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"embedding_dims": [8] * 26}, r"interaction 'dot' needs every embedding size equal to dense_mlp.output_size \(4\)"),
+        (
+            {"embedding_dims": [8] * 26},
+            r"interaction 'dot' needs every embedding size equal to dense_mlp.output_size \(4\)",
+        ),
         ({"embedding_dims": [4] * 25}, "sparse_embedding_sizes has 25 entries for 26 features"),
         ({"interaction": "outer"}, "interaction must be one of"),
         ({"dense_hidden_sizes": [0]}, "sizes must be positive"),

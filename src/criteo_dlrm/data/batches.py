@@ -43,7 +43,9 @@ class BatchLoader:
         pin_memory: page-lock batches so that copies to a GPU can be asynchronous.
     """
 
-    def __init__(self, arrays: EncodedArrays, batch_size: int, shuffle: bool = False, seed: int = 0, pin_memory: bool = False):
+    def __init__(
+        self, arrays: EncodedArrays, batch_size: int, shuffle: bool = False, seed: int = 0, pin_memory: bool = False
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.arrays, self.batch_size, self.shuffle, self.seed, self.pin = arrays, batch_size, shuffle, seed, pin_memory

@@ -51,7 +51,9 @@ class FeatureEncoder:
         self.dense_mean = np.asarray(dense_mean, dtype=np.float64)
         self.dense_std = np.asarray(dense_std, dtype=np.float64)
         self.vocabularies = vocabularies
-        self._indexes = None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
+        self._indexes = (
+            None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
+        )
 
     @property
     def use_modulus_hash(self) -> bool:
@@ -106,7 +108,9 @@ class FeatureEncoder:
         """Encode whole days into in-memory arrays (4 * (1 + 13 + 26) = 160 bytes per row)."""
         parts = [self.encode_batch(batch) for batch in iter_batches(paths)]
         if not parts:
-            return EncodedArrays(np.zeros(0, np.float32), np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int32))
+            return EncodedArrays(
+                np.zeros(0, np.float32), np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int32)
+            )
         return EncodedArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("labels", "dense", "sparse")))
 
     def state_dict(self) -> dict:
@@ -115,7 +119,9 @@ class FeatureEncoder:
             "table_sizes": list(self.table_sizes),
             "dense_mean": torch.from_numpy(self.dense_mean.copy()),
             "dense_std": torch.from_numpy(self.dense_std.copy()),
-            "vocabularies": None if self.vocabularies is None else [torch.from_numpy(np.asarray(v, dtype=np.int64)) for v in self.vocabularies],
+            "vocabularies": None
+            if self.vocabularies is None
+            else [torch.from_numpy(np.asarray(v, dtype=np.int64)) for v in self.vocabularies],
         }
 
     @classmethod

@@ -39,7 +39,9 @@ class MetadataSettings:
             problems.append(f"metadata.max_vocabulary_size must be >= 1, got {self.max_vocabulary_size}")
         for name, size in self.vocabulary_size_overrides.items():
             if name not in SPARSE_COLUMNS:
-                problems.append(f"metadata.vocabulary_size_overrides: unknown feature {name!r} (use SPARSE_0 .. SPARSE_25)")
+                problems.append(
+                    f"metadata.vocabulary_size_overrides: unknown feature {name!r} (use SPARSE_0 .. SPARSE_25)"
+                )
             elif size < 1:
                 problems.append(f"metadata.vocabulary_size_overrides.{name} must be >= 1, got {size}")
         if self.modulus_hash_size is not None and self.modulus_hash_size < 2:
@@ -144,7 +146,13 @@ def compute_feature_metadata(
     missing = dict.fromkeys(SPARSE_COLUMNS, 0)
     dense = {name: [0, 0, np.inf, -np.inf, 0.0, 0.0] for name in DENSE_COLUMNS}
     rows = positives = 0
-    with tqdm(total=total_rows, unit="rows", unit_scale=True, desc="feature metadata", disable=None if progress is None else not progress) as bar:
+    with tqdm(
+        total=total_rows,
+        unit="rows",
+        unit_scale=True,
+        desc="feature metadata",
+        disable=None if progress is None else not progress,
+    ) as bar:
         for batch in iter_batches(train_paths):
             rows += batch.num_rows
             positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())

@@ -10,7 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from criteo_dlrm.schema import COLUMNS, DENSE_COLUMNS, LABEL_COLUMN, SEED_SPARSE_MISSING, SPARSE_COLUMNS, check_parquet_schema
+from criteo_dlrm.schema import (
+    COLUMNS,
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    SEED_SPARSE_MISSING,
+    SPARSE_COLUMNS,
+    check_parquet_schema,
+)
 
 BATCH_ROWS = 1 << 18
 
@@ -46,4 +53,13 @@ def count_rows(paths: Sequence[str | Path]) -> int:
     return sum(open_day(path).metadata.num_rows for path in paths)
 
 
-__all__ = ["DENSE_COLUMNS", "LABEL_COLUMN", "SPARSE_COLUMNS", "count_rows", "dense_values", "iter_batches", "open_day", "sparse_values"]
+__all__ = [
+    "DENSE_COLUMNS",
+    "LABEL_COLUMN",
+    "SPARSE_COLUMNS",
+    "count_rows",
+    "dense_values",
+    "iter_batches",
+    "open_day",
+    "sparse_values",
+]

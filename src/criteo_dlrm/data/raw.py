@@ -120,8 +120,12 @@ def _parse_hex_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     too_big = nibbles & np.uint64(0x1010101010101010)  # 'g'..'o' give nibbles 16..24
     bad = (encoded != (words | np.uint64(0x2020202020202020))) | ((below_space | too_big) != 0)
     # Byte k holds digit k (most significant first): fold pairs, then quads, then halves.
-    pairs = ((nibbles & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | ((nibbles >> np.uint64(8)) & np.uint64(0x000F000F000F000F))
-    quads = ((pairs & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | ((pairs >> np.uint64(16)) & np.uint64(0x000000FF000000FF))
+    pairs = ((nibbles & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | (
+        (nibbles >> np.uint64(8)) & np.uint64(0x000F000F000F000F)
+    )
+    quads = ((pairs & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | (
+        (pairs >> np.uint64(16)) & np.uint64(0x000000FF000000FF)
+    )
     values = ((quads & np.uint64(0xFFFF)) << np.uint64(16)) | ((quads >> np.uint64(32)) & np.uint64(0xFFFF))
     values[bad] = 0
     return values.astype(np.int64), bad
@@ -352,10 +356,16 @@ def convert_day(
     column_types = {name: pa.binary() if name in SPARSE_COLUMNS else pa.string() for name in COLUMNS}
     convert_options = pa_csv.ConvertOptions(column_types=column_types, strings_can_be_null=True)
     bar = tqdm(
-        total=source.stat().st_size, unit="B", unit_scale=True, desc=source.name, disable=None if progress is None else not progress
+        total=source.stat().st_size,
+        unit="B",
+        unit_scale=True,
+        desc=source.name,
+        disable=None if progress is None else not progress,
     )
     try:
-        reader = pa_csv.open_csv(stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options)
+        reader = pa_csv.open_csv(
+            stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options
+        )
         with pq.ParquetWriter(partial, PARQUET_SCHEMA) as parquet:
             writer = _WriteBehind(parquet)
             pending: list[pa.RecordBatch] = []
@@ -366,7 +376,9 @@ def convert_day(
                     if bad:
                         rows_in_batch = np.array([row for row, _, _ in bad], dtype=np.int64)
                         lines = tracker.lines(rows_seen, rows_in_batch)
-                        rejects.extend(Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad))
+                        rejects.extend(
+                            Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad, strict=True)
+                        )
                     rows_seen += batch.num_rows
                     rows += typed.num_rows
                     pending.append(typed)
@@ -400,7 +412,8 @@ def convert_day(
         partial.unlink(missing_ok=True)
         raise IngestionError(
             f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
-            f"ingestion.max_reject_fraction={max_reject_fraction}." + _describe(rejects, rejects_path)
+            f"ingestion.max_reject_fraction={max_reject_fraction}."
+            + _describe(rejects, rejects_path)
             + "\nFix the file, or accept a share of bad lines with "
             "`kedro run --params=ingestion.max_reject_fraction=0.001`."
         )
@@ -416,7 +429,12 @@ def convert_day(
     )
     logger.info(
         "{}: {:,} rows -> {} ({:,} rejected) in {:.1f}s ({:,.0f} rows/s)",
-        source.name, rows, destination, len(rejects), report.seconds, rows / max(report.seconds, 1e-9),
+        source.name,
+        rows,
+        destination,
+        len(rejects),
+        report.seconds,
+        rows / max(report.seconds, 1e-9),
     )
     return report
 
@@ -433,4 +451,3 @@ def _write_rejects(path: Path, source: Path, rejects: list[Reject]) -> None:
         writer = csv.writer(handle, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
         writer.writerow(["file", "line", "reason", "text"])
         writer.writerows((str(source), r.line, r.reason, r.text) for r in rejects)
-

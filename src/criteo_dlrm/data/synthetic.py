@@ -30,7 +30,7 @@ VOCABULARY_SIZES = (
 SPARSE_MISSING_RATES = (
     0, 0, .03, .03, 0, .12, 0, 0, 0, .03, 0, .03, 0, 0, 0, .03, 0, 0, .44, .44, .03, .76, 0, .03, .44, .44,
 )  # fmt: skip
-DENSE_MISSING_RATES = (.45, 0, .21, .22, .03, .22, .04, .0005, .04, .45, .04, .76, .22)
+DENSE_MISSING_RATES = (0.45, 0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0005, 0.04, 0.45, 0.04, 0.76, 0.22)
 # log-normal location and scale of each count; I2 (index 1) is shifted so that it reaches -3, as in Criteo.
 DENSE_LOG_MEAN = (0.7, 2.0, 2.5, 1.8, 8.0, 3.5, 1.5, 2.5, 3.5, 0.3, 1.0, 0.5, 1.5)
 DENSE_LOG_STD = (1.2, 2.0, 1.5, 1.0, 2.0, 1.8, 1.4, 1.0, 1.3, 0.7, 0.9, 1.0, 1.2)
@@ -116,7 +116,9 @@ class ClickModel:
         labels = (rng.random(rows) < probability).astype(np.int8)
         # An odd multiplier makes rank -> id a bijection mod 2**32, so ids never collide within a feature.
         ids = (ranks.astype(np.uint64) * np.uint64(2654435761) + self.id_salts) % np.uint64(2**32)
-        return Sample(labels, dense, dense_missing, ids.astype(np.uint32), sparse_missing, probability.astype(np.float32))
+        return Sample(
+            labels, dense, dense_missing, ids.astype(np.uint32), sparse_missing, probability.astype(np.float32)
+        )
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -131,7 +133,9 @@ def hex_strings(ids: np.ndarray, missing: np.ndarray) -> pa.Array:
     digits[:, 1::2] = _HEX_DIGITS[as_bytes & 15]
     offsets = np.arange(0, 8 * len(ids) + 1, 8, dtype=np.int32)
     validity = pa.array(~missing).buffers()[1]
-    return pa.Array.from_buffers(pa.string(), len(ids), [validity, pa.py_buffer(offsets), pa.py_buffer(digits)], null_count=int(missing.sum()))
+    return pa.Array.from_buffers(
+        pa.string(), len(ids), [validity, pa.py_buffer(offsets), pa.py_buffer(digits)], null_count=int(missing.sum())
+    )
 
 
 def to_raw_table(sample: Sample) -> pa.Table:
@@ -144,9 +148,7 @@ def to_raw_table(sample: Sample) -> pa.Table:
     return pa.table(columns, names=[f"f{i}" for i in range(len(columns))])
 
 
-def write_day(
-    path: Path, rows: int, day: int, model: ClickModel, chunk_rows: int = 100_000
-) -> Path:
+def write_day(path: Path, rows: int, day: int, model: ClickModel, chunk_rows: int = 100_000) -> Path:
     """Write one raw day file (gzip when ``path`` ends in ``.gz``) and its true probabilities beside it.
 
     Memory is bounded by ``chunk_rows``. The probabilities go to ``<day>.click_probability.npy``.

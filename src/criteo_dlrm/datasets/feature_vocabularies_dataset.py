@@ -29,4 +29,6 @@ class FeatureVocabulariesDataset(VersionedFileDataset):
 
     def save(self, data: FeatureVocabularies | dict[str, np.ndarray]) -> None:
         arrays = data.arrays if isinstance(data, FeatureVocabularies) else data
-        self._write_atomically(lambda handle: np.savez(handle, **{k: np.asarray(v, dtype=np.int64) for k, v in arrays.items()}))
+        self._write_atomically(
+            lambda handle: np.savez(handle, **{k: np.asarray(v, dtype=np.int64) for k, v in arrays.items()})
+        )

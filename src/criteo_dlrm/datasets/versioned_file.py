@@ -29,7 +29,9 @@ class VersionedFileDataset(AbstractVersionedDataset):
             fs_args.setdefault("auto_mkdir", True)
         self._fs = fsspec.filesystem(protocol, **(credentials or {}), **fs_args)
         self.metadata = metadata
-        super().__init__(filepath=PurePosixPath(path), version=version, exists_function=self._fs.exists, glob_function=self._fs.glob)
+        super().__init__(
+            filepath=PurePosixPath(path), version=version, exists_function=self._fs.exists, glob_function=self._fs.glob
+        )
 
     def _load_path(self) -> str:
         return get_filepath_str(self._get_load_path(), self._protocol)

@@ -61,7 +61,9 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         problems = []
         if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
-            problems.append(f"embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, got {self.embedding_optimizer!r}")
+            problems.append(
+                f"embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, got {self.embedding_optimizer!r}"
+            )
         if self.decay not in DECAYS:
             problems.append(f"decay must be one of {DECAYS}, got {self.decay!r}")
         for name in ("num_epochs", "batch_size_train", "batch_size_validation", "log_every_steps"):
@@ -118,11 +120,19 @@ def learning_rate_factor(step: int, total_steps: int, settings: TrainingSettings
 
 
 @torch.no_grad()
-def predict(model: nn.Module, loader: BatchLoader, device: torch.device, precision: str = "fp32", progress: bool | None = False) -> np.ndarray:
+def predict(
+    model: nn.Module, loader: BatchLoader, device: torch.device, precision: str = "fp32", progress: bool | None = False
+) -> np.ndarray:
     """Click probabilities for every row of ``loader``, in order: (N,) float64."""
     model.eval()
     outputs = []
-    for batch in tqdm(loader.batches(), total=len(loader), desc="scoring", unit="batch", disable=None if progress is None else not progress):
+    for batch in tqdm(
+        loader.batches(),
+        total=len(loader),
+        desc="scoring",
+        unit="batch",
+        disable=None if progress is None else not progress,
+    ):
         batch = batch.to(device, non_blocking=True)
         with autocast(device, precision):
             logits = model(batch.dense, batch.sparse)
@@ -189,7 +199,12 @@ class Trainer:
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
         self.bad_validations, self.history = state["bad_validations"], state["history"]
         torch.set_rng_state(state["torch_rng_state"])
-        logger.info("resumed from {} at step {:,} (best validation log loss {:.5f})", self.resume_path, self.step, self.best_loss)
+        logger.info(
+            "resumed from {} at step {:,} (best validation log loss {:.5f})",
+            self.resume_path,
+            self.step,
+            self.best_loss,
+        )
 
     def _save_progress(self) -> None:
         if self.resume_path is None:
@@ -246,7 +261,9 @@ class Trainer:
                     if end_of_epoch or (every and self.step % every == 0):
                         stopped_early = self._validate(epoch)
         bar.close()
-        self.metric_logger.log_hparams({**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {}))
+        self.metric_logger.log_hparams(
+            {**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {})
+        )
         return TrainingResult(
             best_model_state=self.best["model_state"],
             best_optimizer_state=self.best["optimizer_state"],
@@ -291,7 +308,11 @@ class Trainer:
         values = torch.stack(losses).float().cpu()
         if not torch.isfinite(values).all():
             bad_step = self.step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
-            kept = f" The last good in-progress checkpoint is {self.resume_path}." if self.resume_path and Path(self.resume_path).exists() else ""
+            kept = (
+                f" The last good in-progress checkpoint is {self.resume_path}."
+                if self.resume_path and Path(self.resume_path).exists()
+                else ""
+            )
             raise TrainingDivergedError(
                 f"Training diverged: the loss is {values[~torch.isfinite(values)][0].item()} at step {bad_step:,}.{kept} "
                 "Lower training.learning_rate / training.embedding_learning_rate, or add warm-up (training.warmup_steps)."
@@ -335,8 +356,15 @@ class Trainer:
             self.bad_validations += 1
         logger.info(
             "step {:,} (epoch {}): validation log loss {:.5f}, AUC {:.4f}, NE {:.4f}, calibration {:.3f}{}",
-            self.step, epoch, metrics["log_loss"], metrics["auc"], metrics["normalized_entropy"], metrics["calibration"],
-            " (best)" if improved else f" (no improvement {self.bad_validations}/{self.settings.early_stopping_patience})",
+            self.step,
+            epoch,
+            metrics["log_loss"],
+            metrics["auc"],
+            metrics["normalized_entropy"],
+            metrics["calibration"],
+            " (best)"
+            if improved
+            else f" (no improvement {self.bad_validations}/{self.settings.early_stopping_patience})",
         )
         self._save_progress()
         return self.bad_validations >= self.settings.early_stopping_patience

@@ -20,7 +20,13 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
         fpr, tpr = roc_curve(labels, scores)
         axes.plot(fpr, tpr, label=f"{name} (AUC {aucs[name]:.4f})")
     axes.plot([0, 1], [0, 1], linestyle="--", color="grey", label="chance (AUC 0.5)")
-    axes.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC curve on the validation days", xlim=(0, 1), ylim=(0, 1))
+    axes.set(
+        xlabel="false positive rate",
+        ylabel="true positive rate",
+        title="ROC curve on the validation days",
+        xlim=(0, 1),
+        ylim=(0, 1),
+    )
     axes.legend(loc="lower right")
     axes.grid(alpha=0.3)
     figure.tight_layout()
@@ -34,7 +40,13 @@ def calibration_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int 
     top = max(curve["predicted"].max(), curve["observed"].max()) * 1.05
     axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
     axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"model ({bins} bins of equal rows)")
-    axes.set(xlabel="mean predicted CTR", ylabel="observed CTR", title="Calibration on the validation days", xlim=(0, top), ylim=(0, top))
+    axes.set(
+        xlabel="mean predicted CTR",
+        ylabel="observed CTR",
+        title="Calibration on the validation days",
+        xlim=(0, top),
+        ylim=(0, top),
+    )
     axes.legend(loc="upper left")
     axes.grid(alpha=0.3)
     figure.tight_layout()

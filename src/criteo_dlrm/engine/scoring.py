@@ -52,11 +52,19 @@ def score_days(
     """
     model = model.to(device).eval()
     labels, predictions = [], []
-    with tqdm(total=count_rows(paths), unit="rows", unit_scale=True, desc="scoring", disable=None if progress is None else not progress) as bar:
+    with tqdm(
+        total=count_rows(paths),
+        unit="rows",
+        unit_scale=True,
+        desc="scoring",
+        disable=None if progress is None else not progress,
+    ) as bar:
         for record_batch in iter_batches(paths):
             encoded = encoder.encode_batch(record_batch)
             batch = Batch(
-                torch.from_numpy(encoded.labels), torch.from_numpy(encoded.dense), torch.from_numpy(encoded.sparse.astype(np.int64))
+                torch.from_numpy(encoded.labels),
+                torch.from_numpy(encoded.dense),
+                torch.from_numpy(encoded.sparse.astype(np.int64)),
             ).to(device, non_blocking=True)
             with autocast(device, precision):
                 logits = model(batch.dense, batch.sparse)

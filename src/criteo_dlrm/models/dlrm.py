@@ -110,13 +110,16 @@ class DLRM(nn.Module):
     def __init__(self, config: DLRMConfig, sparse_gradients: bool = True):
         super().__init__()
         self.config = config
-        self.bottom_mlp = mlp([config.dense_in_features, *config.dense_hidden_sizes, config.dense_output_size], final_activation=True)
+        self.bottom_mlp = mlp(
+            [config.dense_in_features, *config.dense_hidden_sizes, config.dense_output_size], final_activation=True
+        )
         # One fused table per distinct embedding size. 'dot' needs one size, so its single group keeps
         # feature order; for 'cat' the grouped order is just a fixed permutation of the MLP's inputs.
         dims = sorted(set(config.embedding_dims))
         self.groups = [[f for f, d in enumerate(config.embedding_dims) if d == dim] for dim in dims]
         self.embeddings = nn.ModuleList(
-            FusedEmbedding([config.table_sizes[f] for f in group], dim, sparse_gradients) for dim, group in zip(dims, self.groups, strict=True)
+            FusedEmbedding([config.table_sizes[f] for f in group], dim, sparse_gradients)
+            for dim, group in zip(dims, self.groups, strict=True)
         )
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
         self.register_buffer("pair_rows", rows, persistent=False)

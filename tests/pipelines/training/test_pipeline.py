@@ -22,7 +22,10 @@ from tests.conftest import PROJECT_ROOT
 def training_params(tmp_path: Path, **overrides) -> dict:
     params = yaml.safe_load((PROJECT_ROOT / "conf/base/parameters_training.yml").read_text())["training"]
     params.update(
-        num_epochs=2, tensorboard_dir=str(tmp_path / "tb"), in_progress_dir=str(tmp_path / "progress"), batch_size={"train": 200, "validation": 4096}
+        num_epochs=2,
+        tensorboard_dir=str(tmp_path / "tb"),
+        in_progress_dir=str(tmp_path / "progress"),
+        batch_size={"train": 200, "validation": 4096},
     )
     params.update(overrides)
     return params
@@ -48,7 +51,17 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
     checkpoint = TorchCheckpointDataset(filepath=str(tmp_path / "ckpt.pt"), version=Version(None, None)).load()
-    for key in ("model_state", "optimizer_state", "step", "epoch", "model_config", "training_parameters", "encoder", "best_validation", "library_versions"):
+    for key in (
+        "model_state",
+        "optimizer_state",
+        "step",
+        "epoch",
+        "model_config",
+        "training_parameters",
+        "encoder",
+        "best_validation",
+        "library_versions",
+    ):
         assert key in checkpoint, key
     assert checkpoint["metadata"]["version"] == "2026-01-01T00.00.00.000Z"
     assert checkpoint["metadata"]["vocabulary_sha256"] == tiny_features["metadata"]["vocabulary_sha256"]
@@ -99,7 +112,5 @@ def test_training_on_a_fresh_clone_names_the_commands_to_run_first(project):
     with pytest.raises(MissingInputError) as error, KedroSession.create(project_path=project) as session:
         session.run(pipeline_names=["training"])
     message = str(error.value)
-    assert "feature_metadata: produced by `kedro run --pipelines=metadata`" in message
-    assert "kedro run" in message
-
-
+    assert "needs feature_metadata, feature_vocabularies" in message
+    assert "Run `kedro run --pipelines=ingestion,metadata` first" in message

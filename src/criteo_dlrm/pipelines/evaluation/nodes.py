@@ -41,7 +41,11 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
     days = trained_with["source_days"]["validation"]
     device = resolve_device(evaluation["device"])
     labels, probabilities = score_days(
-        model_from_checkpoint(dlrm_checkpoint), encoder, [day["parquet"] for day in days], device, evaluation["precision"]
+        model_from_checkpoint(dlrm_checkpoint),
+        encoder,
+        [day["parquet"] for day in days],
+        device,
+        evaluation["precision"],
     )
     model = binary_metrics(labels, probabilities)
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
@@ -68,15 +72,29 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
         curves["oracle (true probabilities)"] = oracle
     logger.info(
         "{} on {}: AUC {:.4f}, log loss {:.5f}, NE {:.4f}, calibration {:.3f} (prior: log loss {:.5f}){}",
-        source, metrics["days"], model["auc"], model["log_loss"], model["normalized_entropy"], model["calibration"], prior["log_loss"],
-        "" if oracle is None else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
+        source,
+        metrics["days"],
+        model["auc"],
+        model["log_loss"],
+        model["normalized_entropy"],
+        model["calibration"],
+        prior["log_loss"],
+        ""
+        if oracle is None
+        else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
     )
     return metrics, curves, labels, probabilities
 
 
-def plot_evaluation(validation_metrics: dict, curves: dict, labels: np.ndarray, probabilities: np.ndarray) -> tuple[Figure, Figure, Figure]:
+def plot_evaluation(
+    validation_metrics: dict, curves: dict, labels: np.ndarray, probabilities: np.ndarray
+) -> tuple[Figure, Figure, Figure]:
     """ROC curve, calibration curve and score histograms."""
     aucs = {"model": validation_metrics["model"]["auc"]}
     if validation_metrics["oracle"] is not None:
         aucs["oracle (true probabilities)"] = validation_metrics["oracle"]["auc"]
-    return roc_figure(labels, curves, aucs), calibration_figure(labels, probabilities), score_histogram_figure(labels, probabilities)
+    return (
+        roc_figure(labels, curves, aucs),
+        calibration_figure(labels, probabilities),
+        score_histogram_figure(labels, probabilities),
+    )

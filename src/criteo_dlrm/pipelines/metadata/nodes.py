@@ -7,7 +7,9 @@ from loguru import logger
 from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
 
 
-def split_days(days: list[dict], validation_days: list[str] | None, train_days: list[str] | None) -> tuple[list[dict], list[dict]]:
+def split_days(
+    days: list[dict], validation_days: list[str] | None, train_days: list[str] | None
+) -> tuple[list[dict], list[dict]]:
     """Split the ingested days into training and validation days (default: the last day validates).
 
     Raises:
@@ -42,16 +44,24 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
         use_modulus_hash=metadata["use_modulus_hash"],
         modulus_hash_size=metadata.get("modulus_hash_size"),
     )
-    train, validation = split_days(ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days"))
+    train, validation = split_days(
+        ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days")
+    )
     feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], settings)
     feature_metadata["source_days"] = {
         "train": [{key: day[key] for key in ("day", "parquet", "rows")} for day in train],
-        "validation": [{key: day.get(key) for key in ("day", "parquet", "rows", "click_probability")} for day in validation],
+        "validation": [
+            {key: day.get(key) for key in ("day", "parquet", "rows", "click_probability")} for day in validation
+        ],
     }
     feature_metadata["parameters"] = {key: metadata.get(key) for key in sorted(metadata)}
     tables = [feature_metadata["sparse"][name]["table_size"] for name in feature_metadata["sparse"]]
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",
-        feature_metadata["label"]["rows"], feature_metadata["label"]["ctr"], len(tables), sum(tables), max(tables),
+        feature_metadata["label"]["rows"],
+        feature_metadata["label"]["ctr"],
+        len(tables),
+        sum(tables),
+        max(tables),
     )
     return feature_metadata, FeatureVocabularies(vocabularies)

@@ -24,7 +24,9 @@ from criteo_dlrm.schema import NUM_SPARSE
 _NOT_IN_FINGERPRINT = ("resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads")
 
 
-def encode_features(feature_metadata: dict, feature_vocabularies: FeatureVocabularies) -> tuple[EncodedArrays, EncodedArrays]:
+def encode_features(
+    feature_metadata: dict, feature_vocabularies: FeatureVocabularies
+) -> tuple[EncodedArrays, EncodedArrays]:
     """Encode the training and validation days with this metadata version's vocabularies."""
     encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
     days = feature_metadata["source_days"]
@@ -85,7 +87,9 @@ def train_dlrm(
         configuration, parameters, metadata version and encoder) and a JSON summary of the run.
     """
     if len(train_features) == 0 or len(validation_features) == 0:
-        raise ConfigError("Training needs rows in both the training and the validation days (see feature_metadata.source_days).")
+        raise ConfigError(
+            "Training needs rows in both the training and the validation days (see feature_metadata.source_days)."
+        )
     config, settings = model_config(training, feature_metadata), training_settings(training)
     device = resolve_device(training["device"])
     backends = configure_backends(device, training["allow_tf32"], training.get("num_threads"))
@@ -94,12 +98,18 @@ def train_dlrm(
     if training["compile"]:
         compile_model(model, training["compile_mode"])
     run_fingerprint = fingerprint(
-        {k: v for k, v in training.items() if k not in _NOT_IN_FINGERPRINT}, feature_metadata["vocabulary_sha256"], len(train_features)
+        {k: v for k, v in training.items() if k not in _NOT_IN_FINGERPRINT},
+        feature_metadata["vocabulary_sha256"],
+        len(train_features),
     )
     run_dir = Path(training["tensorboard_dir"]) / run_version
     resume_path = Path(training["in_progress_dir"]) / f"dlrm_{run_fingerprint}.pt" if training["resume"] else None
     logger.info(
-        "training on {} ({}), {:,} parameters, run folder {}", device, backends, sum(p.numel() for p in model.parameters()), run_dir
+        "training on {} ({}), {:,} parameters, run folder {}",
+        device,
+        backends,
+        sum(p.numel() for p in model.parameters()),
+        run_dir,
     )
     pin = device.type == "cuda"
     metric_logger = TensorBoardLogger(run_dir)

@@ -15,7 +15,14 @@ def create_pipeline(**kwargs) -> Pipeline:
             ),
             Node(
                 train_dlrm,
-                inputs=["train_features", "validation_features", "feature_metadata", "feature_vocabularies", "params:training", "run_version"],
+                inputs=[
+                    "train_features",
+                    "validation_features",
+                    "feature_metadata",
+                    "feature_vocabularies",
+                    "params:training",
+                    "run_version",
+                ],
                 outputs=["dlrm_checkpoint", "training_summary"],
                 name="train_dlrm",
                 tags=["training"],
