@@ -59,14 +59,12 @@ class BatchLoader:
         order = epoch_order(rows, self.seed, epoch) if self.shuffle else None
         for begin in range(start * self.batch_size, rows, self.batch_size):
             end = min(begin + self.batch_size, rows)
-            if order is None:
-                take = slice(begin, end)
-            else:
-                # Sorted within the batch: the same rows, read with better locality (matters when memory-mapped).
-                take = np.sort(order[begin:end])
+            # Index arrays make numpy copy the rows (memory-mapped sources are read-only). Shuffled rows are
+            # sorted within the batch: the same rows, read with better locality.
+            take = np.arange(begin, end) if order is None else np.sort(order[begin:end])
             batch = Batch(
-                torch.from_numpy(np.ascontiguousarray(self.arrays.labels[take])),
-                torch.from_numpy(np.ascontiguousarray(self.arrays.dense[take])),
+                torch.from_numpy(self.arrays.labels[take]),
+                torch.from_numpy(self.arrays.dense[take]),
                 torch.from_numpy(self.arrays.sparse[take].astype(np.int64)),
             )
             yield batch.pin_memory() if self.pin else batch

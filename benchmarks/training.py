@@ -1,0 +1,221 @@
+"""Training throughput on CPU: our DLRM against the seed's design, in one run.
+
+Measures, at the default configuration and at a Criteo-Kaggle-like one (26 tables sized like Kaggle's,
+capped at 100,000 rows; 16-dim embeddings; dense MLP 512-256-64-16; top MLP 512-256; batch 2048):
+  - the batch loader alone,
+  - our training step end to end (loader included) in fp32 with the default optimisers, with sparse SGD,
+    and with bf16 autocast + torch.compile,
+  - the seed's design (outer-product interaction, per-row Dataset + default collate, dense Adam),
+and the machine's fp32 matmul rate, to print the share of the matmul-bound limit reached.
+
+    python benchmarks/training.py [--rows 200000] [--skip-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.engine.device import autocast, compile_model
+from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
+from criteo_dlrm.models import DLRM, DLRMConfig
+
+try:  # run as a script or as a module
+    from seed_design import SeedDLRM, seed_loader
+except ImportError:  # pragma: no cover
+    from benchmarks.seed_design import SeedDLRM, seed_loader
+
+KAGGLE_CARDINALITIES = [
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
+    10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+]  # fmt: skip
+CONFIGURATIONS = {
+    "default": {
+        "tables": [min(c, 100_000) for c in KAGGLE_CARDINALITIES],
+        "dim": 16,
+        "dense": [64, 16],
+        "top": [128, 64],
+        "batch": 256,
+    },
+    "kaggle-like": {
+        "tables": [min(c, 100_000) for c in KAGGLE_CARDINALITIES],
+        "dim": 16,
+        "dense": [512, 256, 64, 16],
+        "top": [512, 256],
+        "batch": 2048,
+    },
+}
+
+
+def synthetic_arrays(rows: int, tables: list[int], seed: int = 0) -> EncodedArrays:
+    """Zipf-distributed indices (a few hot rows, a long tail), like encoded Criteo."""
+    rng = np.random.default_rng(seed)
+    sparse = np.stack([np.minimum(rng.zipf(1.2, rows), size) - 1 for size in tables], axis=1).astype(np.int32)
+    return EncodedArrays(
+        (rng.random(rows) < 0.25).astype(np.float32), rng.standard_normal((rows, 13)).astype(np.float32), sparse
+    )
+
+
+def flops_per_sample(config: DLRMConfig) -> float:
+    """Forward + backward (3x forward) multiply-adds x 2 of the MLPs and the dot interaction."""
+    sizes = [13, *config.dense_hidden_sizes, config.dense_output_size]
+    macs = sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    top = [config.interaction_size, *config.prediction_hidden_sizes, 1]
+    macs += sum(a * b for a, b in zip(top[:-1], top[1:], strict=True))
+    macs += config.num_features**2 * config.dense_output_size
+    return 3 * 2 * macs
+
+
+def matmul_gflops(seconds: float = 1.0) -> float:
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * 2048**3 * count / (time.perf_counter() - start) / 1e9
+
+
+def loader_rate(arrays: EncodedArrays, batch: int) -> float:
+    loader = BatchLoader(arrays, batch, shuffle=True)
+    start = time.perf_counter()
+    rows = sum(len(b) for b in loader.batches(epoch=0))
+    return rows / (time.perf_counter() - start)
+
+
+def train_rate(model: nn.Module, step, batches, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step(next(batches))
+    rows, start = 0, time.perf_counter()
+    for _ in range(steps):
+        batch = next(batches)  # the loader's time counts: end to end
+        step(batch)
+        rows += len(batch)
+    return rows / (time.perf_counter() - start)
+
+
+def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, compiled: bool, steps: int) -> float:
+    torch.manual_seed(0)
+    config = DLRMConfig(
+        spec["tables"],
+        [spec["dim"]] * 26,
+        dense_hidden_sizes=spec["dense"][:-1],
+        dense_output_size=spec["dense"][-1],
+        prediction_hidden_sizes=spec["top"],
+    )
+    settings = TrainingSettings(
+        embedding_optimizer=optimizer, embedding_learning_rate=0.01 if optimizer == "sgd" else 1e-3
+    )
+    model = DLRM(config, sparse_gradients=settings.sparse_gradients)
+    if compiled:
+        compile_model(model)
+    optimizers = build_optimizers(model, settings)
+    loss_function = nn.BCEWithLogitsLoss()
+    device = torch.device("cpu")
+
+    def step(batch):
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            logits = model(batch.dense, batch.sparse)
+        loss_function(logits.float(), batch.labels).backward()
+        for opt in optimizers.values():
+            opt.step()
+
+    batches = _cycle(BatchLoader(arrays, spec["batch"], shuffle=True))
+    return train_rate(model, step, batches, warmup=5 if compiled else 2, steps=steps)
+
+
+def seed(arrays: EncodedArrays, spec: dict, steps: int) -> float:
+    torch.manual_seed(0)
+    model = SeedDLRM(spec["tables"], spec["dim"], spec["dense"], spec["top"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_function = nn.BCELoss()
+
+    def step(batch):
+        labels, dense, sparse = batch
+        optimizer.zero_grad()
+        loss_function(model(dense, sparse), labels).backward()
+        optimizer.step()
+
+    class _Sized(list):
+        pass
+
+    def batches():
+        while True:
+            for labels, dense, sparse in seed_loader(arrays, spec["batch"]):
+                yield _Sized((labels, dense, sparse))
+
+    def sized_step(batch):
+        step(batch)
+
+    iterator = batches()
+    for _ in range(1):
+        sized_step(next(iterator))
+    rows, start = 0, time.perf_counter()
+    for _ in range(steps):
+        batch = next(iterator)
+        sized_step(batch)
+        rows += len(batch[0])
+    return rows / (time.perf_counter() - start)
+
+
+def _cycle(loader: BatchLoader):
+    epoch = 0
+    while True:
+        yield from loader.batches(epoch=epoch)
+        epoch += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per measurement (ours)")
+    parser.add_argument("--seed-steps", type=int, default=2, help="timed steps for the seed's design (slow)")
+    parser.add_argument("--skip-compile", action="store_true")
+    args = parser.parse_args()
+
+    gflops = matmul_gflops()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul {gflops:,.0f} GFLOP/s\n")
+    for name, spec in CONFIGURATIONS.items():
+        arrays = synthetic_arrays(args.rows, spec["tables"])
+        config = DLRMConfig(
+            spec["tables"],
+            [spec["dim"]] * 26,
+            dense_hidden_sizes=spec["dense"][:-1],
+            dense_output_size=spec["dense"][-1],
+            prediction_hidden_sizes=spec["top"],
+        )
+        limit = gflops * 1e9 / flops_per_sample(config)
+        rows = {"loader alone": loader_rate(arrays, spec["batch"])}
+        steps = args.steps if name == "kaggle-like" else args.steps * 4
+        rows["ours, fp32, Adam + SparseAdam (default)"] = ours(arrays, spec, "sparse_adam", "fp32", False, steps)
+        rows["ours, fp32, Adam + sparse SGD"] = ours(arrays, spec, "sgd", "fp32", False, steps)
+        rows["ours, fp32, Adam over whole tables (seed's optimiser)"] = ours(
+            arrays, spec, "dense_adam", "fp32", False, max(steps // 4, 5)
+        )
+        if not args.skip_compile:
+            rows["ours, bf16 autocast + torch.compile, SparseAdam"] = ours(
+                arrays, spec, "sparse_adam", "bf16", True, steps
+            )
+        rows["seed's design (outer product, per-row Dataset)"] = seed(arrays, spec, args.seed_steps)
+        baseline = rows["seed's design (outer product, per-row Dataset)"]
+        print(
+            f"## {name}: batch {spec['batch']}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample, matmul-bound limit {limit:,.0f} samples/s\n"
+        )
+        print("| measurement | samples/s | x seed | share of matmul limit |")
+        print("| --- | ---: | ---: | ---: |")
+        for label, rate in rows.items():
+            share = "" if label == "loader alone" else f"{rate / limit:.0%}"
+            print(f"| {label} | {rate:,.0f} | {rate / baseline:,.1f} | {share} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
