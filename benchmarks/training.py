@@ -89,15 +89,15 @@ def loader_rate(arrays: EncodedArrays, batch: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def train_rate(model: nn.Module, step, batches, warmup: int, steps: int) -> float:
+def train_rate(model: nn.Module, step, batches, warmup: int, steps: int, rows=len) -> float:
     for _ in range(warmup):
         step(next(batches))
-    rows, start = 0, time.perf_counter()
+    seen, start = 0, time.perf_counter()
     for _ in range(steps):
         batch = next(batches)  # the loader's time counts: end to end
         step(batch)
-        rows += len(batch)
-    return rows / (time.perf_counter() - start)
+        seen += rows(batch)
+    return seen / (time.perf_counter() - start)
 
 
 def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, compiled: bool, steps: int) -> float:
@@ -144,26 +144,11 @@ def seed(arrays: EncodedArrays, spec: dict, steps: int) -> float:
         loss_function(model(dense, sparse), labels).backward()
         optimizer.step()
 
-    class _Sized(list):
-        pass
-
     def batches():
         while True:
-            for labels, dense, sparse in seed_loader(arrays, spec["batch"]):
-                yield _Sized((labels, dense, sparse))
+            yield from seed_loader(arrays, spec["batch"])
 
-    def sized_step(batch):
-        step(batch)
-
-    iterator = batches()
-    for _ in range(1):
-        sized_step(next(iterator))
-    rows, start = 0, time.perf_counter()
-    for _ in range(steps):
-        batch = next(iterator)
-        sized_step(batch)
-        rows += len(batch[0])
-    return rows / (time.perf_counter() - start)
+    return train_rate(model, step, batches(), warmup=1, steps=steps, rows=lambda batch: len(batch[0]))
 
 
 def _cycle(loader: BatchLoader):

@@ -33,7 +33,7 @@ def test_registry_has_every_pipeline_and_default_runs_them_all():
     assert set(pipelines) == {"__default__", "ingestion", "metadata", "training", "evaluation"}
     default_nodes = {node.name for node in pipelines["__default__"].nodes}
     assert default_nodes == {
-        "convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint", "plot_evaluation"
+        "convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint"
     }  # fmt: skip
 
 

@@ -75,7 +75,8 @@ class ProjectHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        missing = _missing_inputs(pipeline, catalog)
+        # Raw inputs (no pipeline makes them) report their own problem when loaded.
+        missing = [name for name in _missing_inputs(pipeline, catalog) if producers_of(name)]
         if not missing:
             return
         first = pipelines_to_run_first(missing, catalog)

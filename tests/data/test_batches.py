@@ -7,7 +7,9 @@ from criteo_dlrm.data.encoding import EncodedArrays
 def _arrays(rows: int = 103) -> EncodedArrays:
     index = np.arange(rows)
     return EncodedArrays(
-        (index % 2).astype(np.float32), np.repeat(index[:, None], 13, 1).astype(np.float32), np.repeat(index[:, None], 26, 1).astype(np.int32)
+        (index % 2).astype(np.float32),
+        np.repeat(index[:, None], 13, 1).astype(np.float32),
+        np.repeat(index[:, None], 26, 1).astype(np.int32),
     )
 
 

@@ -92,7 +92,7 @@ def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
         raise IngestionError(
             f"Raw data folder {folder} does not exist. Put Criteo day files (day_0.gz, day_1, ... or "
             f"train.txt) there, or point ingestion at your folder: "
-            f"kedro run --pipeline=ingestion --params=ingestion.raw_dir=/path/to/criteo"
+            f"kedro run --pipelines=ingestion --params=ingestion.raw_dir=/path/to/criteo"
         )
     files = [p for p in folder.iterdir() if p.is_file() and _DAY_FILE.match(p.name)]
     if not files:

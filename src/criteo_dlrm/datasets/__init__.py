@@ -2,6 +2,7 @@
 
 from .encoded_arrays_dataset import EncodedArraysDataset
 from .feature_vocabularies_dataset import FeatureVocabulariesDataset
+from .raw_day_files_dataset import RawDayFilesDataset
 from .torch_checkpoint_dataset import TorchCheckpointDataset
 
-__all__ = ["EncodedArraysDataset", "FeatureVocabulariesDataset", "TorchCheckpointDataset"]
+__all__ = ["EncodedArraysDataset", "FeatureVocabulariesDataset", "RawDayFilesDataset", "TorchCheckpointDataset"]

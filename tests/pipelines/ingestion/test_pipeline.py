@@ -9,12 +9,12 @@ from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from criteo_dlrm.data.synthetic import write_days
+from criteo_dlrm.datasets import RawDayFilesDataset
 from criteo_dlrm.pipelines.ingestion import create_pipeline
 
 
 def _params(tmp_path: Path, **overrides) -> dict:
     return {
-        "raw_dir": str(tmp_path / "raw"),
         "output_dir": str(tmp_path / "intermediate"),
         "force": False,
         "max_reject_fraction": 0.0,
@@ -23,25 +23,31 @@ def _params(tmp_path: Path, **overrides) -> dict:
     }
 
 
-def _run(params: dict) -> dict:
-    catalog = DataCatalog({"params:ingestion": MemoryDataset(params), "ingestion_report": MemoryDataset()})
+def _run(params: dict, raw: Path) -> dict:
+    catalog = DataCatalog(
+        {
+            "raw_day_files": RawDayFilesDataset(path=str(raw)),
+            "params:ingestion": MemoryDataset(params),
+            "ingestion_report": MemoryDataset(),
+        }
+    )
     SequentialRunner().run(create_pipeline(), catalog)
     return catalog.load("ingestion_report")
 
 
 def test_pipeline_converts_each_day_and_skips_converted_ones(tmp_path):
     write_days(tmp_path / "raw", days=2, rows_per_day=1500, seed=0)
-    report = _run(_params(tmp_path))
+    report = _run(_params(tmp_path), tmp_path / "raw")
     assert [d["day"] for d in report["days"]] == ["day_0", "day_1"]
     assert all(pq.ParquetFile(d["parquet"]).metadata.num_rows == 1500 for d in report["days"])
     assert report["days"][0]["click_probability"].endswith("day_0.click_probability.npy")
     written = Path(report["days"][0]["parquet"]).stat().st_mtime_ns
 
-    again = _run(_params(tmp_path))
+    again = _run(_params(tmp_path), tmp_path / "raw")
     assert Path(again["days"][0]["parquet"]).stat().st_mtime_ns == written
     assert [d["rows"] for d in again["days"]] == [1500, 1500]
 
-    forced = _run(_params(tmp_path, force=True))
+    forced = _run(_params(tmp_path, force=True), tmp_path / "raw")
     assert Path(forced["days"][0]["parquet"]).stat().st_mtime_ns != written
 
 
@@ -50,7 +56,7 @@ def test_pipeline_stops_on_bad_input_naming_the_file(tmp_path):
     with (tmp_path / "raw" / "day_0").open("a") as handle:
         handle.write("1\t2\t3\n")
     with pytest.raises(Exception, match=r"day_0: 1 of 101 lines rejected"):
-        _run(_params(tmp_path))
+        _run(_params(tmp_path), tmp_path / "raw")
 
 
 @pytest.mark.slow
@@ -61,3 +67,28 @@ def test_kedro_session_runs_ingestion_in_a_project_copy(project):
     report = json.loads((project / "data/02_intermediate/ingestion_report.json").read_text())
     assert [d["rows"] for d in report["days"]] == [20_000, 20_000, 20_000]
     assert all((project / d["parquet"]).exists() for d in report["days"])
+
+
+@pytest.mark.slow
+def test_users_point_ingestion_at_their_own_folder_with_params(project, tmp_path):
+    write_days(tmp_path / "criteo", days=2, rows_per_day=500, seed=5, compress=False)
+    bootstrap_project(project)
+    with KedroSession.create(
+        project_path=project, runtime_params={"ingestion": {"raw_dir": str(tmp_path / "criteo")}}
+    ) as session:
+        session.run(pipeline_names=["ingestion"])
+    report = json.loads((project / "data/02_intermediate/ingestion_report.json").read_text())
+    assert report["raw_dir"] == str(tmp_path / "criteo")
+    assert [(d["day"], d["rows"]) for d in report["days"]] == [("day_0", 500), ("day_1", 500)]
+
+
+@pytest.mark.slow
+def test_a_missing_raw_folder_is_a_clear_error(project, tmp_path):
+    bootstrap_project(project)
+    with (
+        pytest.raises(Exception, match=r"nowhere does not exist.*ingestion.raw_dir"),
+        KedroSession.create(
+            project_path=project, runtime_params={"ingestion": {"raw_dir": str(tmp_path / "nowhere")}}
+        ) as session,
+    ):
+        session.run(pipeline_names=["ingestion"])

@@ -28,26 +28,19 @@ def _oracle(days: list[dict], rows: int) -> np.ndarray | None:
     return oracle
 
 
-def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, dict, np.ndarray, np.ndarray]:
-    """Score the checkpoint's validation days with its own encoder and compute the metrics.
-
-    Returns:
-        ``(validation_metrics, curves, labels, probabilities)``; curves holds the scorers to plot.
-    """
+def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Metrics of the checkpoint on its validation days; also returns labels, predictions and the oracle."""
     source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
     trained_with = dlrm_checkpoint["metadata"]
-    check_encoder(FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"]), trained_with["vocabulary_sha256"], source)
     encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
+    check_encoder(encoder, trained_with["vocabulary_sha256"], source)
     days = trained_with["source_days"]["validation"]
     device = resolve_device(evaluation["device"])
+    model = model_from_checkpoint(dlrm_checkpoint)
     labels, probabilities = score_days(
-        model_from_checkpoint(dlrm_checkpoint),
-        encoder,
-        [day["parquet"] for day in days],
-        device,
-        evaluation["precision"],
+        model, encoder, [day["parquet"] for day in days], device, evaluation["precision"]
     )
-    model = binary_metrics(labels, probabilities)
+    scores = binary_metrics(labels, probabilities)
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
     metrics = {
         "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
@@ -56,44 +49,39 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
         "run_version": dlrm_checkpoint.get("run_version"),
         "trained_step": dlrm_checkpoint["step"],
         "days": [day["day"] for day in days],
-        "model": model,
+        "model": scores,
         "prior_baseline": prior,
         "oracle": None,
         "gap_to_oracle": None,
     }
-    curves = {"model": probabilities}
     oracle = _oracle(days, len(labels))
     if oracle is not None:
         metrics["oracle"] = binary_metrics(labels, oracle)
         metrics["gap_to_oracle"] = {
-            "auc": metrics["oracle"]["auc"] - model["auc"],
-            "log_loss": model["log_loss"] - metrics["oracle"]["log_loss"],
+            "auc": metrics["oracle"]["auc"] - scores["auc"],
+            "log_loss": scores["log_loss"] - metrics["oracle"]["log_loss"],
         }
-        curves["oracle (true probabilities)"] = oracle
     logger.info(
         "{} on {}: AUC {:.4f}, log loss {:.5f}, NE {:.4f}, calibration {:.3f} (prior: log loss {:.5f}){}",
-        source,
-        metrics["days"],
-        model["auc"],
-        model["log_loss"],
-        model["normalized_entropy"],
-        model["calibration"],
+        source, metrics["days"], scores["auc"], scores["log_loss"], scores["normalized_entropy"], scores["calibration"],
         prior["log_loss"],
-        ""
-        if oracle is None
-        else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
-    )
-    return metrics, curves, labels, probabilities
+        "" if oracle is None else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
+    )  # fmt: skip
+    return metrics, labels, probabilities, oracle
 
 
-def plot_evaluation(
-    validation_metrics: dict, curves: dict, labels: np.ndarray, probabilities: np.ndarray
-) -> tuple[Figure, Figure, Figure]:
-    """ROC curve, calibration curve and score histograms."""
-    aucs = {"model": validation_metrics["model"]["auc"]}
-    if validation_metrics["oracle"] is not None:
-        aucs["oracle (true probabilities)"] = validation_metrics["oracle"]["auc"]
+def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, Figure, Figure, Figure]:
+    """Score the checkpoint's validation days with its own encoder.
+
+    Returns:
+        ``(validation_metrics, ROC figure, calibration figure, score histogram figure)``.
+    """
+    metrics, labels, probabilities, oracle = _score(dlrm_checkpoint, evaluation)
+    curves, aucs = {"model": probabilities}, {"model": metrics["model"]["auc"]}
+    if oracle is not None:
+        curves["oracle (true probabilities)"], aucs["oracle (true probabilities)"] = oracle, metrics["oracle"]["auc"]
     return (
+        metrics,
         roc_figure(labels, curves, aucs),
         calibration_figure(labels, probabilities),
         score_histogram_figure(labels, probabilities),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.data.raw import DayReport, convert_day, day_name, find_day_files
+from criteo_dlrm.data.raw import DayReport, convert_day, day_name
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
 
 
@@ -28,8 +28,8 @@ def _previous_report(source: Path, destination: Path) -> DayReport | None:
     )
 
 
-def convert_raw_days(ingestion: dict) -> dict:
-    """Convert every raw day file in ``ingestion.raw_dir`` to Parquet in ``ingestion.output_dir``.
+def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
+    """Convert every raw day file to Parquet in ``ingestion.output_dir``.
 
     Days converted before (Parquet newer than its raw file) are skipped unless ``ingestion.force``.
 
@@ -38,7 +38,7 @@ def convert_raw_days(ingestion: dict) -> dict:
     """
     output_dir = Path(ingestion["output_dir"])
     days = []
-    for source in find_day_files(ingestion["raw_dir"]):
+    for source in map(Path, raw_day_files):
         name = day_name(source)
         destination = output_dir / f"{name}.parquet"
         report = None if ingestion.get("force") else _previous_report(source, destination)
@@ -55,4 +55,4 @@ def convert_raw_days(ingestion: dict) -> dict:
         sidecar = source.with_name(name + SIDECAR_SUFFIX)
         entry["click_probability"] = str(sidecar) if sidecar.exists() else None
         days.append(entry)
-    return {"raw_dir": str(ingestion["raw_dir"]), "days": days}
+    return {"raw_dir": str(Path(raw_day_files[0]).parent), "days": days}

@@ -1,0 +1,109 @@
+"""GPU training throughput and memory: bf16 / TF32 / torch.compile on and off, batch sizes up to 64k.
+
+Criteo-Kaggle-sized tables (uncapped: 33.8M rows of 16 floats), dense MLP 512-256-64-16, top MLP
+512-256, Adam + SparseAdam. Batches come from pinned host memory through the project's loader, so
+the host-to-device copy is included. Exits with a message when no CUDA device is present.
+
+    python benchmarks/gpu.py [--batches 2048 8192 32768 65536] [--steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import torch
+from torch import nn
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.engine.device import autocast, compile_model, configure_backends
+from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
+from criteo_dlrm.models import DLRM, DLRMConfig
+
+try:
+    from training import KAGGLE_CARDINALITIES, flops_per_sample, synthetic_arrays
+except ImportError:  # pragma: no cover
+    from benchmarks.training import KAGGLE_CARDINALITIES, flops_per_sample, synthetic_arrays
+
+
+def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arrays) -> tuple[float, float]:
+    device = torch.device("cuda")
+    configure_backends(device, allow_tf32=tf32, num_threads=None)
+    torch.manual_seed(0)
+    config = DLRMConfig(
+        KAGGLE_CARDINALITIES,
+        [16] * 26,
+        dense_hidden_sizes=[512, 256, 64],
+        dense_output_size=16,
+        prediction_hidden_sizes=[512, 256],
+    )
+    model = DLRM(config).to(device)
+    if compiled:
+        compile_model(model, "max-autotune-no-cudagraphs")
+    optimizers = build_optimizers(model, TrainingSettings())
+    loss_function = nn.BCEWithLogitsLoss()
+    precision = "bf16" if bf16 else "fp32"
+    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=True)
+    batches = itertools.chain.from_iterable(loader.batches(epoch=e) for e in itertools.count())
+
+    def step() -> int:
+        b = next(batches).to(device, non_blocking=True)
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            logits = model(b.dense, b.sparse)
+        loss_function(logits.float(), b.labels).backward()
+        for opt in optimizers.values():
+            opt.step()
+        return len(b)
+
+    for _ in range(10 if compiled else 3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, rows = time.perf_counter(), 0
+    for _ in range(steps):
+        rows += step()
+    torch.cuda.synchronize()
+    return rows / (time.perf_counter() - start), torch.cuda.max_memory_allocated() / 2**30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=4_000_000)
+    parser.add_argument("--skip-compile", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("No CUDA device: this benchmark needs a GPU (see benchmarks/training.py for the CPU one).")
+    arrays = synthetic_arrays(args.rows, KAGGLE_CARDINALITIES)
+    config = DLRMConfig(
+        KAGGLE_CARDINALITIES,
+        [16] * 26,
+        dense_hidden_sizes=[512, 256, 64],
+        dense_output_size=16,
+        prediction_hidden_sizes=[512, 256],
+    )
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample\n"
+    )
+    print("| batch | bf16 | TF32 | compile | samples/s | peak GPU memory (GiB) |")
+    print("| ---: | --- | --- | --- | ---: | ---: |")
+    for batch in args.batches:
+        for bf16, tf32, compiled in [
+            (False, False, False),
+            (False, True, False),
+            (True, True, False),
+            (True, True, True),
+        ]:
+            if compiled and args.skip_compile:
+                continue
+            rate, memory = measure(batch, bf16, tf32, compiled, args.steps, arrays)
+            print(f"| {batch:,} | {bf16} | {tf32} | {compiled} | {rate:,.0f} | {memory:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Model quality: a learning curve of our DLRM against a hashed logistic regression and the oracle.
+
+On generated data (the planted click model, so the best achievable AUC and log loss are known), for
+several training sizes; and on the real Criteo rows in ../shared/data/criteo_real (train on the Kaggle
+first 10k, validate on the Kaggle random 4,584) when that folder exists.
+
+    python benchmarks/quality.py [--sizes 100000 300000 1000000 3000000] [--plot benchmarks/results/learning_curve.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
+from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
+from criteo_dlrm.data.parquet import sparse_values
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
+from criteo_dlrm.engine.loop import Trainer, TrainingSettings
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.schema import SPARSE_COLUMNS
+
+try:
+    from baselines import hash_features, train_logistic_regression
+except ImportError:  # pragma: no cover
+    from benchmarks.baselines import hash_features, train_logistic_regression
+
+DAY_ROWS = 100_000
+REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_real"
+
+
+def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
+    raw = np.concatenate(
+        [np.stack([sparse_values(pq.read_table(p).column(n)) for n in SPARSE_COLUMNS], axis=1) for p in paths]
+    )
+    return EncodedArrays(encoded.labels, encoded.dense, hash_features(raw))
+
+
+# The DLRM settings of the learning curve: the project's defaults, with batch 512 for speed.
+CURVE_SETTINGS = {
+    "min_frequency": 3,
+    "dim": 16,
+    "batch": 512,
+    "optimizer": "sparse_adam",
+    "embedding_lr": 0.003,
+    "patience": 1,
+    "epochs": 4,
+}
+# Ten thousand training rows need other settings. Both models get four candidates, picked by validation
+# log loss, so neither is tuned more than the other.
+REAL_DLRM_GRID = [
+    {"min_frequency": frequency, "dim": dim, "batch": 128, "optimizer": "adagrad", "embedding_lr": 0.015}
+    for frequency in (20, 40)
+    for dim in (4, 8)
+]
+REAL_LOGISTIC_GRID = [{"lr": lr} for lr in (0.01, 0.02, 0.05, 0.1)]
+
+
+def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: dict, run_dir: Path) -> dict:
+    metadata, vocabularies = compute_feature_metadata(
+        train_paths, MetadataSettings(min_frequency=options["min_frequency"]), progress=False
+    )
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
+    torch.manual_seed(0)
+    dim = options["dim"]
+    config = DLRMConfig(
+        encoder.table_sizes,
+        [dim] * 26,
+        dense_hidden_sizes=[64],
+        dense_output_size=dim,
+        prediction_hidden_sizes=[128, 64],
+    )
+    settings = TrainingSettings(
+        num_epochs=options.get("epochs", 10),
+        batch_size_train=options["batch"],
+        embedding_optimizer=options["optimizer"],
+        embedding_learning_rate=options["embedding_lr"],
+        early_stopping_patience=options.get("patience", 2),
+        log_every_steps=1000,
+    )
+    loaders = BatchLoader(train, options["batch"], shuffle=True), BatchLoader(validation, 16384)
+    result = Trainer(DLRM(config), settings, *loaders, torch.device("cpu"), run_dir).fit()
+    return {**result.best_metrics, "epoch": result.best_epoch, "settings": options}
+
+
+def train_logistic(train_paths: list[Path], validation_paths: list[Path], options: dict) -> dict:
+    # Dense inputs standardised like the DLRM's; categories hashed from their raw values.
+    metadata, _ = compute_feature_metadata(train_paths, MetadataSettings(use_modulus_hash=True), progress=False)
+    encoder = FeatureEncoder.from_metadata(metadata, None)
+    train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
+    return {
+        **train_logistic_regression(hashed(train_paths, train), hashed(validation_paths, validation), **options),
+        "settings": options,
+    }
+
+
+def best(results: list[dict]) -> dict:
+    return min(results, key=lambda r: r["log_loss"])
+
+
+def learning_curve(sizes: list[int], validation_rows: int, work: Path) -> list[dict]:
+    model = ClickModel(seed=0)
+    days = -(-max(sizes) // DAY_ROWS)
+    paths = []
+    for day in range(days + 1):
+        rows = validation_rows if day == days else DAY_ROWS
+        write_day(work / f"day_{day}", rows, day=day, model=model)
+        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
+    validation_path = paths[-1]
+    oracle = binary_metrics(
+        pq.read_table(validation_path).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
+    )
+    results = []
+    for size in sizes:
+        started = time.perf_counter()
+        train_paths = paths[: size // DAY_ROWS]
+        dlrm = train_dlrm(train_paths, [validation_path], CURVE_SETTINGS, work / "runs")
+        logistic = train_logistic(train_paths, [validation_path], {})
+        results.append(
+            {
+                "rows": size,
+                "dlrm": dlrm,
+                "logistic": logistic,
+                "oracle": oracle,
+                "seconds": time.perf_counter() - started,
+            }
+        )
+        print(
+            f"  {size:>9,} rows: DLRM AUC {dlrm['auc']:.4f}, LR AUC {logistic['auc']:.4f}, oracle {oracle['auc']:.4f} ({results[-1]['seconds']:.0f}s)",
+            flush=True,
+        )
+    return results
+
+
+def real_rows(work: Path) -> tuple[dict, dict] | None:
+    if not REAL_DATA.is_dir():
+        return None
+    train = convert_day(
+        REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "real_train.parquet", progress=False
+    ).parquet
+    validation = convert_day(
+        REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "real_validation.parquet", progress=False
+    ).parquet
+    train_paths, validation_paths = [Path(train)], [Path(validation)]
+    dlrm = best([train_dlrm(train_paths, validation_paths, options, work / "runs") for options in REAL_DLRM_GRID])
+    logistic = best([train_logistic(train_paths, validation_paths, options) for options in REAL_LOGISTIC_GRID])
+    return dlrm, logistic
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["rows"] for r in results]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label in (
+        ("dlrm", "DLRM (ours)"),
+        ("logistic", "hashed logistic regression"),
+        ("oracle", "oracle (true probabilities)"),
+    ):
+        left.plot(sizes, [r[key]["auc"] for r in results], marker="o", label=label)
+        right.plot(sizes, [r[key]["log_loss"] for r in results], marker="o", label=label)
+    for axes, name in ((left, "validation AUC"), (right, "validation log loss")):
+        axes.set(xscale="log", xlabel="training rows", ylabel=name, title=f"{name} by training size")
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000, 1_000_000, 3_000_000])
+    parser.add_argument("--validation-rows", type=int, default=200_000)
+    parser.add_argument("--plot", type=Path, default=Path("benchmarks/results/learning_curve.png"))
+    args = parser.parse_args()
+    if any(size % DAY_ROWS for size in args.sizes):
+        parser.error(f"sizes must be multiples of {DAY_ROWS:,}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        print("generated data (planted click model):", flush=True)
+        results = learning_curve(sorted(args.sizes), args.validation_rows, work)
+        real = real_rows(work)
+    print(
+        "\n| training rows | DLRM AUC | LR AUC | oracle AUC | DLRM log loss | LR log loss | oracle log loss | DLRM gap to oracle (AUC) |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        d, lr, o = r["dlrm"], r["logistic"], r["oracle"]
+        print(
+            f"| {r['rows']:,} | {d['auc']:.4f} | {lr['auc']:.4f} | {o['auc']:.4f} | {d['log_loss']:.4f} | {lr['log_loss']:.4f} | {o['log_loss']:.4f} | {o['auc'] - d['auc']:.4f} |"
+        )
+    if real is not None:
+        dlrm, logistic = real
+        print("\nreal Criteo rows (Kaggle first 10k -> Kaggle random 4,584):\n")
+        print(
+            "| model | AUC | log loss | normalized entropy | chosen settings (best of 4 by log loss) |\n| --- | ---: | ---: | ---: | --- |"
+        )
+        for name, m in (("DLRM (ours)", dlrm), ("hashed logistic regression", logistic)):
+            print(
+                f"| {name} | {m['auc']:.4f} | {m['log_loss']:.4f} | {m['normalized_entropy']:.4f} | {m['settings']} |"
+            )
+    plot(results, args.plot)
+    print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
