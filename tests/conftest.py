@@ -84,3 +84,21 @@ def tiny_features(tmp_path_factory):
         "train": encoder.encode_days(parquet[:1]),
         "validation": encoder.encode_days(parquet[1:]),
     }
+
+
+@pytest.fixture(scope="session")
+def ran_project(tmp_path_factory) -> Path:
+    """A project copy after one `kedro run` (one epoch), shared by the tests that only read its outputs."""
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    path = copy_project(tmp_path_factory.mktemp("ran") / "project")
+    previous = Path.cwd()
+    os.chdir(path)
+    try:
+        bootstrap_project(path)
+        with KedroSession.create(project_path=path, runtime_params={"training": {"num_epochs": 1}}) as session:
+            session.run()
+    finally:
+        os.chdir(previous)
+    return path

@@ -1,0 +1,114 @@
+"""kedro viz on the project: its API lists what we expect, and headless Chromium draws the pipeline."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PIPELINES = {"__default__", "ingestion", "metadata", "training", "evaluation"}
+NODES = {"convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint"}
+LAYERS = {
+    "raw_day_files": "raw",
+    "ingestion_report": "intermediate",
+    "feature_metadata": "feature",
+    "feature_vocabularies": "feature",
+    "train_features": "model_input",
+    "dlrm_checkpoint": "models",
+    "validation_metrics": "reporting",
+    "roc_curve_plot": "reporting",
+}
+
+
+def _free_port() -> int:
+    """A free port below the ephemeral range (kedro viz refuses ports it cannot probe up there)."""
+    for port in range(24_141, 24_941, 7):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+def _get(url: str, timeout: float = 10) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        return response.read()
+
+
+@pytest.fixture(scope="module")
+def viz(ran_project: Path):
+    """`kedro viz run --no-browser` on the project copy; yields its base URL; stopped by process group."""
+    port = _free_port()
+    log = ran_project / "viz.log"
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            ["kedro", "viz", "run", "--no-browser", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ran_project, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            # kedro viz moves to the next port when one is taken: read the one it chose.
+            found = re.search(r"http://127\.0\.0\.1:(\d+)", log.read_text())
+            url = f"http://127.0.0.1:{found.group(1) if found else port}"
+            try:
+                _get(f"{url}/api/main", timeout=2)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"kedro viz did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(1)
+        yield url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def test_api_lists_every_pipeline_node_dataset_and_layer(viz):
+    main = json.loads(_get(f"{viz}/api/main"))
+    assert {p["id"] for p in main["pipelines"]} == PIPELINES
+    tasks = {n["name"] for n in main["nodes"] if n["type"] == "task"}
+    assert tasks == NODES
+    data = {n["name"]: n for n in main["nodes"] if n["type"] == "data"}
+    for name, layer in LAYERS.items():
+        assert data[name]["layer"] == layer, name
+    assert main["layers"] == ["raw", "intermediate", "feature", "model_input", "models", "reporting"]
+    assert {t["id"] for t in main["tags"]} >= {"ingestion", "metadata", "training", "evaluation"}
+
+
+def test_api_previews_metadata_and_metrics(viz):
+    main = json.loads(_get(f"{viz}/api/main"))
+    ids = {n["name"]: n["id"] for n in main["nodes"]}
+    metadata = json.loads(_get(f"{viz}/api/nodes/{ids['feature_metadata']}"))
+    preview = json.loads(metadata["preview"]) if isinstance(metadata["preview"], str) else metadata["preview"]
+    assert "label" in json.dumps(preview) and "SPARSE_0" in json.dumps(preview)
+    metrics = json.loads(_get(f"{viz}/api/nodes/{ids['validation_metrics']}"))
+    assert "auc" in json.dumps(metrics["preview"])
+    plot = json.loads(_get(f"{viz}/api/nodes/{ids['roc_curve_plot']}"))
+    assert plot["preview"] and plot["preview_type"] == "ImagePreview"
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_headless_chromium_draws_the_pipeline_nodes(viz, tmp_path):
+    command = [
+        "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", viz,
+    ]  # fmt: skip
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    drawn = set(re.findall(r'<text class="pipeline-node__text"[^>]*>([^<]+)<', dom))
+    assert NODES <= drawn, f"drawn: {sorted(drawn)}"
+    assert dom.count('class="pipeline-node pipeline-node--task"') == len(NODES)
