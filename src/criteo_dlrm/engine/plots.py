@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only: no display needed
+from criteo_dlrm.engine.metrics import reliability_curve, roc_curve
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from criteo_dlrm.engine.metrics import reliability_curve, roc_curve  # noqa: E402
+# Figures are built with matplotlib's object API, not pyplot: no global backend is chosen or changed
+# (a notebook importing the project keeps its inline plots), and nothing is left open.
 
 
 def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float]) -> Figure:
     """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend."""
-    figure, axes = plt.subplots(figsize=(6, 6))
+    figure = Figure(figsize=(6, 6))
+    axes = figure.subplots()
     for name, scores in curves.items():
         fpr, tpr = roc_curve(labels, scores)
         axes.plot(fpr, tpr, label=f"{name} (AUC {aucs[name]:.4f})")
@@ -36,7 +35,8 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
 def calibration_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int = 20) -> Figure:
     """Observed CTR against mean predicted CTR in bins of equal row counts; the diagonal is perfect."""
     curve = reliability_curve(labels, probabilities, bins)
-    figure, axes = plt.subplots(figsize=(6, 6))
+    figure = Figure(figsize=(6, 6))
+    axes = figure.subplots()
     top = max(curve["predicted"].max(), curve["observed"].max()) * 1.05
     axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
     axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"model ({bins} bins of equal rows)")
@@ -55,7 +55,8 @@ def calibration_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int 
 
 def score_histogram_figure(labels: np.ndarray, probabilities: np.ndarray) -> Figure:
     """Distributions of predicted CTR for clicked and not-clicked rows."""
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
     bins = np.linspace(0, 1, 51)
     labels = labels.astype(bool)
     axes.hist(probabilities[~labels], bins=bins, alpha=0.6, density=True, label=f"no click ({(~labels).sum():,} rows)")
