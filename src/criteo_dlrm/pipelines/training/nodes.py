@@ -66,6 +66,7 @@ def training_settings(training: dict) -> TrainingSettings:
         early_stopping_patience=stopping["patience"],
         early_stopping_min_delta=stopping["min_delta"],
         log_every_steps=training["log_every_steps"],
+        phase_timing=training.get("phase_timing", True),
         seed=training["seed"],
         precision=training["precision"],
         profiler=ProfilerSettings(**training["profiler"]),
