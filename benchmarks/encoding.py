@@ -64,7 +64,9 @@ def main() -> None:
     print(f"\n{args.rows:,} rows, 26 vocabularies with {tables:,} entries in all (min_frequency 3)\n")
     print("| step | rows/s |\n| --- | ---: |")
     print(f"| metadata pass (counts, vocabularies, dense statistics) | {args.rows / metadata_seconds:,.0f} |")
-    print(f"| encoding, ours, one in-memory table (hash-table index per feature, 13 dense + 26 sparse) | {args.rows / ours_seconds:,.0f} |")
+    print(
+        f"| encoding, ours, one in-memory table (hash-table index per feature, 13 dense + 26 sparse) | {args.rows / ours_seconds:,.0f} |"
+    )
     print(f"| encoding, ours, Parquet day to model-input arrays (reading included) | {args.rows / days_seconds:,.0f} |")
     print(f"| encoding, Python dict per value (26 sparse only) | {sample.num_rows / naive_seconds:,.0f} |")
     print(f"\nencoder speed-up: {(args.rows / ours_seconds) / (sample.num_rows / naive_seconds):.1f}x")

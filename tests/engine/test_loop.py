@@ -93,8 +93,13 @@ class _Crash(Exception):
     pass
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path):
-    settings = _settings(num_epochs=2, validate_every_steps=4)
+@pytest.mark.parametrize(
+    ("saving", "crash_at", "resumes_at"),
+    [({"validate_every_steps": 4}, 19, 16), ({"checkpoint_every_steps": 3}, 20, 18)],
+    ids=["at-validations", "every-3-steps"],
+)
+def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path, saving, crash_at, resumes_at):
+    settings = _settings(num_epochs=2, **saving)
     reference = _trainer(tiny_features, tmp_path / "whole", settings)
     reference_result = reference.fit()
 
@@ -103,7 +108,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path)
     original_step = crashing._train_step
 
     def step_then_crash(batch, timings):
-        if crashing.step == 19:  # after the validation at step 16
+        if crashing.step == crash_at:  # a few steps after the last in-progress checkpoint
             raise _Crash
         return original_step(batch, timings)
 
@@ -113,7 +118,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path)
     assert resume_path.exists()
 
     resumed = _trainer(tiny_features, tmp_path / "resumed", settings, resume_path=resume_path, fingerprint="x")
-    assert resumed.step == 16
+    assert resumed.step == resumes_at
     result = resumed.fit()
     for name, tensor in reference.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)

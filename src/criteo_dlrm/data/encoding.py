@@ -115,12 +115,18 @@ class FeatureEncoder:
         The output is allocated once and filled batch by batch, so peak memory is the output plus one batch.
         """
         rows = count_rows(paths)
-        out = EncodedArrays(np.empty(rows, np.float32), np.empty((rows, NUM_DENSE), np.float32), np.empty((rows, NUM_SPARSE), np.int32))
+        out = EncodedArrays(
+            np.empty(rows, np.float32), np.empty((rows, NUM_DENSE), np.float32), np.empty((rows, NUM_SPARSE), np.int32)
+        )
         start = 0
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
             end = start + len(encoded)
-            out.labels[start:end], out.dense[start:end], out.sparse[start:end] = encoded.labels, encoded.dense, encoded.sparse
+            out.labels[start:end], out.dense[start:end], out.sparse[start:end] = (
+                encoded.labels,
+                encoded.dense,
+                encoded.sparse,
+            )
             start = end
         return out
 

@@ -50,6 +50,7 @@ class TrainingSettings:
     decay: str = "none"
     max_steps: int | None = None
     validate_every_steps: int = 0
+    checkpoint_every_steps: int = 0
     early_stopping_patience: int = 2
     early_stopping_min_delta: float = 0.0
     log_every_steps: int = 50
@@ -150,7 +151,8 @@ class Trainer:
         device: where to train.
         run_dir: TensorBoard run folder (scalars, profiler traces).
         metric_logger: where scalars go (TensorBoard by default in the pipeline).
-        resume_path: in-progress checkpoint file; resumed from when its ``fingerprint`` matches.
+        resume_path: in-progress checkpoint file, written at each validation and every
+            ``checkpoint_every_steps``; resumed from when its ``fingerprint`` matches.
         fingerprint: identifies the run's settings and data, so an unrelated checkpoint is never resumed.
     """
 
@@ -259,7 +261,9 @@ class Trainer:
                     bar.update(1)
                     every = settings.validate_every_steps
                     if end_of_epoch or (every and self.step % every == 0):
-                        stopped_early = self._validate(epoch)
+                        stopped_early = self._validate(epoch)  # also saves progress
+                    elif settings.checkpoint_every_steps and self.step % settings.checkpoint_every_steps == 0:
+                        self._save_progress()
         bar.close()
         self.metric_logger.log_hparams(
             {**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {})

@@ -63,6 +63,7 @@ def training_settings(training: dict) -> TrainingSettings:
         decay=training["decay"],
         max_steps=training.get("max_steps"),
         validate_every_steps=training["validate_every_steps"] or 0,
+        checkpoint_every_steps=training.get("checkpoint_every_steps") or 0,
         early_stopping_patience=stopping["patience"],
         early_stopping_min_delta=stopping["min_delta"],
         log_every_steps=training["log_every_steps"],
