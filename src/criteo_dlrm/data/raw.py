@@ -366,7 +366,7 @@ def convert_day(
         reader = pa_csv.open_csv(
             stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options
         )
-        with pq.ParquetWriter(partial, PARQUET_SCHEMA) as parquet:
+        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_fingerprint(source))) as parquet:
             writer = _WriteBehind(parquet)
             pending: list[pa.RecordBatch] = []
             pending_rows = 0
@@ -437,6 +437,26 @@ def convert_day(
         rows / max(report.seconds, 1e-9),
     )
     return report
+
+
+def source_fingerprint(source: Path) -> dict[str, str]:
+    """Which raw file a Parquet day was made from (kept in its metadata, so a stale day is never reused)."""
+    stat = source.stat()
+    return {
+        "criteo_dlrm.source": str(source.resolve()),
+        "criteo_dlrm.source_size": str(stat.st_size),
+        "criteo_dlrm.source_mtime_ns": str(stat.st_mtime_ns),
+    }
+
+
+def made_from(parquet: Path, source: Path) -> bool:
+    """True when ``parquet`` was converted from ``source`` as it is now."""
+    try:
+        metadata = pq.read_schema(parquet).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return False
+    stored = {key.decode(): value.decode() for key, value in metadata.items() if key.startswith(b"criteo_dlrm.")}
+    return stored == source_fingerprint(source)
 
 
 def _describe(rejects: list[Reject], rejects_path: Path) -> str:

@@ -51,6 +51,22 @@ def test_pipeline_converts_each_day_and_skips_converted_ones(tmp_path):
     assert Path(forced["days"][0]["parquet"]).stat().st_mtime_ns != written
 
 
+def test_a_day_of_the_same_name_from_another_folder_is_converted_again(tmp_path):
+    write_days(tmp_path / "raw", days=1, rows_per_day=300, seed=0)
+    _run(_params(tmp_path), tmp_path / "raw")
+    write_days(tmp_path / "other", days=1, rows_per_day=200, seed=1)
+    report = _run(_params(tmp_path), tmp_path / "other")
+    assert report["days"][0]["rows"] == 200 and report["days"][0]["seconds"] > 0
+
+
+def test_a_changed_raw_file_is_converted_again(tmp_path):
+    write_days(tmp_path / "raw", days=1, rows_per_day=300, seed=0, compress=False)
+    _run(_params(tmp_path), tmp_path / "raw")
+    with (tmp_path / "raw" / "day_0").open("a") as handle:
+        handle.write("\t".join(["1"] + [""] * 39) + "\n")
+    assert _run(_params(tmp_path), tmp_path / "raw")["days"][0]["rows"] == 301
+
+
 def test_pipeline_stops_on_bad_input_naming_the_file(tmp_path):
     write_days(tmp_path / "raw", days=1, rows_per_day=100, seed=0, compress=False)
     with (tmp_path / "raw" / "day_0").open("a") as handle:

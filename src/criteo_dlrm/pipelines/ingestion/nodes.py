@@ -7,13 +7,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.data.raw import DayReport, convert_day, day_name
+from criteo_dlrm.data.raw import DayReport, convert_day, day_name, made_from
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
 
 
 def _previous_report(source: Path, destination: Path) -> DayReport | None:
     """The report of an earlier conversion still valid for ``source``, or None."""
-    if not destination.exists() or destination.stat().st_mtime < source.stat().st_mtime:
+    if not destination.exists() or not made_from(destination, source):
         return None
     rejects = destination.with_name(destination.stem + ".rejects.tsv")
     rejected = sum(1 for _ in rejects.open()) - 1 if rejects.exists() else 0
@@ -31,7 +31,8 @@ def _previous_report(source: Path, destination: Path) -> DayReport | None:
 def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
     """Convert every raw day file to Parquet in ``ingestion.output_dir``.
 
-    Days converted before (Parquet newer than its raw file) are skipped unless ``ingestion.force``.
+    A day whose Parquet was made from this very raw file (same path, size and modification time, as
+    recorded in the Parquet's metadata) is skipped unless ``ingestion.force``.
 
     Returns:
         The ingestion report: one entry per day, in day order, with its Parquet path and row counts.
