@@ -15,48 +15,36 @@ import sys
 import time
 
 import torch
-from torch import nn
 
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.device import autocast, compile_model, configure_backends
+from criteo_dlrm.engine.device import compile_model, configure_backends
 from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM
 
-try:
-    from training import KAGGLE_CARDINALITIES, flops_per_sample, synthetic_arrays
-except ImportError:  # pragma: no cover
-    from benchmarks.training import KAGGLE_CARDINALITIES, flops_per_sample, synthetic_arrays
+from training import (
+    KAGGLE_CARDINALITIES,
+    KAGGLE_LIKE,
+    flops_per_sample,
+    spec_config,
+    synthetic_arrays,
+    training_step,
+)
 
 
 def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arrays) -> tuple[float, float]:
     device = torch.device("cuda")
     configure_backends(device, allow_tf32=tf32, num_threads=None)
     torch.manual_seed(0)
-    config = DLRMConfig(
-        KAGGLE_CARDINALITIES,
-        [16] * 26,
-        dense_hidden_sizes=[512, 256, 64],
-        dense_output_size=16,
-        prediction_hidden_sizes=[512, 256],
-    )
-    model = DLRM(config).to(device)
+    model = DLRM(spec_config(KAGGLE_LIKE)).to(device)
     if compiled:
         compile_model(model, "max-autotune-no-cudagraphs")
-    optimizers = build_optimizers(model, TrainingSettings())
-    loss_function = nn.BCEWithLogitsLoss()
-    precision = "bf16" if bf16 else "fp32"
+    train = training_step(model, build_optimizers(model, TrainingSettings()), device, "bf16" if bf16 else "fp32")
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=True)
     batches = itertools.chain.from_iterable(loader.batches(epoch=e) for e in itertools.count())
 
     def step() -> int:
         b = next(batches).to(device, non_blocking=True)
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            logits = model(b.dense, b.sparse)
-        loss_function(logits.float(), b.labels).backward()
-        for opt in optimizers.values():
-            opt.step()
+        train(b)
         return len(b)
 
     for _ in range(10 if compiled else 3):
@@ -80,13 +68,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("No CUDA device: this benchmark needs a GPU (see benchmarks/training.py for the CPU one).")
     arrays = synthetic_arrays(args.rows, KAGGLE_CARDINALITIES)
-    config = DLRMConfig(
-        KAGGLE_CARDINALITIES,
-        [16] * 26,
-        dense_hidden_sizes=[512, 256, 64],
-        dense_output_size=16,
-        prediction_hidden_sizes=[512, 256],
-    )
+    config = spec_config(KAGGLE_LIKE)
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample\n"
     )

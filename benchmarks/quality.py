@@ -29,10 +29,7 @@ from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.schema import SPARSE_COLUMNS
 
-try:
-    from baselines import hash_features, train_logistic_regression
-except ImportError:  # pragma: no cover
-    from benchmarks.baselines import hash_features, train_logistic_regression
+from baselines import hash_features, train_logistic_regression
 
 DAY_ROWS = 100_000
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_real"

@@ -26,15 +26,13 @@ from criteo_dlrm.engine.device import autocast, compile_model
 from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
 from criteo_dlrm.models import DLRM, DLRMConfig
 
-try:  # run as a script or as a module
-    from seed_design import SeedDLRM, seed_loader
-except ImportError:  # pragma: no cover
-    from benchmarks.seed_design import SeedDLRM, seed_loader
+from seed_design import SeedDLRM, seed_loader
 
 KAGGLE_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
     10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ]  # fmt: skip
+KAGGLE_LIKE = {"tables": KAGGLE_CARDINALITIES, "dim": 16, "dense": [512, 256, 64, 16], "top": [512, 256]}
 CONFIGURATIONS = {
     "default": {
         "tables": [min(c, 100_000) for c in KAGGLE_CARDINALITIES],
@@ -51,6 +49,32 @@ CONFIGURATIONS = {
         "batch": 2048,
     },
 }
+
+
+def spec_config(spec: dict) -> DLRMConfig:
+    return DLRMConfig(
+        spec["tables"],
+        [spec["dim"]] * 26,
+        dense_hidden_sizes=spec["dense"][:-1],
+        dense_output_size=spec["dense"][-1],
+        prediction_hidden_sizes=spec["top"],
+    )
+
+
+def training_step(model: nn.Module, optimizers: dict, device: torch.device, precision: str):
+    """One optimisation step of the project's loop (forward, BCE with logits, backward, both optimisers)."""
+    loss_function = nn.BCEWithLogitsLoss()
+
+    def step(batch):
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            logits = model(batch.dense, batch.sparse)
+        loss_function(logits.float(), batch.labels).backward()
+        for opt in optimizers.values():
+            opt.step()
+
+    return step
 
 
 def synthetic_arrays(rows: int, tables: list[int], seed: int = 0) -> EncodedArrays:
@@ -102,32 +126,13 @@ def train_rate(model: nn.Module, step, batches, warmup: int, steps: int, rows=le
 
 def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, compiled: bool, steps: int) -> float:
     torch.manual_seed(0)
-    config = DLRMConfig(
-        spec["tables"],
-        [spec["dim"]] * 26,
-        dense_hidden_sizes=spec["dense"][:-1],
-        dense_output_size=spec["dense"][-1],
-        prediction_hidden_sizes=spec["top"],
-    )
     settings = TrainingSettings(
         embedding_optimizer=optimizer, embedding_learning_rate=0.01 if optimizer == "sgd" else 1e-3
     )
-    model = DLRM(config, sparse_gradients=settings.sparse_gradients)
+    model = DLRM(spec_config(spec), sparse_gradients=settings.sparse_gradients)
     if compiled:
         compile_model(model)
-    optimizers = build_optimizers(model, settings)
-    loss_function = nn.BCEWithLogitsLoss()
-    device = torch.device("cpu")
-
-    def step(batch):
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            logits = model(batch.dense, batch.sparse)
-        loss_function(logits.float(), batch.labels).backward()
-        for opt in optimizers.values():
-            opt.step()
-
+    step = training_step(model, build_optimizers(model, settings), torch.device("cpu"), precision)
     batches = _cycle(BatchLoader(arrays, spec["batch"], shuffle=True))
     return train_rate(model, step, batches, warmup=5 if compiled else 2, steps=steps)
 
@@ -170,13 +175,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul {gflops:,.0f} GFLOP/s\n")
     for name, spec in CONFIGURATIONS.items():
         arrays = synthetic_arrays(args.rows, spec["tables"])
-        config = DLRMConfig(
-            spec["tables"],
-            [spec["dim"]] * 26,
-            dense_hidden_sizes=spec["dense"][:-1],
-            dense_output_size=spec["dense"][-1],
-            prediction_hidden_sizes=spec["top"],
-        )
+        config = spec_config(spec)
         limit = gflops * 1e9 / flops_per_sample(config)
         rows = {"loader alone": loader_rate(arrays, spec["batch"])}
         steps = args.steps if name == "kaggle-like" else args.steps * 4
