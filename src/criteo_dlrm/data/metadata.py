@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
+from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 
 METADATA_FORMAT = 1
@@ -146,13 +146,7 @@ def compute_feature_metadata(
     missing = dict.fromkeys(SPARSE_COLUMNS, 0)
     dense = {name: [0, 0, np.inf, -np.inf, 0.0, 0.0] for name in DENSE_COLUMNS}
     rows = positives = 0
-    with tqdm(
-        total=total_rows,
-        unit="rows",
-        unit_scale=True,
-        desc="feature metadata",
-        disable=None if progress is None else not progress,
-    ) as bar:
+    with progress_bar(total_rows, "feature metadata", "rows", progress) as bar:
         for batch in iter_batches(train_paths):
             rows += batch.num_rows
             positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())

@@ -10,14 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from criteo_dlrm.schema import (
-    COLUMNS,
-    DENSE_COLUMNS,
-    LABEL_COLUMN,
-    SEED_SPARSE_MISSING,
-    SPARSE_COLUMNS,
-    check_parquet_schema,
-)
+from criteo_dlrm.schema import COLUMNS, SEED_SPARSE_MISSING, check_parquet_schema
 
 BATCH_ROWS = 1 << 18
 
@@ -37,9 +30,12 @@ def sparse_values(column: pa.Array) -> np.ndarray:
 
 
 def dense_values(column: pa.Array, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:
-    """``(values, missing bool)``; missing values are 0 in ``values``."""
+    """``(values, missing bool)``; missing values (nulls, and NaN in float columns) are 0 in ``values``."""
     missing = column.is_null().to_numpy(zero_copy_only=False)
     values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+    if values.dtype.kind == "f":
+        missing |= np.isnan(values)
+        values = np.where(missing, 0, values)
     return values.astype(dtype, copy=False), missing
 
 
@@ -51,15 +47,3 @@ def iter_batches(paths: Sequence[str | Path], columns: Sequence[str] = COLUMNS) 
 
 def count_rows(paths: Sequence[str | Path]) -> int:
     return sum(open_day(path).metadata.num_rows for path in paths)
-
-
-__all__ = [
-    "DENSE_COLUMNS",
-    "LABEL_COLUMN",
-    "SPARSE_COLUMNS",
-    "count_rows",
-    "dense_values",
-    "iter_batches",
-    "open_day",
-    "sparse_values",
-]

@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from loguru import logger
-from tqdm import tqdm
 
+from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import (
     COLUMNS,
     DENSE_COLUMNS,
@@ -312,8 +312,73 @@ class _WriteBehind:
         self._join()
 
 
-def _read_options(block_size: int) -> pa_csv.ReadOptions:
-    return pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False)
+def _csv_reader(stream: pa.NativeFile, block_size: int, tracker: _LineTracker) -> pa_csv.CSVStreamingReader:
+    """All 40 fields as text; categories stay binary, parsed from their bytes (UTF-8 checks would be wasted)."""
+    column_types = {name: pa.binary() if name in SPARSE_COLUMNS else pa.string() for name in COLUMNS}
+    return pa_csv.open_csv(
+        stream,
+        read_options=pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False),
+        parse_options=pa_csv.ParseOptions(
+            delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=tracker.handle
+        ),
+        convert_options=pa_csv.ConvertOptions(column_types=column_types, strings_can_be_null=True),
+    )
+
+
+def _stream_day(source: Path, partial: Path, block_size: int, progress: bool | None) -> tuple[int, list[Reject]]:
+    """Parse ``source`` block by block into the Parquet file ``partial``; returns (rows written, rejects)."""
+    tracker = _LineTracker()
+    rejects: list[Reject] = []
+    rows = rows_seen = pending_rows = 0
+    pending: list[pa.RecordBatch] = []
+    raw, stream = _open(source)
+    bar = progress_bar(source.stat().st_size, source.name, "B", progress)
+    try:
+        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_fingerprint(source))) as parquet:
+            writer = _WriteBehind(parquet)
+            try:
+                for batch in _read_ahead(_csv_reader(stream, block_size, tracker)):
+                    typed, bad = parse_batch(batch)
+                    if bad:
+                        lines = tracker.lines(rows_seen, np.array([row for row, _, _ in bad], dtype=np.int64))
+                        rejects += [
+                            Reject(int(line), why, text) for line, (_, why, text) in zip(lines, bad, strict=True)
+                        ]
+                    rows_seen += batch.num_rows
+                    rows += typed.num_rows
+                    pending.append(typed)
+                    pending_rows += typed.num_rows
+                    if pending_rows >= _ROW_GROUP_ROWS:
+                        writer.write(pa.Table.from_batches(pending))
+                        pending, pending_rows = [], 0
+                    bar.update(raw.tell() - bar.n)
+                    bar.set_postfix(rows=f"{rows:,}", refresh=False)
+                if pending_rows:
+                    writer.write(pa.Table.from_batches(pending))
+            finally:
+                writer.close()
+    except pa.ArrowInvalid as error:
+        if "Empty CSV file" in str(error):
+            raise IngestionError(f"{source}: no valid Criteo row: the file is empty.") from error
+        raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
+    finally:
+        bar.close()
+        stream.close()
+    return rows, sorted(rejects + tracker.malformed, key=lambda reject: reject.line)
+
+
+def _check_rejects(source: Path, rows: int, rejects: list[Reject], rejects_path: Path, max_fraction: float) -> None:
+    total = rows + len(rejects)
+    if rows == 0:
+        raise IngestionError(f"{source}: no valid Criteo row in {total:,} lines." + _describe(rejects, rejects_path))
+    if len(rejects) > max_fraction * total:
+        raise IngestionError(
+            f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
+            f"ingestion.max_reject_fraction={max_fraction}."
+            + _describe(rejects, rejects_path)
+            + "\nFix the file, or accept a share of bad lines with "
+            "`kedro run --params=ingestion.max_reject_fraction=0.001`."
+        )
 
 
 def convert_day(
@@ -345,78 +410,14 @@ def convert_day(
     rejects_path = destination.with_name(destination.name.removesuffix(".parquet") + ".rejects.tsv")
     rejects_path.unlink(missing_ok=True)
     partial = destination.with_name(destination.name + ".partial")
-    tracker = _LineTracker()
-    rejects: list[Reject] = []
-    rows = rows_seen = 0
-    raw, stream = _open(source)
-    parse_options = pa_csv.ParseOptions(
-        delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=tracker.handle
-    )
-    # Categories stay binary: they are parsed from their bytes, so UTF-8 validation would be wasted work.
-    column_types = {name: pa.binary() if name in SPARSE_COLUMNS else pa.string() for name in COLUMNS}
-    convert_options = pa_csv.ConvertOptions(column_types=column_types, strings_can_be_null=True)
-    bar = tqdm(
-        total=source.stat().st_size,
-        unit="B",
-        unit_scale=True,
-        desc=source.name,
-        disable=None if progress is None else not progress,
-    )
     try:
-        reader = pa_csv.open_csv(
-            stream, read_options=_read_options(block_size), parse_options=parse_options, convert_options=convert_options
-        )
-        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_fingerprint(source))) as parquet:
-            writer = _WriteBehind(parquet)
-            pending: list[pa.RecordBatch] = []
-            pending_rows = 0
-            try:
-                for batch in _read_ahead(reader):
-                    typed, bad = parse_batch(batch)
-                    if bad:
-                        rows_in_batch = np.array([row for row, _, _ in bad], dtype=np.int64)
-                        lines = tracker.lines(rows_seen, rows_in_batch)
-                        rejects.extend(
-                            Reject(int(line), reason, text) for line, (_, reason, text) in zip(lines, bad, strict=True)
-                        )
-                    rows_seen += batch.num_rows
-                    rows += typed.num_rows
-                    pending.append(typed)
-                    pending_rows += typed.num_rows
-                    if pending_rows >= _ROW_GROUP_ROWS:
-                        writer.write(pa.Table.from_batches(pending))
-                        pending, pending_rows = [], 0
-                    bar.update(raw.tell() - bar.n)
-                    bar.set_postfix(rows=f"{rows:,}", refresh=False)
-                if pending_rows:
-                    writer.write(pa.Table.from_batches(pending))
-            finally:
-                writer.close()
-    except pa.ArrowInvalid as error:
+        rows, rejects = _stream_day(source, partial, block_size, progress)
+        if rejects:
+            _write_rejects(rejects_path, source, rejects)
+        _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
+    except BaseException:
         partial.unlink(missing_ok=True)
-        if "Empty CSV file" in str(error):
-            raise IngestionError(f"{source}: no valid Criteo row: the file is empty.") from error
-        raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
-    finally:
-        bar.close()
-        stream.close()
-
-    rejects = sorted(rejects + tracker.malformed, key=lambda reject: reject.line)
-    total = rows + len(rejects)
-    if rejects:
-        _write_rejects(rejects_path, source, rejects)
-    if rows == 0:
-        partial.unlink(missing_ok=True)
-        raise IngestionError(f"{source}: no valid Criteo row in {total:,} lines." + _describe(rejects, rejects_path))
-    if len(rejects) > max_reject_fraction * total:
-        partial.unlink(missing_ok=True)
-        raise IngestionError(
-            f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
-            f"ingestion.max_reject_fraction={max_reject_fraction}."
-            + _describe(rejects, rejects_path)
-            + "\nFix the file, or accept a share of bad lines with "
-            "`kedro run --params=ingestion.max_reject_fraction=0.001`."
-        )
+        raise
     os.replace(partial, destination)
     report = DayReport(
         source=str(source),
@@ -427,6 +428,7 @@ def convert_day(
         input_bytes=source.stat().st_size,
         seconds=round(time.perf_counter() - started, 3),
     )
+    rate = rows / max(report.seconds, 1e-9)
     logger.info(
         "{}: {:,} rows -> {} ({:,} rejected) in {:.1f}s ({:,.0f} rows/s)",
         source.name,
@@ -434,7 +436,7 @@ def convert_day(
         destination,
         len(rejects),
         report.seconds,
-        rows / max(report.seconds, 1e-9),
+        rate,
     )
     return report
 

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from loguru import logger
 from torch import nn
-from tqdm import tqdm
 
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
@@ -27,6 +26,7 @@ from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import ProfilerSettings, profiler
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger
 from criteo_dlrm.models.dlrm import DLRM, ConfigError
+from criteo_dlrm.progress import progress_bar
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam")
 DECAYS = ("none", "linear", "cosine")
@@ -127,17 +127,13 @@ def predict(
     """Click probabilities for every row of ``loader``, in order: (N,) float64."""
     model.eval()
     outputs = []
-    for batch in tqdm(
-        loader.batches(),
-        total=len(loader),
-        desc="scoring",
-        unit="batch",
-        disable=None if progress is None else not progress,
-    ):
-        batch = batch.to(device, non_blocking=True)
-        with autocast(device, precision):
-            logits = model(batch.dense, batch.sparse)
-        outputs.append(torch.sigmoid(logits.float()).cpu())
+    with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
+        for batch in loader.batches():
+            batch = batch.to(device, non_blocking=True)
+            with autocast(device, precision):
+                logits = model(batch.dense, batch.sparse)
+            outputs.append(torch.sigmoid(logits.float()).cpu())
+            bar.update(len(batch))
     return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)
 
 
@@ -233,7 +229,7 @@ class Trainer:
         interval_losses: list[torch.Tensor] = []
         interval_start, interval_samples = time.perf_counter(), 0
         stopped_early = self.bad_validations >= settings.early_stopping_patience
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="training", unit="step", disable=None)
+        bar = progress_bar(self.total_steps, "training", "step", initial=self.step)
         with profiler(settings.profiler, self.run_dir, self.device) as prof:
             while self.step < self.total_steps and not stopped_early:
                 epoch, position = divmod(self.step, self.steps_per_epoch)

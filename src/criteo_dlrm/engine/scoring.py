@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from criteo_dlrm.data.batches import Batch
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import count_rows, iter_batches
 from criteo_dlrm.engine.device import autocast
+from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import SPARSE_COLUMNS
 
 
@@ -52,13 +52,7 @@ def score_days(
     """
     model = model.to(device).eval()
     labels, predictions = [], []
-    with tqdm(
-        total=count_rows(paths),
-        unit="rows",
-        unit_scale=True,
-        desc="scoring",
-        disable=None if progress is None else not progress,
-    ) as bar:
+    with progress_bar(count_rows(paths), "scoring", "rows", progress) as bar:
         for record_batch in iter_batches(paths):
             encoded = encoder.encode_batch(record_batch)
             batch = Batch(
