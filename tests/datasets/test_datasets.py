@@ -71,3 +71,17 @@ def test_encoded_arrays_load_memory_mapped(tmp_path):
     loaded = dataset.load()
     assert isinstance(loaded.sparse, np.memmap)
     np.testing.assert_array_equal(loaded.sparse, arrays.sparse)
+
+
+def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_path):
+    from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
+
+    encoder = FeatureEncoder.from_metadata(tiny_features["metadata"], tiny_features["vocabularies"].arrays)
+    days = EncodedDays(encoder, [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]])
+    assert len(days) == 3000
+    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
+    dataset.save(days)
+    loaded = dataset.load()
+    np.testing.assert_array_equal(loaded.sparse, tiny_features["train"].sparse)
+    np.testing.assert_array_equal(loaded.labels, tiny_features["train"].labels)
+    assert not (tmp_path / "features.partial").exists()

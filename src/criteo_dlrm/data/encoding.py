@@ -30,6 +30,21 @@ class EncodedArrays:
         return len(self.labels)
 
 
+@dataclass
+class EncodedDays:
+    """Days to encode, not encoded yet: whoever stores them decides where the rows go (see ``write``)."""
+
+    encoder: FeatureEncoder
+    paths: list[str]
+
+    def __len__(self) -> int:
+        return count_rows(self.paths)
+
+    def write(self, folder: Path) -> EncodedArrays:
+        """Encode straight into ``labels.npy``, ``dense.npy`` and ``sparse.npy`` in ``folder``."""
+        return self.encoder.encode_days(self.paths, into=folder)
+
+
 class FeatureEncoder:
     """Encodes typed Criteo rows with the statistics and vocabularies of ``feature_metadata``.
 
@@ -109,15 +124,28 @@ class FeatureEncoder:
             dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)
         return EncodedArrays(labels, dense, sparse)
 
-    def encode_days(self, paths: list[str | Path]) -> EncodedArrays:
-        """Encode whole days into in-memory arrays (4 * (1 + 13 + 26) = 160 bytes per row).
+    def encode_days(self, paths: list[str | Path], into: Path | None = None) -> EncodedArrays:
+        """Encode whole days: 4 * (1 + 13 + 26) = 160 bytes per row.
 
-        The output is allocated once and filled batch by batch, so peak memory is the output plus one batch.
+        The output is allocated once and filled batch by batch. With ``into``, it is three ``.npy`` files
+        in that folder, written through memory maps, so the days never need to fit in memory.
         """
         rows = count_rows(paths)
-        out = EncodedArrays(
-            np.empty(rows, np.float32), np.empty((rows, NUM_DENSE), np.float32), np.empty((rows, NUM_SPARSE), np.int32)
-        )
+        shapes = {
+            "labels": ((rows,), np.float32),
+            "dense": ((rows, NUM_DENSE), np.float32),
+            "sparse": ((rows, NUM_SPARSE), np.int32),
+        }
+        if into is None:
+            out = EncodedArrays(*(np.empty(shape, dtype) for shape, dtype in shapes.values()))
+        else:
+            into.mkdir(parents=True, exist_ok=True)
+            out = EncodedArrays(
+                *(
+                    np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape)
+                    for name, (shape, dtype) in shapes.items()
+                )
+            )
         start = 0
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
@@ -128,6 +156,9 @@ class FeatureEncoder:
                 encoded.sparse,
             )
             start = end
+        for array in (out.labels, out.dense, out.sparse):
+            if isinstance(array, np.memmap):
+                array.flush()
         return out
 
     def state_dict(self) -> dict:

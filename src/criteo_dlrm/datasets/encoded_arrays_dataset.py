@@ -9,14 +9,18 @@ from typing import Any
 import numpy as np
 from kedro.io import AbstractDataset
 
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays
 
 FIELDS = ("labels", "dense", "sparse")
 
 
-class EncodedArraysDataset(AbstractDataset[EncodedArrays, EncodedArrays]):
+class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedArrays]):
     """``labels.npy``, ``dense.npy``, ``sparse.npy`` in ``path``; loads them with ``mmap_mode="r"``,
-    so training reads rows from disk on demand instead of holding the whole set in memory."""
+    so training reads rows from disk on demand instead of holding the whole set in memory.
+
+    Saving ``EncodedDays`` encodes them straight into the files (memory stays at one batch); saving
+    ``EncodedArrays`` writes arrays that are already in memory.
+    """
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None):
         self._path = Path(path)
@@ -25,13 +29,17 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays, EncodedArrays]):
     def load(self) -> EncodedArrays:
         return EncodedArrays(*(np.load(self._path / f"{name}.npy", mmap_mode="r") for name in FIELDS))
 
-    def save(self, data: EncodedArrays) -> None:
+    def save(self, data: EncodedArrays | EncodedDays) -> None:
         # Written beside, then swapped in, so a crash never leaves a half-written set behind.
         staging = self._path.with_name(self._path.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        for name in FIELDS:
-            np.save(staging / f"{name}.npy", getattr(data, name))
+        if isinstance(data, EncodedDays):
+            written = data.write(staging)
+            del written  # close the memory maps before the folder moves
+        else:
+            for name in FIELDS:
+                np.save(staging / f"{name}.npy", getattr(data, name))
         shutil.rmtree(self._path, ignore_errors=True)
         staging.rename(self._path)
 

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -10,7 +11,7 @@ from kedro.io.core import Version
 from kedro.runner import SequentialRunner
 
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.datasets import TorchCheckpointDataset
+from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
 from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
@@ -32,6 +33,7 @@ def training_params(tmp_path: Path, **overrides) -> dict:
 
 
 def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
+    folder = checkpoint_path.parent
     return DataCatalog(
         {
             "feature_metadata": MemoryDataset(tiny_features["metadata"]),
@@ -39,8 +41,8 @@ def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
             "params:training": MemoryDataset(params),
             "run_version": MemoryDataset("2026-11-30T00.00.00.000Z"),
             "dlrm_checkpoint": TorchCheckpointDataset(filepath=str(checkpoint_path), version=Version(None, "v1")),
-            "train_features": MemoryDataset(copy_mode="assign"),
-            "validation_features": MemoryDataset(copy_mode="assign"),
+            "train_features": EncodedArraysDataset(path=str(folder / "train_features")),
+            "validation_features": EncodedArraysDataset(path=str(folder / "validation_features")),
             "training_summary": MemoryDataset(),
         }
     )
@@ -78,6 +80,10 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     assert list(Path(summary["tensorboard_run"]).glob("events.out.tfevents.*"))
     assert summary["best_validation"] == checkpoint["best_validation"]
     assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing to resume"
+    stored = catalog.load("train_features")
+    assert isinstance(stored.sparse, np.memmap)
+    np.testing.assert_array_equal(stored.sparse, tiny_features["train"].sparse)
+    np.testing.assert_array_equal(catalog.load("validation_features").dense, tiny_features["validation"].dense)
 
 
 def test_dot_with_mismatched_sizes_fails_before_training(tiny_features, tmp_path):
