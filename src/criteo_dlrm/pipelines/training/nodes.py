@@ -9,7 +9,7 @@ import torch
 from loguru import logger
 
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
+from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
 from criteo_dlrm.data.metadata import FeatureVocabularies
 from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
@@ -26,13 +26,17 @@ _NOT_IN_FINGERPRINT = ("resume", "profiler", "log_every_steps", "tensorboard_dir
 
 def encode_features(
     feature_metadata: dict, feature_vocabularies: FeatureVocabularies
-) -> tuple[EncodedArrays, EncodedArrays]:
-    """Encode the training and validation days with this metadata version's vocabularies."""
+) -> tuple[EncodedDays, EncodedDays]:
+    """The training and validation days, to be encoded with this metadata version's vocabularies.
+
+    The encoding itself happens as the catalog stores them (``EncodedArraysDataset`` writes the rows
+    straight to disk), so the days never have to fit in memory.
+    """
     encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
     days = feature_metadata["source_days"]
-    train = encoder.encode_days([day["parquet"] for day in days["train"]])
-    validation = encoder.encode_days([day["parquet"] for day in days["validation"]])
-    logger.info("encoded {:,} training and {:,} validation rows", len(train), len(validation))
+    train = EncodedDays(encoder, [day["parquet"] for day in days["train"]])
+    validation = EncodedDays(encoder, [day["parquet"] for day in days["validation"]])
+    logger.info("encoding {:,} training and {:,} validation rows", len(train), len(validation))
     return train, validation
 
 
