@@ -223,3 +223,21 @@ def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
 def test_invalid_training_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         TrainingSettings(**overrides)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
+    settings = _settings(num_epochs=1, precision="bf16", profiler=ProfilerSettings(enabled=True, wait=1, warmup=1, active=2))
+    device = torch.device("cuda")
+    trainer = Trainer(
+        _model(tiny_features).to(device),
+        settings,
+        BatchLoader(tiny_features["train"], 200, shuffle=True, pin_memory=True),
+        BatchLoader(tiny_features["validation"], 512, pin_memory=True),
+        device,
+        tmp_path / "run",
+    )
+    result = trainer.fit()
+    assert result.best_metrics["auc"] > 0.55
+    assert "CUDA" in (tmp_path / "run" / TOP_OPS_REPORT).read_text()

@@ -55,7 +55,7 @@ def profiler(settings: ProfilerSettings, run_dir: Path, device: torch.device) ->
         with_stack=settings.with_stack,
     ) as prof:
         yield prof
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     try:
         table = prof.key_averages().table(sort_by=sort_by, row_limit=settings.row_limit)
     except (AssertionError, RuntimeError) as error:  # no profiled step (the run was shorter than wait + warmup)
