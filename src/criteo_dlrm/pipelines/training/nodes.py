@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -11,7 +10,7 @@ from loguru import logger
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
 from criteo_dlrm.data.metadata import FeatureVocabularies
-from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions
+from criteo_dlrm.engine.checkpoint import fingerprint, training_checkpoint
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
 from criteo_dlrm.engine.loop import Trainer, TrainingSettings
 from criteo_dlrm.engine.profiling import ProfilerSettings
@@ -136,31 +135,16 @@ def train_dlrm(
     if resume_path is not None:
         resume_path.unlink(missing_ok=True)  # finished: nothing left to resume
     encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
-    checkpoint = {
-        "format": CHECKPOINT_FORMAT,
-        "model_state": result.best_model_state,
-        "optimizer_state": result.best_optimizer_state,
-        "step": result.best_step,
-        "epoch": result.best_epoch,
-        "model_config": config.to_dict(),
-        "training_parameters": training,
-        "metadata": {
-            "version": feature_vocabularies.version,
-            "vocabulary_sha256": feature_metadata["vocabulary_sha256"],
-            "train_ctr": feature_metadata["label"]["ctr"],
-            "source_days": feature_metadata["source_days"],
-        },
-        "encoder": encoder.state_dict(),
-        "best_validation": result.best_metrics,
-        "history": result.history,
-        "run_version": run_version,
-        "tensorboard_run": str(run_dir),
-        "library_versions": library_versions(),
-        "created": datetime.now(UTC).isoformat(),
+    trained_with = {
+        "version": feature_vocabularies.version,
+        "vocabulary_sha256": feature_metadata["vocabulary_sha256"],
+        "train_ctr": feature_metadata["label"]["ctr"],
+        "source_days": feature_metadata["source_days"],
     }
+    run = {"run_version": run_version, "tensorboard_run": str(run_dir)}
+    checkpoint = training_checkpoint(result, config.to_dict(), training, trained_with, encoder.state_dict(), run)
     summary = {
-        "run_version": run_version,
-        "tensorboard_run": str(run_dir),
+        **run,
         "device": str(device),
         "steps": result.steps,
         "best_step": result.best_step,
