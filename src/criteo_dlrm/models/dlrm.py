@@ -121,9 +121,10 @@ class DLRM(nn.Module):
             FusedEmbedding([config.table_sizes[f] for f in group], dim, sparse_gradients)
             for dim, group in zip(dims, self.groups, strict=True)
         )
+        # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
+        # index_select is cheaper forward and backward than indexing rows and columns separately.
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
-        self.register_buffer("pair_rows", rows, persistent=False)
-        self.register_buffer("pair_cols", cols, persistent=False)
+        self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
         self.top_mlp = mlp([config.interaction_size, *config.prediction_hidden_sizes, 1], final_activation=False)
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
@@ -137,7 +138,7 @@ class DLRM(nn.Module):
             return torch.cat([x, flat], dim=1)
         vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
-        pairs = dots[:, self.pair_rows, self.pair_cols]  # (B, 351) upper triangle, no diagonal
+        pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal
         return torch.cat([x, pairs], dim=1)  # (B, D + 351)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
