@@ -6,6 +6,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from criteo_dlrm.data import metadata as metadata_module
+from criteo_dlrm.data import parquet as parquet_module
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import MetadataSettings, ValueCounter, build_vocabulary, compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
@@ -145,7 +147,42 @@ def test_encoder_state_round_trips(generated_days):
     np.testing.assert_array_equal(left.dense, right.dense)
 
 
-def test_memory_does_not_grow_with_rows_when_days_are_split(tmp_path):
+def _peak(paths, settings: MetadataSettings) -> tuple[int, tuple[dict, dict]]:
+    compute_feature_metadata(paths[:1], settings, progress=False)  # lazy imports and caches out of the way
+    tracemalloc.start()
+    result = compute_feature_metadata(paths, settings, progress=False)
+    _, top = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return top, result
+
+
+def _bounded_vocabulary_days(folder, days: int, rows: int = 10_000) -> list:
+    """Days whose categories come from 500 values per feature: more rows, no more distinct values."""
+    rng = np.random.default_rng(days)
+    paths = []
+    for day in range(days):
+        columns = {"labels": pa.array(rng.integers(0, 2, rows), pa.int8())}
+        columns |= {name: pa.array(rng.integers(0, 1000, rows)) for name in DENSE_COLUMNS}
+        columns |= {name: pa.array(rng.integers(0, 500, rows) * 7919) for name in SPARSE_COLUMNS}
+        path = folder / f"day_{day}.parquet"
+        pq.write_table(pa.table(columns, schema=PARQUET_SCHEMA), path)
+        paths.append(path)
+    return paths
+
+
+def test_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
+    # Small batches and a small merge floor reach their bounds within a few thousand rows.
+    monkeypatch.setattr(parquet_module, "BATCH_ROWS", 2000)
+    monkeypatch.setattr(metadata_module, "MERGE_FLOOR", 1000)
+    (tmp_path / "few").mkdir()
+    (tmp_path / "many").mkdir()
+    few, _ = _peak(_bounded_vocabulary_days(tmp_path / "few", 4, rows=10_000), MetadataSettings())
+    many, (metadata, _) = _peak(_bounded_vocabulary_days(tmp_path / "many", 4, rows=40_000), MetadataSettings())
+    assert metadata["label"]["rows"] == 160_000 and metadata["sparse"]["SPARSE_0"]["distinct"] == 500
+    assert many < 1.2 * few, f"4x the rows took {many / few:.2f}x the memory"
+
+
+def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
     model = ClickModel(seed=9)
     write_day(tmp_path / "whole", 60_000, day=0, model=model, chunk_rows=10_000)
     whole = convert_day(tmp_path / "whole", tmp_path / "whole.parquet").parquet
@@ -155,22 +192,25 @@ def test_memory_does_not_grow_with_rows_when_days_are_split(tmp_path):
         path = tmp_path / f"piece_{i}.parquet"
         pq.write_table(table.slice(i * 10_000, 10_000), path)
         pieces.append(path)
-
-    def peak(paths) -> tuple[int, dict]:
-        tracemalloc.start()
-        result = compute_feature_metadata(paths, MetadataSettings(min_frequency=2), progress=False)
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        return top, result
-
-    peak_whole, (metadata_whole, vocab_whole) = peak([whole])
-    peak_split, (metadata_split, vocab_split) = peak(pieces)
+    metadata_whole, vocab_whole = compute_feature_metadata([whole], MetadataSettings(min_frequency=2), progress=False)
+    metadata_split, vocab_split = compute_feature_metadata(pieces, MetadataSettings(min_frequency=2), progress=False)
     dense_whole, dense_split = metadata_whole.pop("dense"), metadata_split.pop("dense")
     assert metadata_whole == metadata_split
     for name in DENSE_COLUMNS:  # sums in another order: equal up to rounding
         assert dense_whole[name] == pytest.approx(dense_split[name], rel=1e-12)
     assert all(np.array_equal(vocab_whole[n], vocab_split[n]) for n in SPARSE_COLUMNS)
-    assert peak_split < 1.5 * peak_whole
+
+
+def test_fewer_features_per_pass_give_the_same_metadata_in_less_memory(tmp_path):
+    write_day(tmp_path / "day_0", 60_000, day=0, model=ClickModel(seed=2), chunk_rows=60_000)
+    day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
+    one_pass, (metadata, vocabularies) = _peak([day], MetadataSettings(min_frequency=2))
+    by_two, (metadata_by_two, vocabularies_by_two) = _peak(
+        [day], MetadataSettings(min_frequency=2, features_per_pass=2)
+    )
+    assert metadata_by_two == metadata
+    assert all(np.array_equal(vocabularies[n], vocabularies_by_two[n]) for n in SPARSE_COLUMNS)
+    assert by_two < 0.8 * one_pass
 
 
 def test_a_day_with_another_schema_is_refused(tmp_path):
@@ -196,6 +236,7 @@ def test_empty_training_set_is_refused(tmp_path):
         ({"max_vocabulary_size": -5}, "max_vocabulary_size must be >= 1"),
         ({"vocabulary_size_overrides": {"SPARSE_99": 3}}, "unknown feature 'SPARSE_99'"),
         ({"modulus_hash_size": 1}, "modulus_hash_size must be >= 2"),
+        ({"features_per_pass": 0}, "features_per_pass must be 1 to 26"),
     ],
 )
 def test_nonsense_parameters_are_refused(settings, message):

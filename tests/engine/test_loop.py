@@ -228,7 +228,9 @@ def test_invalid_training_settings_are_refused(overrides, message):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
-    settings = _settings(num_epochs=1, precision="bf16", profiler=ProfilerSettings(enabled=True, wait=1, warmup=1, active=2))
+    settings = _settings(
+        num_epochs=1, precision="bf16", profiler=ProfilerSettings(enabled=True, wait=1, warmup=1, active=2)
+    )
     device = torch.device("cuda")
     trainer = Trainer(
         _model(tiny_features).to(device),

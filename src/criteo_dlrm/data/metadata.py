@@ -1,4 +1,4 @@
-"""Feature metadata in one streaming pass: counts, capped vocabularies and dense statistics.
+"""Feature metadata in streaming passes: counts, capped vocabularies and dense statistics.
 
 Memory grows with the number of distinct category values, never with the number of rows: each
 batch is reduced to (value, count) pairs, and those pairs are merged whenever the buffered pairs
@@ -19,6 +19,8 @@ from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 
 METADATA_FORMAT = 1
+# Buffered (value, count) pairs per feature before a merge: at most max(distinct values, this) pairs.
+MERGE_FLOOR = 1 << 16
 
 
 @dataclass
@@ -30,6 +32,7 @@ class MetadataSettings:
     vocabulary_size_overrides: dict[str, int] = field(default_factory=dict)
     use_modulus_hash: bool = False
     modulus_hash_size: int | None = None
+    features_per_pass: int = 26
 
     def __post_init__(self) -> None:
         problems = []
@@ -44,6 +47,10 @@ class MetadataSettings:
                 )
             elif size < 1:
                 problems.append(f"metadata.vocabulary_size_overrides.{name} must be >= 1, got {size}")
+        if not 1 <= self.features_per_pass <= len(SPARSE_COLUMNS):
+            problems.append(
+                f"metadata.features_per_pass must be 1 to {len(SPARSE_COLUMNS)}, got {self.features_per_pass}"
+            )
         if self.modulus_hash_size is not None and self.modulus_hash_size < 2:
             problems.append(f"metadata.modulus_hash_size must be >= 2 (or null), got {self.modulus_hash_size}")
         if problems:
@@ -74,7 +81,7 @@ class ValueCounter:
         unique, counts = np.unique(values, return_counts=True)
         self._pending.append((unique, counts))
         self._pending_size += len(unique)
-        if self._pending_size > max(len(self.values), 1 << 20):
+        if self._pending_size > max(len(self.values), MERGE_FLOOR):
             self._merge()
 
     def _merge(self) -> None:
@@ -104,18 +111,36 @@ def build_vocabulary(values: np.ndarray, counts: np.ndarray, min_frequency: int,
     return values[order]
 
 
-def _dense_summary(count: int, missing: int, low: float, high: float, total: float, squares: float) -> dict:
-    mean = total / count if count else 0.0
-    variance = max(squares / count - mean * mean, 0.0) if count else 0.0
-    return {
-        "count": count,
-        "missing": missing,
-        "min": None if not count else low,
-        "max": None if not count else high,
-        "log1p_mean": mean,
-        # A constant feature gets std 1 so that standardising never divides by zero.
-        "log1p_std": float(np.sqrt(variance)) if variance > 0 else 1.0,
-    }
+class DenseStatistics:
+    """Count, missing, min, max, and mean / std of ``log1p(max(x, 0))`` of one dense feature, streamed."""
+
+    def __init__(self) -> None:
+        self.count = self.missing = 0
+        self.low, self.high = np.inf, -np.inf
+        self.total = self.squares = 0.0
+
+    def add(self, values: np.ndarray, missing: np.ndarray) -> None:
+        present = values[~missing]
+        transformed = np.log1p(np.maximum(present, 0))
+        self.count += len(present)
+        self.missing += int(missing.sum())
+        if len(present):
+            self.low, self.high = min(self.low, float(present.min())), max(self.high, float(present.max()))
+        self.total += float(transformed.sum())
+        self.squares += float(np.square(transformed).sum())
+
+    def summary(self) -> dict:
+        mean = self.total / self.count if self.count else 0.0
+        variance = max(self.squares / self.count - mean * mean, 0.0) if self.count else 0.0
+        return {
+            "count": self.count,
+            "missing": self.missing,
+            "min": self.low if self.count else None,
+            "max": self.high if self.count else None,
+            "log1p_mean": mean,
+            # A constant feature gets std 1 so that standardising never divides by zero.
+            "log1p_std": float(np.sqrt(variance)) if variance > 0 else 1.0,
+        }
 
 
 def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
@@ -127,10 +152,37 @@ def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
+def _sparse_summary(
+    name: str, counter: ValueCounter, missing: int, rows: int, settings: MetadataSettings
+) -> tuple[dict, np.ndarray]:
+    values, counts = counter.result()
+    if settings.use_modulus_hash:
+        vocabulary = np.zeros(0, dtype=np.int64)
+        table_size = settings.modulus_hash_size or min(len(values), settings.cap(name)) + 1
+        covered = int(counts.sum())
+    else:
+        vocabulary = build_vocabulary(values, counts, settings.min_frequency, settings.cap(name))
+        table_size = len(vocabulary) + 1
+        covered = int(counts[np.isin(values, vocabulary)].sum())
+    present = rows - missing
+    summary = {
+        "rows": rows,
+        "missing": missing,
+        "distinct": len(values),
+        "vocabulary_size": len(vocabulary),
+        "table_size": int(max(table_size, 2)),
+        "coverage": covered / present if present else 0.0,
+    }
+    return summary, vocabulary
+
+
 def compute_feature_metadata(
     train_paths: Sequence[str | Path], settings: MetadataSettings, progress: bool | None = None
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """One streaming pass over the training days.
+    """Streaming passes over the training days (one, unless ``settings.features_per_pass`` splits them).
+
+    Each pass reads only its columns from Parquet and keeps exact counts for its features only, so peak
+    memory follows the distinct values of ``features_per_pass`` features, never the number of rows.
 
     Returns:
         ``(metadata, vocabularies)``: ``metadata`` is JSON-ready (label, dense and sparse statistics,
@@ -142,60 +194,37 @@ def compute_feature_metadata(
     total_rows = count_rows(train_paths)
     if total_rows == 0:
         raise ValueError(f"The training days {list(map(str, train_paths))} hold no rows.")
-    counters = {name: ValueCounter() for name in SPARSE_COLUMNS}
-    missing = dict.fromkeys(SPARSE_COLUMNS, 0)
-    dense = {name: [0, 0, np.inf, -np.inf, 0.0, 0.0] for name in DENSE_COLUMNS}
-    rows = positives = 0
-    with progress_bar(total_rows, "feature metadata", "rows", progress) as bar:
-        for batch in iter_batches(train_paths):
-            rows += batch.num_rows
-            positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
-            for name in SPARSE_COLUMNS:
-                values = sparse_values(batch.column(name))
-                present = values[values >= 0]
-                missing[name] += len(values) - len(present)
-                counters[name].add(present)
-            for name in DENSE_COLUMNS:
-                values, is_missing = dense_values(batch.column(name))
-                present = values[~is_missing]
-                transformed = np.log1p(np.maximum(present, 0))
-                stats = dense[name]
-                stats[0] += len(present)
-                stats[1] += int(is_missing.sum())
-                if len(present):
-                    stats[2] = min(stats[2], float(present.min()))
-                    stats[3] = max(stats[3], float(present.max()))
-                stats[4] += float(transformed.sum())
-                stats[5] += float(np.square(transformed).sum())
-            bar.update(batch.num_rows)
-
-    vocabularies: dict[str, np.ndarray] = {}
-    sparse = {}
-    for name in SPARSE_COLUMNS:
-        values, counts = counters[name].result()
-        if settings.use_modulus_hash:
-            vocabulary = np.zeros(0, dtype=np.int64)
-            table_size = settings.modulus_hash_size or min(len(values), settings.cap(name)) + 1
-            covered = int(counts.sum())
-        else:
-            vocabulary = build_vocabulary(values, counts, settings.min_frequency, settings.cap(name))
-            table_size = len(vocabulary) + 1
-            covered = int(counts[np.isin(values, vocabulary)].sum())
-        vocabularies[name] = vocabulary
-        present = rows - missing[name]
-        sparse[name] = {
-            "rows": rows,
-            "missing": missing[name],
-            "distinct": len(values),
-            "vocabulary_size": len(vocabulary),
-            "table_size": int(max(table_size, 2)),
-            "coverage": covered / present if present else 0.0,
-        }
+    step = settings.features_per_pass
+    groups = [SPARSE_COLUMNS[i : i + step] for i in range(0, len(SPARSE_COLUMNS), step)]
+    dense = {name: DenseStatistics() for name in DENSE_COLUMNS}
+    sparse, vocabularies = {}, {}
+    positives = 0
+    with progress_bar(total_rows * len(groups), "feature metadata", "rows", progress) as bar:
+        for index, group in enumerate(groups):
+            first = index == 0  # the first pass also reads the label and the dense features
+            counters = {name: ValueCounter() for name in group}
+            missing = dict.fromkeys(group, 0)
+            columns = [LABEL_COLUMN, *DENSE_COLUMNS, *group] if first else group
+            for batch in iter_batches(train_paths, columns):
+                if first:
+                    positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
+                    for name in DENSE_COLUMNS:
+                        dense[name].add(*dense_values(batch.column(name)))
+                for name in group:
+                    values = sparse_values(batch.column(name))
+                    present = values[values >= 0]
+                    missing[name] += len(values) - len(present)
+                    counters[name].add(present)
+                bar.update(batch.num_rows)
+            for name in group:
+                sparse[name], vocabularies[name] = _sparse_summary(
+                    name, counters.pop(name), missing[name], total_rows, settings
+                )
     metadata = {
         "format": METADATA_FORMAT,
         "encoding": "modulus_hash" if settings.use_modulus_hash else "vocabulary",
-        "label": {"rows": rows, "positives": positives, "ctr": positives / rows},
-        "dense": {name: _dense_summary(*dense[name]) for name in DENSE_COLUMNS},
+        "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
+        "dense": {name: stats.summary() for name, stats in dense.items()},
         "sparse": sparse,
         "vocabulary_sha256": vocabulary_digest(vocabularies),
     }

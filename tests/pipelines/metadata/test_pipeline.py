@@ -21,6 +21,7 @@ PARAMS = {
     "vocabulary_size_overrides": {},
     "use_modulus_hash": False,
     "modulus_hash_size": None,
+    "features_per_pass": 13,
 }
 
 
