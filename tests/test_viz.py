@@ -97,6 +97,8 @@ def test_api_previews_metadata_and_metrics(viz):
     assert "label" in json.dumps(preview) and "SPARSE_0" in json.dumps(preview)
     metrics = json.loads(_get(f"{viz}/api/nodes/{ids['validation_metrics']}"))
     assert "auc" in json.dumps(metrics["preview"])
+    raw = json.loads(_get(f"{viz}/api/nodes/{ids['raw_day_files']}"))
+    assert raw["preview_type"] == "JSONPreview" and "day_0.gz" in raw["preview"]
     plot = json.loads(_get(f"{viz}/api/nodes/{ids['roc_curve_plot']}"))
     assert plot["preview"] and plot["preview_type"] == "ImagePreview"
 

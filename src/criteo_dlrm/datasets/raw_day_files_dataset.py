@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from kedro.io import AbstractDataset, DatasetError
+from kedro_datasets._typing import JSONPreview  # the preview types kedro-viz renders
 
 from criteo_dlrm.data.raw import find_day_files
 
@@ -39,7 +41,8 @@ class RawDayFilesDataset(AbstractDataset[None, list[str]]):
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._path)}
 
-    def preview(self) -> dict:
+    def preview(self) -> JSONPreview:
         """What kedro viz shows: the folder and its day files with their sizes."""
         files = find_day_files(self._path) if self._exists() else []
-        return {"folder": str(self._path), "files": {p.name: f"{p.stat().st_size / 1e6:.1f} MB" for p in files}}
+        sizes = {p.name: f"{p.stat().st_size / 1e6:.1f} MB" for p in files}
+        return JSONPreview(json.dumps({"folder": str(self._path), "files": sizes}))
