@@ -15,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
+from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
 
@@ -147,15 +148,15 @@ class FeatureEncoder:
                 )
             )
         start = 0
-        for batch in iter_batches(paths):
-            encoded = self.encode_batch(batch, contiguous=False)
-            end = start + len(encoded)
-            out.labels[start:end], out.dense[start:end], out.sparse[start:end] = (
-                encoded.labels,
-                encoded.dense,
-                encoded.sparse,
-            )
-            start = end
+        with progress_bar(rows, "encoding", "rows") as bar:
+            for batch in iter_batches(paths):
+                encoded = self.encode_batch(batch, contiguous=False)
+                end = start + len(encoded)
+                out.labels[start:end] = encoded.labels
+                out.dense[start:end] = encoded.dense
+                out.sparse[start:end] = encoded.sparse
+                start = end
+                bar.update(len(encoded))
         for array in (out.labels, out.dense, out.sparse):
             if isinstance(array, np.memmap):
                 array.flush()
