@@ -1,14 +1,17 @@
-"""Cross-cutting project hooks: loguru into Kedro's logging, a clear message when inputs are missing,
-and the run's catalog version handed to nodes that name output folders after it."""
+"""Cross-cutting project hooks: loguru into Kedro's logging, unknown parameter names refused, a clear
+message when inputs are missing, and the run's catalog version handed to nodes that name output
+folders after it."""
 
 from __future__ import annotations
 
 import importlib
 import logging
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
+from criteo_dlrm.parameters import check_parameters, load_schema
 from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
 
 RUN_VERSION = "run_version"
@@ -64,12 +67,19 @@ def pipelines_to_run_first(missing: list[str], catalog) -> list[str]:
 
 
 class ProjectHooks:
+    def __init__(self) -> None:
+        self._schema: dict | None = None
+
     @hook_impl
     def after_context_created(self, context) -> None:
         bridge_loguru()
+        self._schema = load_schema(Path(context.config_loader.conf_source) / "base")
 
     @hook_impl
-    def after_catalog_created(self, catalog, save_version: str) -> None:
+    def after_catalog_created(self, catalog, parameters: dict, save_version: str) -> None:
+        if self._schema is not None:
+            # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry.
+            check_parameters(parameters["parameters"], self._schema)
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version
 
