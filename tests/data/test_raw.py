@@ -1,12 +1,22 @@
 import gzip
 import random
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import IngestionError, convert_day, find_day_files, parse_hex
+from criteo_dlrm.data.raw import (
+    IngestionError,
+    _csv_reader,
+    _LineTracker,
+    _read_ahead,
+    _WriteBehind,
+    convert_day,
+    find_day_files,
+    parse_hex,
+)
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.schema import COLUMNS, PARQUET_SCHEMA
 from tests.conftest import naive_parse_line
@@ -169,3 +179,40 @@ def test_labels_are_integers_and_dense_keeps_negatives(tmp_path):
     assert table.column("labels").type == pa.int8()
     assert table.column("DENSE_0").to_pylist() == [-2]
     assert np.all(table.column("SPARSE_25").to_numpy() == 10)
+
+
+class _FailingWriter:
+    def __init__(self):
+        self.calls = 0
+
+    def write_table(self, table):
+        self.calls += 1
+        raise OSError("disk full")
+
+
+def test_a_failed_parquet_write_is_raised_instead_of_hanging():
+    writer = _FailingWriter()
+    behind = _WriteBehind(writer)
+    finished = threading.Event()
+
+    def write_many():
+        for _ in range(5):  # more than the queue holds: must not block on a dead thread
+            behind.write(pa.table({"a": [1]}))
+        finished.set()
+
+    threading.Thread(target=write_many, daemon=True).start()
+    assert finished.wait(timeout=10), "write() blocked after the writer thread failed"
+    with pytest.raises(OSError, match="disk full"):
+        behind.close()
+    assert writer.calls == 1
+
+
+def test_stopping_early_stops_the_reader_thread(tmp_path):
+    source = tmp_path / "day_0"
+    source.write_text("\n".join(_good_line(seed) for seed in range(3000)) + "\n")
+    before = threading.active_count()
+    with pa.OSFile(str(source), "rb") as stream:
+        batches = _read_ahead(_csv_reader(stream, 16 << 10, _LineTracker()))
+        next(batches)
+        batches.close()  # the consumer gives up after one batch, as on a parse error
+    assert threading.active_count() == before

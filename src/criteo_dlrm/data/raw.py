@@ -276,33 +276,56 @@ def _read_ahead(reader: pa_csv.CSVStreamingReader, depth: int = 2) -> Iterator[p
 
     pyarrow releases the GIL while it decompresses and splits text, so reading overlaps with our parsing
     and Parquet writing. The reader itself stays single-threaded: only then does it report line numbers.
+    If the consumer stops early (an error while parsing), the reader thread is told to stop and joined.
     """
     batches: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
 
     def produce() -> None:
         try:
             for batch in reader:
+                if stop.is_set():
+                    return
                 batches.put(batch)
         finally:
             batches.put(None)
 
     join = _in_background(produce)
-    while (batch := batches.get()) is not None:
-        yield batch
-    join()
+    finished = False
+    try:
+        while (batch := batches.get()) is not None:
+            yield batch
+        finished = True
+    finally:
+        if not finished:
+            stop.set()
+            while batches.get() is not None:  # unblock the reader's pending put, up to its final None
+                pass
+        join()
 
 
 class _WriteBehind:
-    """Writes Parquet row groups in a background thread, at most ``depth`` tables behind."""
+    """Writes Parquet row groups in a background thread, at most ``depth`` tables behind.
+
+    A failed write is re-raised by ``close``; the thread keeps taking tables until then, so ``write``
+    never waits on a thread that has stopped.
+    """
 
     def __init__(self, writer: pq.ParquetWriter, depth: int = 1):
         self._tables: queue.Queue = queue.Queue(maxsize=depth)
-        self._join = _in_background(self._drain)
         self._writer = writer
+        self._join = _in_background(self._drain)
 
     def _drain(self) -> None:
+        error: BaseException | None = None
         while (table := self._tables.get()) is not None:
-            self._writer.write_table(table)
+            if error is None:
+                try:
+                    self._writer.write_table(table)
+                except BaseException as failure:  # re-raised through close()
+                    error = failure
+        if error is not None:
+            raise error
 
     def write(self, table: pa.Table) -> None:
         self._tables.put(table)
@@ -428,7 +451,6 @@ def convert_day(
         input_bytes=source.stat().st_size,
         seconds=round(time.perf_counter() - started, 3),
     )
-    rate = rows / max(report.seconds, 1e-9)
     logger.info(
         "{}: {:,} rows -> {} ({:,} rejected) in {:.1f}s ({:,.0f} rows/s)",
         source.name,
@@ -436,7 +458,7 @@ def convert_day(
         destination,
         len(rejects),
         report.seconds,
-        rate,
+        rows / max(report.seconds, 1e-9),
     )
     return report
 
