@@ -16,6 +16,7 @@ from criteo_dlrm.data.raw import (
     convert_day,
     find_day_files,
     parse_hex,
+    parse_integers,
 )
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.schema import COLUMNS, PARQUET_SCHEMA
@@ -216,3 +217,68 @@ def test_stopping_early_stops_the_reader_thread(tmp_path):
         next(batches)
         batches.close()  # the consumer gives up after one batch, as on a parse error
     assert threading.active_count() == before
+
+
+def test_a_valid_integer_is_accepted_whatever_its_neighbours():
+    largest, smallest = str((1 << 63) - 1), str(-(1 << 63))
+    alone, alone_bad = parse_integers(pa.array([largest, smallest, "7"], pa.binary()))
+    beside_bad, bad = parse_integers(pa.array([largest, smallest, "7", "12x"], pa.binary()))
+    assert not alone_bad.any() and alone.to_pylist() == [(1 << 63) - 1, -(1 << 63), 7]
+    assert bad.tolist() == [False, False, False, True]
+    assert beside_bad.to_pylist() == [(1 << 63) - 1, -(1 << 63), 7, None]
+
+
+@pytest.mark.parametrize("neighbour", ["5", "bad"])
+def test_integers_follow_one_rule_decimal_within_int64(neighbour):
+    cells = ["9223372036854775808", "0x10", "0X1f", "+5", " 5", "1e3", "007", "-0", None, neighbour]
+    parsed, bad = parse_integers(pa.array(cells, pa.binary()))
+    expected_bad = [True, True, True, True, True, True, False, False, False, neighbour == "bad"]
+    assert bad.tolist() == expected_bad
+    assert parsed.to_pylist()[6:9] == [7, 0, None]
+    # Arrow's own cast takes a hex prefix when nothing else in the column fails: the rule still refuses it.
+    assert parse_integers(pa.array(["0x10", "5"], pa.binary()))[1].tolist() == [True, False]
+
+
+def test_nineteen_digit_counts_do_not_depend_on_the_block_size(tmp_path):
+    fields = _good_line(1).split("\t")
+    big = "\t".join([fields[0], "9223372036854775807", *fields[2:]])
+    bad = "\t".join([fields[0], "12x", *fields[2:]])
+    source = tmp_path / "day_0"
+    source.write_text("\n".join([big, bad, *(_good_line(seed) for seed in range(2, 400)), big]) + "\n")
+    counts = set()
+    for block_size in (1 << 10, 4 << 20):
+        report = convert_day(source, tmp_path / f"{block_size}.parquet", max_reject_fraction=0.5, block_size=block_size)
+        counts.add((report.rows, report.rejected))
+        assert pq.read_table(report.parquet).column("DENSE_0").to_pylist()[0] == (1 << 63) - 1
+    assert counts == {(400, 1)}
+
+
+def test_bytes_that_are_not_utf8_reject_their_line_only(tmp_path):
+    good = [_good_line(seed).encode() for seed in range(6)]
+    fields = good[0].split(b"\t")
+    broken_dense = b"\t".join([fields[0], b"1\xff", *fields[2:]])
+    broken_label = b"\t".join([b"\xfe", *fields[1:]])
+    source = tmp_path / "day_0"
+    source.write_bytes(b"\n".join([good[1], broken_dense, good[2], broken_label, *good[3:]]) + b"\n")
+    report = convert_day(source, tmp_path / "day_0.parquet", max_reject_fraction=0.5)
+    assert report.rows == 5 and report.rejected == 2
+    rejects = open(report.rejects_file, encoding="utf-8").read().splitlines()[1:]
+    assert [int(line.split("\t")[1]) for line in rejects] == [2, 4]
+    assert "DENSE_0 '1\ufffd' is not an integer" in rejects[0]
+    with pytest.raises(IngestionError, match="2 of 7 lines rejected"):
+        convert_day(source, tmp_path / "strict.parquet")
+
+
+def test_a_truncated_gzip_names_the_file_and_leaves_no_output(tmp_path):
+    source = tmp_path / "day_0.gz"
+    write_day(source, 20_000, day=0, model=ClickModel(seed=2))
+    data = source.read_bytes()
+    source.write_bytes(data[: len(data) * 2 // 3])
+    out = tmp_path / "out"
+    with pytest.raises(IngestionError) as error:
+        convert_day(source, out / "day_0.parquet", block_size=64 << 10)
+    message = str(error.value)
+    assert str(source) in message and "rows converted" in message and "fetch it again" in message
+    converted = int(message.split(" rows converted")[0].split("(")[-1].replace(",", ""))
+    assert 0 < converted < 20_000
+    assert sorted(p.name for p in out.iterdir()) == [], "no Parquet and no partial file"

@@ -35,7 +35,7 @@ from criteo_dlrm.schema import (
 )
 
 _DAY_FILE = re.compile(r"^(day_\d+|[A-Za-z0-9_.-]+\.(txt|tsv))(\.gz)?$")
-_INTEGER = r"^-?[0-9]{1,18}$"
+_DECIMAL = r"^-?[0-9]+$"
 _ROW_GROUP_ROWS = 1 << 18
 _MAX_REPORTED = 5
 
@@ -165,25 +165,55 @@ def parse_hex(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def parse_integers(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """Parse decimal integer strings (nulls stay null). Returns ``(int64 array, bad mask)``."""
-    try:
-        return pc.cast(values, pa.int64()), np.zeros(len(values), dtype=bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        ok = pc.fill_null(pc.match_substring_regex(values, _INTEGER), True)
-        bad = ~ok.to_numpy(zero_copy_only=False)
-        return pc.cast(pc.if_else(ok, values, pa.scalar(None, pa.string())), pa.int64()), bad
+    """Parse decimal integer cells (nulls stay null). Returns ``(int64 array, bad mask)``.
+
+    One rule whatever the neighbouring cells: a cell is valid when it is ``-?[0-9]+`` and fits int64.
+    The whole column is cast at once when every cell is valid (the usual case); otherwise the syntax is
+    checked column-wise and only the few cells of 19 or more digits are range-checked one by one.
+
+    Args:
+        values: binary or string cells (binary: bytes that are not UTF-8 are bad cells, not an error).
+    """
+    if not _may_hold_hex_prefix(values):
+        try:
+            return pc.cast(values, pa.int64()), np.zeros(len(values), dtype=bool)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    ok = pc.fill_null(pc.match_substring_regex(values, _DECIMAL), True).to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.binary_length(values), 0).to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(ok & (lengths >= 19)):
+        text = values[row].as_py()
+        ok[row] = -(1 << 63) <= int(text) < (1 << 63)
+    cleaned = pc.if_else(pa.array(ok), values, pa.scalar(None, values.type))
+    return pc.cast(cleaned, pa.int64()), ~ok
+
+
+def _may_hold_hex_prefix(values: pa.Array) -> bool:
+    """Whether any byte is ``x`` or ``X``: Arrow's int64 cast also takes ``0x1f``, which is not a decimal count.
+
+    A scan of the data buffer (a few ms per block); a stray ``x`` elsewhere only sends the column down
+    the slower, equally correct path.
+    """
+    data = values.buffers()[2]
+    return data is not None and bool(np.any((np.frombuffer(data, dtype=np.uint8) | 0x20) == ord("x")))
+
+
+def _text(value: bytes | str | None) -> str:
+    """A raw cell as text for messages and the rejects file (bytes that are not UTF-8 become U+FFFD)."""
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _raw_text(batch: pa.RecordBatch, row: int) -> str:
-    values = (column[row].as_py() for column in batch.columns)
-    return "\t".join("" if v is None else v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values)
+    return "\t".join(_text(column[row].as_py()) for column in batch.columns)
 
 
 def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, str, str]]]:
     """Validate and type one block of raw string columns.
 
     Args:
-        batch: the 40 raw columns as strings, named as ``schema.COLUMNS``.
+        batch: the 40 raw columns as binary (or string), named as ``schema.COLUMNS``.
 
     Returns:
         ``(typed, bad)``: the valid rows typed as ``schema.PARQUET_SCHEMA`` and, for every other row,
@@ -193,24 +223,24 @@ def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, 
     reasons: dict[int, str] = {}
 
     labels = batch.column(LABEL_COLUMN)
-    is_one = pc.fill_null(pc.equal(labels, "1"), False).to_numpy(zero_copy_only=False)
-    is_zero = pc.fill_null(pc.equal(labels, "0"), False).to_numpy(zero_copy_only=False)
+    is_one = pc.fill_null(pc.equal(labels, pa.scalar(b"1", labels.type)), False).to_numpy(zero_copy_only=False)
+    is_zero = pc.fill_null(pc.equal(labels, pa.scalar(b"0", labels.type)), False).to_numpy(zero_copy_only=False)
     for row in np.flatnonzero(~(is_one | is_zero)):
-        reasons.setdefault(int(row), f"label {labels[row].as_py()!r} is not 0 or 1")
+        label = labels[row].as_py()
+        reasons.setdefault(int(row), f"label {_text(label)!r} is not 0 or 1" if label is not None else "label is empty")
 
     arrays: list[pa.Array] = [pa.array(is_one.astype(np.int8))]
     for name in DENSE_COLUMNS:
         column = batch.column(name)
         parsed, bad = parse_integers(column)
         for row in np.flatnonzero(bad):
-            reasons.setdefault(int(row), f"{name} {column[row].as_py()!r} is not an integer")
+            reasons.setdefault(int(row), f"{name} {_text(column[row].as_py())!r} is not an integer")
         arrays.append(parsed)
     for name in SPARSE_COLUMNS:
         column = batch.column(name)
         parsed, bad = parse_hex(column)
         for row in np.flatnonzero(bad):
-            text = column[row].as_py().decode("utf-8", "replace")
-            reasons.setdefault(int(row), f"{name} {text!r} is not 1-8 hex digits")
+            reasons.setdefault(int(row), f"{name} {_text(column[row].as_py())!r} is not 1-8 hex digits")
         arrays.append(pa.array(parsed, mask=column.is_null().to_numpy(zero_copy_only=False)))
 
     typed = pa.RecordBatch.from_arrays(arrays, schema=PARQUET_SCHEMA)
@@ -336,8 +366,8 @@ class _WriteBehind:
 
 
 def _csv_reader(stream: pa.NativeFile, block_size: int, tracker: _LineTracker) -> pa_csv.CSVStreamingReader:
-    """All 40 fields as text; categories stay binary, parsed from their bytes (UTF-8 checks would be wasted)."""
-    column_types = {name: pa.binary() if name in SPARSE_COLUMNS else pa.string() for name in COLUMNS}
+    """All 40 fields as bytes: parsed from their bytes, so a byte that is not UTF-8 rejects its line only."""
+    column_types = dict.fromkeys(COLUMNS, pa.binary())
     return pa_csv.open_csv(
         stream,
         read_options=pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False),
@@ -384,6 +414,12 @@ def _stream_day(source: Path, partial: Path, block_size: int, progress: bool | N
         if "Empty CSV file" in str(error):
             raise IngestionError(f"{source}: no valid Criteo row: the file is empty.") from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
+    except OSError as error:  # a truncated or corrupt .gz, a failing disk
+        raise IngestionError(
+            f"{source}: reading failed after {rows_seen:,} lines ({rows:,} rows converted, {raw.tell():,} of "
+            f"{source.stat().st_size:,} bytes read): {error}. The file is damaged or incomplete (an interrupted "
+            "download?): fetch it again. No Parquet was written for this day."
+        ) from error
     finally:
         bar.close()
         stream.close()
