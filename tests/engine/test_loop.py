@@ -243,3 +243,96 @@ def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
     result = trainer.fit()
     assert result.best_metrics["auc"] > 0.55
     assert "CUDA" in (tmp_path / "run" / TOP_OPS_REPORT).read_text()
+
+
+def _poison_after_step(trainer: Trainer, step: int) -> None:
+    """The weights turn NaN right after training step ``step`` (1-based), as an exploding update would."""
+    original_step = trainer._train_step
+
+    def poisoned(batch, timings):
+        loss = original_step(batch, timings)
+        if trainer.step == step - 1:
+            with torch.no_grad():
+                trainer.model.top_mlp[0].weight.fill_(float("nan"))
+        return loss
+
+    trainer._train_step = poisoned
+
+
+def test_a_non_finite_loss_between_log_lines_is_never_saved_as_progress(tiny_features, tmp_path):
+    progress = tmp_path / "progress.pt"
+    trainer = _trainer(
+        tiny_features, tmp_path, _settings(log_every_steps=5, checkpoint_every_steps=3), resume_path=progress
+    )
+    _poison_after_step(trainer, 11)
+    with pytest.raises(TrainingDivergedError, match=r"at step 12\b.*progress.pt"):
+        trainer.fit()
+    saved = torch.load(progress, weights_only=True)
+    assert saved["step"] == 9, "the last save before the first non-finite loss"
+    assert all(torch.isfinite(t).all() for t in saved["model_state"].values())
+
+
+def test_a_non_finite_loss_between_log_lines_is_never_validated(tiny_features, tmp_path):
+    trainer = _trainer(tiny_features, tmp_path, _settings(log_every_steps=5, validate_every_steps=3))
+    _poison_after_step(trainer, 11)
+    with pytest.raises(TrainingDivergedError, match=r"at step 12\b"):
+        trainer.fit()
+    assert [h["step"] for h in trainer.history] == [3, 6, 9]
+
+
+def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tmp_path, monkeypatch):
+    from loguru import logger
+
+    losses = iter([0.5, 0.4, 0.45, 0.46])
+    real = loop.binary_metrics
+    monkeypatch.setattr(loop, "binary_metrics", lambda y, p: {**real(y, p), "log_loss": next(losses)})
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        _trainer(tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5)).fit()
+    finally:
+        logger.remove(sink)
+    assert any(
+        line.startswith("early stopping at step 20 (epoch 1): no better validation log loss in 2 validations; "
+                        "kept step 10 (epoch 0): validation log loss 0.40000")
+        for line in lines
+    ), lines  # fmt: skip
+
+
+def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_folder(tiny_features, tmp_path):
+    progress = tmp_path / "in_progress" / "progress.pt"
+    progress.parent.mkdir()
+    stale = progress.parent / f".progress.pt.{2**22 + 12345}.partial"  # a pid that no process has
+    stale.write_bytes(b"")
+    settings = _settings(num_epochs=2, validate_every_steps=4, log_every_steps=2)
+    first = _trainer(
+        tiny_features, tmp_path / "first", settings, resume_path=progress, fingerprint="x", tensorboard=True
+    )
+    assert not stale.exists(), "stale partial checkpoint files are cleaned at start"
+    original_step = first._train_step
+
+    def crash_at_19(batch, timings):
+        if first.step == 19:
+            first.metric_logger.writer.flush()  # what a killed process had written by then
+            raise _Crash
+        return original_step(batch, timings)
+
+    first._train_step = crash_at_19
+    with pytest.raises(_Crash):
+        first.fit()
+    resumed = _trainer(
+        tiny_features, tmp_path / "second", settings, resume_path=progress, fingerprint="x", tensorboard=True
+    )
+    assert resumed.run_dir == tmp_path / "first" / "run" and resumed.step == 16
+    resumed.fit()
+    assert not (tmp_path / "second" / "run").exists(), "no orphan folder"
+    _trainer(tiny_features, tmp_path / "whole", settings, tensorboard=True).fit()
+
+    def curve(folder):
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        return [(event.step, event.value) for event in events.Scalars("train/loss")]
+
+    resumed_curve, whole_curve = curve(tmp_path / "first" / "run"), curve(tmp_path / "whole" / "run")
+    assert [step for step, _ in resumed_curve] == [step for step, _ in whole_curve], "no gap, no doubled stretch"
+    assert resumed_curve == pytest.approx(whole_curve)

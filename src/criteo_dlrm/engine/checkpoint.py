@@ -82,6 +82,30 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
+def remove_stale_partials(folder: str | Path) -> list[Path]:
+    """Delete the ``.<name>.<pid>.partial`` files that ``save_atomically`` left behind in a killed process.
+
+    A file whose process still runs is another save in progress and is left alone. Returns what was deleted.
+    """
+    removed = []
+    for partial in Path(folder).glob(".*.partial"):
+        pid = partial.name.removesuffix(".partial").rsplit(".", 1)[-1]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            partial.unlink(missing_ok=True)
+            removed.append(partial)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load on the CPU with ``weights_only=True`` (no arbitrary code runs from the file)."""
     return torch.load(path, map_location="cpu", weights_only=True)

@@ -20,11 +20,11 @@ from loguru import logger
 from torch import nn
 
 from criteo_dlrm.data.batches import Batch, BatchLoader
-from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
+from criteo_dlrm.engine.checkpoint import load_checkpoint, remove_stale_partials, save_atomically
 from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import ProfilerSettings, profiler
-from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger
+from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
 from criteo_dlrm.models.dlrm import DLRM, ConfigError
 from criteo_dlrm.progress import progress_bar
 
@@ -145,11 +145,14 @@ class Trainer:
         settings: loop settings.
         train_loader, validation_loader: encoded rows; the training loader shuffles.
         device: where to train.
-        run_dir: TensorBoard run folder (scalars, profiler traces).
-        metric_logger: where scalars go (TensorBoard by default in the pipeline).
+        run_dir: TensorBoard run folder (scalars, profiler traces). A resumed run keeps the folder it
+            started in (recorded in its in-progress checkpoint), so one run is one set of curves.
+        metric_logger: where scalars go; None: nowhere, or TensorBoard in ``run_dir`` with ``tensorboard``.
         resume_path: in-progress checkpoint file, written at each validation and every
             ``checkpoint_every_steps``; resumed from when its ``fingerprint`` matches.
         fingerprint: identifies the run's settings and data, so an unrelated checkpoint is never resumed.
+        tensorboard: write scalars to ``run_dir`` (opened after resuming, dropping the events the
+            interrupted run wrote after the step it resumes from).
     """
 
     def __init__(
@@ -163,10 +166,10 @@ class Trainer:
         metric_logger: MetricLogger | None = None,
         resume_path: Path | None = None,
         fingerprint: str = "",
+        tensorboard: bool = False,
     ):
         self.model, self.settings, self.device, self.run_dir = model, settings, device, Path(run_dir)
         self.train_loader, self.validation_loader = train_loader, validation_loader
-        self.metric_logger = metric_logger or NullLogger()
         self.resume_path, self.fingerprint = resume_path, fingerprint
         self.loss_function = nn.BCEWithLogitsLoss()
         self.optimizers = build_optimizers(model, settings)
@@ -182,10 +185,17 @@ class Trainer:
         self.history: list[dict] = []
         self.samples_seen, self.train_seconds = 0, 0.0
         self._maybe_resume()
+        self._owns_logger = metric_logger is None and tensorboard
+        if self._owns_logger:
+            metric_logger = TensorBoardLogger(self.run_dir, purge_step=self.step + 1 if self.step else None)
+        self.metric_logger = metric_logger or NullLogger()
 
     # -- setup -----------------------------------------------------------------------------------
     def _maybe_resume(self) -> None:
-        if self.resume_path is None or not Path(self.resume_path).exists():
+        if self.resume_path is None:
+            return
+        remove_stale_partials(Path(self.resume_path).parent)
+        if not Path(self.resume_path).exists():
             return
         state = load_checkpoint(self.resume_path)
         if state.get("fingerprint") != self.fingerprint:
@@ -197,6 +207,7 @@ class Trainer:
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
         self.bad_validations, self.history = state["bad_validations"], state["history"]
         torch.set_rng_state(state["torch_rng_state"])
+        self.run_dir = Path(state.get("run_dir", self.run_dir))
         logger.info(
             "resumed from {} at step {:,} (best validation log loss {:.5f})",
             self.resume_path,
@@ -207,12 +218,19 @@ class Trainer:
     def _save_progress(self) -> None:
         if self.resume_path is None:
             return
+        state = self.model.state_dict()
+        if not all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()):
+            raise TrainingDivergedError(
+                f"Training diverged: the weights are NaN or infinite at step {self.step:,} although every loss "
+                f"was finite.{self._kept()} Lower the learning rates or add warm-up."
+            )
         save_atomically(
             {
                 "fingerprint": self.fingerprint,
-                "model_state": self.model.state_dict(),
+                "model_state": state,
                 "optimizer_state": {name: opt.state_dict() for name, opt in self.optimizers.items()},
                 "step": self.step,
+                "run_dir": str(self.run_dir),
                 "best_loss": self.best_loss,
                 "best": self.best,
                 "bad_validations": self.bad_validations,
@@ -225,45 +243,19 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> TrainingResult:
         settings = self.settings
-        timings = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
-        interval_losses: list[torch.Tensor] = []
-        interval_start, interval_samples = time.perf_counter(), 0
         stopped_early = self.bad_validations >= settings.early_stopping_patience
         bar = progress_bar(self.total_steps, "training", "step", initial=self.step)
-        with profiler(settings.profiler, self.run_dir, self.device) as prof:
-            while self.step < self.total_steps and not stopped_early:
-                epoch, position = divmod(self.step, self.steps_per_epoch)
-                batches = self.train_loader.batches(epoch=epoch, start=position)
-                while self.step < self.total_steps and not stopped_early:
-                    tick = time.perf_counter()
-                    batch = next(batches, None)
-                    if batch is None:
-                        break
-                    timings["data"] += time.perf_counter() - tick
-                    interval_losses.append(self._train_step(batch, timings))
-                    self.step += 1
-                    interval_samples += len(batch)
-                    self.samples_seen += len(batch)
-                    self.train_seconds += time.perf_counter() - tick
-                    prof.step()
-                    end_of_epoch = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
-                    if self.step % settings.log_every_steps == 0 or end_of_epoch:
-                        rate = interval_samples / max(time.perf_counter() - interval_start, 1e-9)
-                        loss = self._log_interval(interval_losses, timings, rate)
-                        bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{rate:,.0f}", refresh=False)
-                        interval_losses, interval_samples = [], 0
-                        timings = dict.fromkeys(timings, 0.0)
-                        interval_start = time.perf_counter()
-                    bar.update(1)
-                    every = settings.validate_every_steps
-                    if end_of_epoch or (every and self.step % every == 0):
-                        stopped_early = self._validate(epoch)  # also saves progress
-                    elif settings.checkpoint_every_steps and self.step % settings.checkpoint_every_steps == 0:
-                        self._save_progress()
-        bar.close()
-        self.metric_logger.log_hparams(
-            {**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {})
-        )
+        try:
+            with profiler(settings.profiler, self.run_dir, self.device) as prof:
+                stopped_early = stopped_early or self._loop(bar, prof)
+            self.metric_logger.log_hparams(
+                {**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {})
+            )
+        finally:
+            bar.close()
+            if self._owns_logger:
+                self.metric_logger.close()
+        self._log_outcome(stopped_early)
         return TrainingResult(
             best_model_state=self.best["model_state"],
             best_optimizer_state=self.best["optimizer_state"],
@@ -275,6 +267,49 @@ class Trainer:
             stopped_early=stopped_early,
             samples_per_second=self.samples_seen / max(self.train_seconds, 1e-9),
         )
+
+    def _loop(self, bar, prof) -> bool:
+        """Train until the last step or early stopping; returns True when early stopping ended it."""
+        settings = self.settings
+        timings = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
+        unchecked: list[torch.Tensor] = []  # losses since the last finiteness check
+        interval_start, interval_samples = time.perf_counter(), 0
+        while self.step < self.total_steps:
+            epoch, position = divmod(self.step, self.steps_per_epoch)
+            batches = self.train_loader.batches(epoch=epoch, start=position)
+            while self.step < self.total_steps:
+                tick = time.perf_counter()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                timings["data"] += time.perf_counter() - tick
+                unchecked.append(self._train_step(batch, timings))
+                self.step += 1
+                interval_samples += len(batch)
+                self.samples_seen += len(batch)
+                self.train_seconds += time.perf_counter() - tick
+                prof.step()
+                end_of_epoch = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+                if self.step % settings.log_every_steps == 0 or end_of_epoch:
+                    rate = interval_samples / max(time.perf_counter() - interval_start, 1e-9)
+                    loss = self._log_interval(unchecked, timings, rate)
+                    bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{rate:,.0f}", refresh=False)
+                    unchecked, interval_samples = [], 0
+                    timings = dict.fromkeys(timings, 0.0)
+                    interval_start = time.perf_counter()
+                bar.update(1)
+                every = settings.validate_every_steps
+                validate = end_of_epoch or (every and self.step % every == 0)
+                save = settings.checkpoint_every_steps and self.step % settings.checkpoint_every_steps == 0
+                if validate or save:
+                    # Nothing is saved or validated after a non-finite loss, logged or not yet.
+                    self._check_finite(unchecked)
+                if validate:
+                    if self._validate(epoch):  # also saves progress
+                        return True
+                elif save:
+                    self._save_progress()
+        return False
 
     def _phase(self, timings: dict, name: str, start: float) -> float:
         if self.settings.phase_timing and self.device.type == "cuda":
@@ -304,19 +339,25 @@ class Trainer:
         self._phase(timings, "optimizer", start)
         return loss.detach()
 
-    def _log_interval(self, losses: list[torch.Tensor], timings: dict, rate: float) -> float:
-        values = torch.stack(losses).float().cpu()
+    def _kept(self) -> str:
+        if self.resume_path and Path(self.resume_path).exists():
+            return f" The last good in-progress checkpoint is {self.resume_path}."
+        return ""
+
+    def _check_finite(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The losses as one CPU tensor; raises ``TrainingDivergedError`` naming the first non-finite step."""
+        values = torch.stack(losses).float().cpu() if losses else torch.zeros(0)
         if not torch.isfinite(values).all():
             bad_step = self.step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
-            kept = (
-                f" The last good in-progress checkpoint is {self.resume_path}."
-                if self.resume_path and Path(self.resume_path).exists()
-                else ""
-            )
             raise TrainingDivergedError(
-                f"Training diverged: the loss is {values[~torch.isfinite(values)][0].item()} at step {bad_step:,}.{kept} "
-                "Lower training.learning_rate / training.embedding_learning_rate, or add warm-up (training.warmup_steps)."
+                f"Training diverged: the loss is {values[~torch.isfinite(values)][0].item()} at step {bad_step:,}."
+                f"{self._kept()} Lower training.learning_rate / training.embedding_learning_rate, or add warm-up "
+                "(training.warmup_steps)."
             )
+        return values
+
+    def _log_interval(self, losses: list[torch.Tensor], timings: dict, rate: float) -> float:
+        values = self._check_finite(losses)
         loss = float(values.mean())
         steps = len(values)
         scalars = {
@@ -329,6 +370,24 @@ class Trainer:
             scalars["train/embedding_learning_rate"] = self.optimizers["embeddings"].param_groups[0]["lr"]
         self.metric_logger.log_scalars(scalars, self.step)
         return loss
+
+    def _log_outcome(self, stopped_early: bool) -> None:
+        best = self.best
+        kept = (
+            f"kept step {best['step']:,} (epoch {best['epoch']}): validation log loss {best['metrics']['log_loss']:.5f}, "
+            f"AUC {best['metrics']['auc']:.4f}"
+        )
+        if stopped_early:
+            last = self.history[-1]
+            logger.info(
+                "early stopping at step {:,} (epoch {}): no better validation log loss in {} validations; {}",
+                last["step"],
+                last["epoch"],
+                self.settings.early_stopping_patience,
+                kept,
+            )
+        else:
+            logger.info("training finished at step {:,}; {}", self.step, kept)
 
     def _validate(self, epoch: int) -> bool:
         """Score the whole validation set; returns True when early stopping says stop."""

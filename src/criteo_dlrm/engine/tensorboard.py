@@ -17,11 +17,15 @@ class MetricLogger(Protocol):
 
 
 class TensorBoardLogger:
-    """Writes scalars and hparams into one TensorBoard run folder."""
+    """Writes scalars and hparams into one TensorBoard run folder.
 
-    def __init__(self, run_dir: str | Path):
+    ``purge_step``: a resumed run drops the events its interrupted self wrote from that step on, so the
+    curves continue from the in-progress checkpoint without a doubled stretch.
+    """
+
+    def __init__(self, run_dir: str | Path, purge_step: int | None = None):
         self.run_dir = Path(run_dir)
-        self.writer = SummaryWriter(log_dir=str(self.run_dir))
+        self.writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=purge_step)
 
     def log_scalars(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():

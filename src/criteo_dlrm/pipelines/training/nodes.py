@@ -14,7 +14,6 @@ from criteo_dlrm.engine.checkpoint import fingerprint, training_checkpoint
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
 from criteo_dlrm.engine.loop import Trainer, TrainingSettings
 from criteo_dlrm.engine.profiling import ProfilerSettings
-from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
 from criteo_dlrm.schema import NUM_SPARSE
@@ -109,6 +108,19 @@ def train_dlrm(
     )
     run_dir = Path(training["tensorboard_dir"]) / run_version
     resume_path = Path(training["in_progress_dir"]) / f"dlrm_{run_fingerprint}.pt" if training["resume"] else None
+    pin = device.type == "cuda"
+    trainer = Trainer(
+        model,
+        settings,
+        BatchLoader(train_features, settings.batch_size_train, shuffle=True, seed=settings.seed, pin_memory=pin),
+        BatchLoader(validation_features, settings.batch_size_validation, pin_memory=pin),
+        device,
+        run_dir,
+        resume_path=resume_path,
+        fingerprint=run_fingerprint,
+        tensorboard=True,
+    )
+    run_dir = trainer.run_dir  # a resumed run keeps writing to the folder it started in
     logger.info(
         "training on {} ({}), {:,} parameters, run folder {}",
         device,
@@ -116,22 +128,7 @@ def train_dlrm(
         sum(p.numel() for p in model.parameters()),
         run_dir,
     )
-    pin = device.type == "cuda"
-    metric_logger = TensorBoardLogger(run_dir)
-    try:
-        result = Trainer(
-            model,
-            settings,
-            BatchLoader(train_features, settings.batch_size_train, shuffle=True, seed=settings.seed, pin_memory=pin),
-            BatchLoader(validation_features, settings.batch_size_validation, pin_memory=pin),
-            device,
-            run_dir,
-            metric_logger,
-            resume_path,
-            run_fingerprint,
-        ).fit()
-    finally:
-        metric_logger.close()
+    result = trainer.fit()
     if resume_path is not None:
         resume_path.unlink(missing_ok=True)  # finished: nothing left to resume
     encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
