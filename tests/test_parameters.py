@@ -1,8 +1,16 @@
+import copy
+
 import pytest
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
-from criteo_dlrm.parameters import ParameterError, check_parameters, load_schema, unknown_parameters
+from criteo_dlrm.parameters import (
+    ParameterError,
+    check_parameters,
+    load_schema,
+    missing_parameters,
+    unknown_parameters,
+)
 from tests.conftest import PROJECT_ROOT
 
 
@@ -25,9 +33,45 @@ def test_misspelt_names_are_reported_with_the_closest_known_one(schema):
     ]
 
 
+def _shipped(schema) -> dict:
+    given = copy.deepcopy(schema)
+    del given["ingestion"]["raw_dir"]  # runtime-only: absent unless given on the command line
+    return given
+
+
 def test_free_form_mappings_and_runtime_only_names_are_accepted(schema):
-    given = {"metadata": {"vocabulary_size_overrides": {"SPARSE_2": 10}}, "ingestion": {"raw_dir": "/data"}}
+    check_parameters(_shipped(schema), schema)
+    given = _shipped(schema)
+    given["metadata"]["vocabulary_size_overrides"] = {"SPARSE_2": 10}
+    given["ingestion"]["raw_dir"] = "/data"
     check_parameters(given, schema)
+
+
+def test_missing_keys_are_reported_before_anything_runs(schema):
+    given = _shipped(schema)
+    given["training"] = {**given["training"], "dense_mlp": {"hidden_layer_sizes": [128, 64]}}
+    del given["training"]["sparse_embedding_sizes"]
+    assert missing_parameters(given, schema) == ["training.dense_mlp.output_size", "training.sparse_embedding_sizes"]
+    with pytest.raises(ParameterError, match=r"Missing parameter\(s\): training.dense_mlp.output_size, "):
+        check_parameters(given, schema)
+
+
+@pytest.mark.slow
+def test_a_partial_override_in_conf_local_merges_into_conf_base(project):
+    (project / "conf" / "local" / "parameters.yml").write_text(
+        "training:\n  dense_mlp:\n    hidden_layer_sizes: [128, 64]\n"
+    )
+    bootstrap_project(project)
+    with KedroSession.create(project_path=project, runtime_params={"training": {"max_steps": 3}}) as session:
+        params = session.load_context().params
+        session.run()
+    assert params["training"]["dense_mlp"] == {"hidden_layer_sizes": [128, 64], "output_size": 16}
+    assert params["training"]["sparse_embedding_sizes"] == 16 and params["training"]["max_steps"] == 3
+    [version] = (project / "data/06_models/dlrm_checkpoint.pt").iterdir()
+    import torch
+
+    checkpoint = torch.load(version / "dlrm_checkpoint.pt", weights_only=True)
+    assert checkpoint["model_config"]["dense_hidden_sizes"] == [128, 64]
 
 
 @pytest.mark.slow

@@ -11,10 +11,13 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
+from criteo_dlrm.errors import UserError
 from criteo_dlrm.parameters import check_parameters, load_schema
 from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
 
 RUN_VERSION = "run_version"
+# What the current (or last) run wrote, summarised by ``run_summary`` for ``kedro run`` to print at the end.
+_saved: dict[str, object] = {}
 
 
 class _PropagateHandler(logging.Handler):
@@ -24,7 +27,7 @@ class _PropagateHandler(logging.Handler):
         logging.getLogger(record.name).handle(record)
 
 
-class MissingInputError(RuntimeError):
+class MissingInputError(UserError, RuntimeError):
     """A pipeline was asked to run before the pipeline that produces its inputs."""
 
 
@@ -66,6 +69,42 @@ def pipelines_to_run_first(missing: list[str], catalog) -> list[str]:
     return [name for name in PIPELINE_ORDER if name in needed]
 
 
+def run_summary() -> str:
+    """The last run's outputs and final metrics as one block of short lines ('' when it saved nothing)."""
+    lines = []
+    if report := _saved.get("ingestion_report"):
+        days = report["days"]
+        lines.append(
+            f"ingestion   {len(days)} days, {sum(d['rows'] for d in days):,} rows, "
+            f"{sum(d['rejected'] for d in days):,} rejected"
+        )
+    if metadata := _saved.get("feature_metadata"):
+        tables = [stats["table_size"] for stats in metadata["sparse"].values()]
+        lines.append(
+            f"metadata    {metadata['label']['rows']:,} training rows, CTR {metadata['label']['ctr']:.4f}, "
+            f"{sum(tables):,} embedding rows"
+        )
+    if summary := _saved.get("training_summary"):
+        stop = "stopped early" if summary["stopped_early"] else "ran every step"
+        lines.append(
+            f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
+            f"{summary['samples_per_second']:,.0f} samples/s"
+        )
+    if metrics := _saved.get("validation_metrics"):
+        model = metrics["model"]
+        lines.append(
+            f"evaluation  {', '.join(metrics['days'])}: AUC {model['auc']:.4f}, log loss {model['log_loss']:.5f}, "
+            f"NE {model['normalized_entropy']:.4f}, calibration {model['calibration']:.3f}"
+        )
+        lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
+        if metrics["oracle"]:
+            lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"
+    if not lines:
+        return ""
+    version = _saved.get(RUN_VERSION)
+    return "\n".join([f"Run {version}:", *(f"  {line}" for line in lines)])
+
+
 class ProjectHooks:
     def __init__(self) -> None:
         self._schema: dict | None = None
@@ -82,6 +121,13 @@ class ProjectHooks:
             check_parameters(parameters["parameters"], self._schema)
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version
+        _saved.clear()
+        _saved[RUN_VERSION] = save_version
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        if dataset_name in ("ingestion_report", "feature_metadata", "training_summary", "validation_metrics"):
+            _saved[dataset_name] = data
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import yaml
 
+from criteo_dlrm.errors import ConfigError
+
 # Set on the command line only (the catalog reads them through ``runtime_params``).
 RUNTIME_ONLY = {"ingestion": {"raw_dir": None}}
+_RUNTIME_NAMES = {f"{section}.{key}" for section, keys in RUNTIME_ONLY.items() for key in keys}
 
 
-class ParameterError(ValueError):
-    """A parameter name that no pipeline reads."""
+class ParameterError(ConfigError):
+    """A parameter name that no pipeline reads, or one that is missing."""
 
 
 def load_schema(conf_base: Path) -> dict:
@@ -46,11 +49,33 @@ def unknown_parameters(given: Mapping, schema: Mapping, prefix: str = "") -> lis
     return unknown
 
 
+def missing_parameters(given: Mapping, schema: Mapping, prefix: str = "") -> list[str]:
+    """Dotted names that ``schema`` has and ``given`` lacks (a conf environment that replaced a whole block).
+
+    Runtime-only names and the keys of free-form mappings (empty by default) are never required.
+    """
+    missing = []
+    for key, default in schema.items():
+        name = f"{prefix}{key}"
+        if key not in given and name not in _RUNTIME_NAMES:
+            missing.append(name)
+        elif isinstance(default, Mapping) and default and isinstance(given[key], Mapping):
+            missing.extend(missing_parameters(given[key], default, f"{name}."))
+    return missing
+
+
 def check_parameters(given: Mapping, schema: Mapping) -> None:
-    """Raise ``ParameterError`` listing every unknown parameter name."""
-    unknown = unknown_parameters(given, schema)
-    if unknown:
+    """Raise ``ParameterError`` listing every unknown and every missing parameter name."""
+    problems = []
+    if unknown := unknown_parameters(given, schema):
+        problems.append("Unknown parameter(s): " + "; ".join(unknown) + ".")
+    if missing := missing_parameters(given, schema):
+        problems.append(
+            "Missing parameter(s): " + ", ".join(missing) + ". A conf environment (conf/local) that sets a "
+            "whole block must repeat every key of conf/base, or set only the keys it changes."
+        )
+    if problems:
         raise ParameterError(
-            "Unknown parameter(s): " + "; ".join(unknown) + ". The known ones, with their defaults and "
-            "meanings, are in conf/base/parameters_<pipeline>.yml and the README."
+            " ".join(problems) + " The known ones, with their defaults and meanings, are in "
+            "conf/base/parameters_<pipeline>.yml and the README."
         )

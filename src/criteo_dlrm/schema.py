@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from criteo_dlrm.errors import DataError
+
 NUM_DENSE = 13
 NUM_SPARSE = 26
 NUM_RAW_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
@@ -29,13 +31,13 @@ PARQUET_SCHEMA = pa.schema(
 
 
 def check_parquet_schema(schema: pa.Schema, source: str) -> None:
-    """Raise ``ValueError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
+    """Raise ``DataError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
 
     Integer widths may differ (the seed wrote int32/float columns); anything non-numeric is refused.
     """
     missing = [name for name in COLUMNS if name not in schema.names]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"{source}: not a Criteo day in ingestion's layout: missing columns {missing[:5]}"
             f"{' ...' if len(missing) > 5 else ''}. Re-create it with `kedro run --pipeline=ingestion "
             f"--params=ingestion.force=true`."
@@ -46,4 +48,4 @@ def check_parquet_schema(schema: pa.Schema, source: str) -> None:
         if not (pa.types.is_integer(schema.field(name).type) or pa.types.is_floating(schema.field(name).type))
     ]
     if bad:
-        raise ValueError(f"{source}: Criteo columns must be numeric, found {bad[:5]}.")
+        raise DataError(f"{source}: Criteo columns must be numeric, found {bad[:5]}.")

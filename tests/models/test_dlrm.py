@@ -113,3 +113,48 @@ def test_a_tiny_batch_can_be_overfitted():
 def test_inconsistent_settings_fail_with_what_to_change(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(**overrides)
+
+
+def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, interaction: str) -> list[float]:
+    """The paper's DLRM written out row by row in float64 numpy, from the weights alone.
+
+    Bottom MLP with a ReLU after every layer (its output is a feature vector like an embedding), one
+    table per feature (rows at the feature's offset in the fused table, offsets summed here from
+    ``TABLES``), the upper-triangle dot products in (i, j) order after the dense vector itself, and a top
+    MLP with ReLU between layers and none after the logit.
+    """
+    import numpy as np
+
+    def layers(sequential):
+        return [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in sequential if isinstance(m, nn.Linear)]  # fmt: skip
+
+    bottom, top = layers(model.bottom_mlp), layers(model.top_mlp)
+    table = model.embeddings[0].weight.weight.detach().double().numpy()
+    starts = np.concatenate([[0], np.cumsum(TABLES)[:-1]])
+    logits = []
+    for row in range(len(dense)):
+        x = dense[row].double().numpy()
+        for weight, bias in bottom:
+            x = np.maximum(weight @ x + bias, 0.0)
+        vectors = [x] + [table[starts[f] + int(sparse[row, f])] for f in range(26)]
+        if interaction == "dot":
+            pairs = [vectors[i] @ vectors[j] for i in range(27) for j in range(i + 1, 27)]
+            z = np.concatenate([x, pairs])
+        else:
+            z = np.concatenate(vectors)
+        for k, (weight, bias) in enumerate(top):
+            z = weight @ z + bias
+            if k < len(top) - 1:
+                z = np.maximum(z, 0.0)
+        logits.append(float(z[0]))
+    return logits
+
+
+@pytest.mark.parametrize("interaction", ["dot", "cat"])
+def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
+    torch.manual_seed(3)
+    model = DLRM(_config(dense_hidden_sizes=[8, 6], prediction_hidden_sizes=[16, 8], interaction=interaction))
+    model = model.double().eval()
+    dense, sparse = _inputs(batch=16, seed=5)
+    logits = model(dense.double(), sparse)
+    assert logits.tolist() == pytest.approx(_naive_dlrm_logits(model, dense, sparse, interaction), rel=1e-10, abs=1e-12)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
+from criteo_dlrm.errors import ConfigError, DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 
@@ -54,7 +55,7 @@ class MetadataSettings:
         if self.modulus_hash_size is not None and self.modulus_hash_size < 2:
             problems.append(f"metadata.modulus_hash_size must be >= 2 (or null), got {self.modulus_hash_size}")
         if problems:
-            raise ValueError("Invalid metadata parameters:\n  " + "\n  ".join(problems))
+            raise ConfigError("Invalid metadata parameters:\n  " + "\n  ".join(problems))
 
     def cap(self, feature: str) -> int:
         return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))
@@ -190,10 +191,10 @@ def compute_feature_metadata(
         (empty arrays in modulus-hash mode).
     """
     if not train_paths:
-        raise ValueError("No training day: set metadata.validation_days so that at least one day is left to train on.")
+        raise ConfigError("No training day: set metadata.validation_days so that at least one day is left to train on.")
     total_rows = count_rows(train_paths)
     if total_rows == 0:
-        raise ValueError(f"The training days {list(map(str, train_paths))} hold no rows.")
+        raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
     step = settings.features_per_pass
     groups = [SPARSE_COLUMNS[i : i + step] for i in range(0, len(SPARSE_COLUMNS), step)]
     dense = {name: DenseStatistics() for name in DENSE_COLUMNS}

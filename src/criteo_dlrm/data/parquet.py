@@ -10,15 +10,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from criteo_dlrm.errors import DataError
 from criteo_dlrm.schema import COLUMNS, SEED_SPARSE_MISSING, check_parquet_schema
 
 BATCH_ROWS = 1 << 18
 
 
+class MissingDataError(DataError, FileNotFoundError):
+    """A Parquet day that an earlier run wrote is gone."""
+
+
 def open_day(path: str | Path) -> pq.ParquetFile:
-    """Open one day's Parquet after checking it has the Criteo columns (``ValueError`` naming the file if not)."""
+    """Open one day's Parquet after checking it has the Criteo columns (``DataError`` naming the file if not)."""
     if not Path(path).exists():
-        raise FileNotFoundError(f"{path}: Parquet day not found. Run `kedro run --pipelines=ingestion` first.")
+        raise MissingDataError(f"{path}: Parquet day not found. Run `kedro run --pipelines=ingestion` first.")
     day = pq.ParquetFile(path)
     check_parquet_schema(day.schema_arrow, str(path))
     return day

@@ -25,6 +25,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from loguru import logger
 
+from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import (
     COLUMNS,
@@ -40,7 +41,7 @@ _ROW_GROUP_ROWS = 1 << 18
 _MAX_REPORTED = 5
 
 
-class IngestionError(ValueError):
+class IngestionError(DataError):
     """Raw input that cannot be converted; the message names the file and what to do."""
 
 

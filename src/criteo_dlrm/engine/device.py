@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from criteo_dlrm.models.dlrm import ConfigError
+from criteo_dlrm.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16")
 

@@ -25,14 +25,15 @@ from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import ProfilerSettings, profiler
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
-from criteo_dlrm.models.dlrm import DLRM, ConfigError
+from criteo_dlrm.errors import ConfigError, UserError
+from criteo_dlrm.models.dlrm import DLRM
 from criteo_dlrm.progress import progress_bar
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam")
 DECAYS = ("none", "linear", "cosine")
 
 
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(UserError, RuntimeError):
     """The loss became NaN or infinite."""
 
 
@@ -305,7 +306,7 @@ class Trainer:
                     # Nothing is saved or validated after a non-finite loss, logged or not yet.
                     self._check_finite(unchecked)
                 if validate:
-                    if self._validate(epoch):  # also saves progress
+                    if self._validate(epoch) and self.step < self.total_steps:  # also saves progress
                         return True
                 elif save:
                     self._save_progress()

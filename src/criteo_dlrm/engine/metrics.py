@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from criteo_dlrm.errors import DataError
+
 EPSILON = 1e-7
 
 
-class MetricError(ValueError):
+class MetricError(DataError):
     """A metric is undefined on this data (e.g. AUC with a single class)."""
 
 

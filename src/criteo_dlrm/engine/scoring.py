@@ -13,11 +13,12 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import count_rows, iter_batches
 from criteo_dlrm.engine.device import autocast
+from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import SPARSE_COLUMNS
 
 
-class VocabularyMismatchError(ValueError):
+class VocabularyMismatchError(DataError):
     """The encoder's vocabularies are not the ones the checkpoint was trained with."""
 
 

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from criteo_dlrm.errors import ConfigError
+
+__all__ = ["DLRM", "ConfigError", "DLRMConfig"]
+
 INTERACTIONS = ("dot", "cat")
-
-
-class ConfigError(ValueError):
-    """Inconsistent model or training settings; the message names the values to change."""
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from loguru import logger
 
 from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
+from criteo_dlrm.errors import ConfigError
 
 
 def split_days(
@@ -13,21 +14,21 @@ def split_days(
     """Split the ingested days into training and validation days (default: the last day validates).
 
     Raises:
-        ValueError: an unknown day name, a day that both trains and validates, or no day left to train on.
+        ConfigError: an unknown day name, a day that both trains and validates, or no day left to train on.
     """
     names = [day["day"] for day in days]
     validation = list(validation_days) if validation_days else names[-1:]
     train = list(train_days) if train_days else [name for name in names if name not in validation]
     unknown = [name for name in validation + train if name not in names]
     if unknown:
-        raise ValueError(f"metadata: unknown day(s) {unknown}; the ingested days are {names}.")
+        raise ConfigError(f"metadata: unknown day(s) {unknown}; the ingested days are {names}.")
     overlap = sorted(set(train) & set(validation))
     if overlap:
-        raise ValueError(
+        raise ConfigError(
             f"metadata: {overlap} would both train and validate. Change metadata.train_days or metadata.validation_days."
         )
     if not train:
-        raise ValueError(
+        raise ConfigError(
             f"metadata: no training day is left (days {names}, validation {validation}). Ingest at least two days "
             "(split Kaggle's train.txt into day files, see the README) or set metadata.validation_days."
         )

@@ -14,8 +14,8 @@ from criteo_dlrm.engine.checkpoint import fingerprint, training_checkpoint
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
 from criteo_dlrm.engine.loop import Trainer, TrainingSettings
 from criteo_dlrm.engine.profiling import ProfilerSettings
+from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models import DLRM, DLRMConfig
-from criteo_dlrm.models.dlrm import ConfigError
 from criteo_dlrm.schema import NUM_SPARSE
 
 # Parameters that change neither the data order nor the arithmetic: a run may resume across them.

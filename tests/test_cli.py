@@ -1,0 +1,96 @@
+"""``kedro run`` as a user types it (a subprocess, output piped): errors, noise, list parameters, summary."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import torch
+
+from criteo_dlrm.cli import split_params
+from tests.conftest import PROJECT_ROOT, copy_project
+
+
+def _kedro(project: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    env.pop("COLUMNS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "kedro", "run", *args], cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _parse(value: str) -> dict:
+    return split_params(click.Context(click.Command("run")), None, value)
+
+
+def test_list_parameters_keep_their_commas():
+    assert _parse("training.dense_mlp.hidden_layer_sizes=[128,64],training.seed=3") == {
+        "training": {"dense_mlp": {"hidden_layer_sizes": [128, 64]}, "seed": 3}
+    }
+    assert _parse("metadata.vocabulary_size_overrides={SPARSE_2: 10, SPARSE_3: 20}") == {
+        "metadata": {"vocabulary_size_overrides": {"SPARSE_2": 10, "SPARSE_3": 20}}
+    }
+    assert _parse("") == {}
+    with pytest.raises(click.UsageError, match="must be key=value"):
+        _parse("training.seed")
+
+
+@pytest.mark.slow
+def test_user_errors_end_with_the_message_and_the_fix(tmp_path):
+    project = copy_project(tmp_path / "project")
+    missing = _kedro(project, "--pipelines=training")
+    assert missing.returncode == 1
+    last = missing.stderr.strip().splitlines()[-2:]
+    assert last[0].startswith("MissingInputError: This run needs feature_metadata, feature_vocabularies")
+    assert "Run `kedro run --pipelines=ingestion,metadata` first" in last[0]
+    assert last[1] == "(Full traceback: add --verbose.)"
+    assert "Traceback" not in missing.stdout + missing.stderr
+    assert len((missing.stdout + missing.stderr).splitlines()) < 20
+
+    no_folder = _kedro(project, "--params=ingestion.raw_dir=/nowhere")
+    assert no_folder.returncode == 1
+    assert no_folder.stderr.strip().splitlines()[-2].startswith("IngestionError: Raw data folder /nowhere does not")
+
+    verbose = _kedro(project, "--pipelines=training", "--verbose")
+    assert verbose.returncode == 1 and "Traceback" in verbose.stdout + verbose.stderr
+
+
+def _readme_metrics() -> dict[str, float]:
+    """The evaluation line of the summary block the README quotes under Quick start."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    line = re.search(r"^  evaluation  .*$", readme, re.MULTILINE).group(0)
+    oracle = re.search(r"oracle AUC ([0-9.]+)", readme).group(1)
+    values = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", line))
+    return {**{key: float(value) for key, value in values.items()}, "oracle AUC": float(oracle)}
+
+
+@pytest.mark.slow
+def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
+    project = copy_project(tmp_path / "project")
+    result = _kedro(project)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "register_new_resolver" not in output and "No typed parameter" not in output
+    block = result.stdout[result.stdout.rindex("\nRun ") + 1 :].rstrip().splitlines()
+    assert [line.split()[0] for line in block[1:5]] == ["ingestion", "metadata", "training", "evaluation"]
+    assert all(len(line) <= 100 for line in block), "one line per stage, never wrapped"
+    evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[4]))
+    quoted = _readme_metrics()
+    assert float(evaluation["AUC"]) == pytest.approx(quoted["AUC"], abs=2e-3), "README's quoted kedro run output"
+    assert float(evaluation["log loss"]) == pytest.approx(quoted["log loss"], abs=2e-3)
+    assert float(evaluation["calibration"]) == pytest.approx(quoted["calibration"], abs=5e-3)
+    assert float(re.search(r"oracle AUC ([0-9.]+)", block[5]).group(1)) == quoted["oracle AUC"]
+
+    # A list parameter on the command line, as the README's parameters section shows it.
+    listed = _kedro(
+        project, "--pipelines=training", "--params=training.dense_mlp.hidden_layer_sizes=[32,8],training.max_steps=5"
+    )
+    assert listed.returncode == 0, (listed.stdout + listed.stderr)[-3000:]
+    newest = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1]
+    checkpoint = torch.load(newest / "dlrm_checkpoint.pt", weights_only=True)
+    assert checkpoint["model_config"]["dense_hidden_sizes"] == [32, 8]

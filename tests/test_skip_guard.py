@@ -1,0 +1,44 @@
+"""CI's guard against quiet skips (``tests/skip_guard.py``), run on a throwaway test file."""
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import PROJECT_ROOT
+
+TESTS = """
+import pytest
+
+def test_runs():
+    pass
+
+@pytest.mark.gpu
+def test_needs_a_gpu():
+    pytest.skip("needs CUDA")
+
+def test_needs_data():
+    {data}
+"""
+
+
+def _pytest(tmp_path, data_line: str, fail_on_skip: bool) -> subprocess.CompletedProcess:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs CUDA\n")
+    (tmp_path / "test_sample.py").write_text(TESTS.format(data=data_line))
+    env = {**os.environ, "CRITEO_DLRM_FAIL_ON_SKIP": "1" if fail_on_skip else "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.skip_guard", "-c", str(tmp_path / "pytest.ini"),
+         "-p", "no:cacheprovider", str(tmp_path / "test_sample.py")],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_skipped_test_fails_the_ci_run_and_is_named(tmp_path):
+    result = _pytest(tmp_path, 'pytest.skip("real Criteo sample not present")', fail_on_skip=True)
+    assert result.returncode == 1, result.stdout
+    assert "test_sample.py::test_needs_data: " in result.stdout and "real Criteo sample not present" in result.stdout
+    assert "test_needs_a_gpu" not in result.stdout.split("skipped tests that CI must run")[1]
+
+
+def test_gpu_skips_and_runs_outside_ci_pass(tmp_path):
+    assert _pytest(tmp_path, "pass", fail_on_skip=True).returncode == 0, "a skipped gpu test is expected"
+    assert _pytest(tmp_path, 'pytest.skip("no data")', fail_on_skip=False).returncode == 0, "users may lack the data"
