@@ -1,0 +1,20 @@
+"""The README's install commands are the ones that work here and in CI."""
+
+import re
+import tomllib
+
+from packaging.specifiers import SpecifierSet
+
+from tests.conftest import PROJECT_ROOT
+
+
+def test_cpu_install_is_an_exact_command_that_fits_the_project():
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    block = re.search(r"On a machine without a GPU.*?```bash\n(.*?)```", readme, re.DOTALL).group(1).splitlines()
+    assert block == ["pip install torch --index-url https://download.pytorch.org/whl/cpu", 'pip install -e ".[test]"']
+    ci = (PROJECT_ROOT / ".ci" / "run").read_text()
+    pinned = re.search(r'pip install -q "torch==([0-9.]+)"', ci).group(1)
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    torch_range = next(d for d in project["dependencies"] if d.startswith("torch")).removeprefix("torch")
+    assert pinned in SpecifierSet(torch_range), "CI's CPU wheel satisfies the project's torch range"
+    assert 'pip install -q -e ".[test]"' in ci, "CI installs what the README installs"
