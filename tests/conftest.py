@@ -58,6 +58,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""
     from criteo_dlrm.data.encoding import FeatureEncoder
+    from criteo_dlrm.data.lineage import day_lineage, encoded_lineage
     from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
     from criteo_dlrm.data.raw import convert_day
     from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -69,22 +70,21 @@ def tiny_features(tmp_path_factory):
         parquet.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(parquet[:1], MetadataSettings(min_frequency=2), progress=False)
     metadata["source_days"] = {
-        "train": [{"day": "day_0", "parquet": parquet[0], "rows": 3000}],
+        "train": [day_lineage("day_0", parquet[0])],
         "validation": [
-            {
-                "day": "day_1",
-                "parquet": parquet[1],
-                "rows": 1000,
-                "click_probability": str(folder / "day_1.click_probability.npy"),
-            }
+            {**day_lineage("day_1", parquet[1]), "click_probability": str(folder / "day_1.click_probability.npy")}
         ],
     }
+    version = "2026-01-01T00.00.00.000Z"
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    train, validation = encoder.encode_days(parquet[:1]), encoder.encode_days(parquet[1:])
+    train.lineage = encoded_lineage(metadata, version, metadata["source_days"]["train"])
+    validation.lineage = encoded_lineage(metadata, version, metadata["source_days"]["validation"])
     return {
         "metadata": metadata,
-        "vocabularies": FeatureVocabularies(vocabularies, version="2026-01-01T00.00.00.000Z"),
-        "train": encoder.encode_days(parquet[:1]),
-        "validation": encoder.encode_days(parquet[1:]),
+        "vocabularies": FeatureVocabularies(vocabularies, version=version),
+        "train": train,
+        "validation": validation,
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from kedro.framework.hooks import hook_impl
 from loguru import logger
@@ -29,6 +29,31 @@ class _PropagateHandler(logging.Handler):
 
 class MissingInputError(UserError, RuntimeError):
     """A pipeline was asked to run before the pipeline that produces its inputs."""
+
+
+class MissingVersionError(UserError, LookupError):
+    """``--load-versions`` pinned a version that was never written."""
+
+
+def existing_versions(dataset) -> list[str]:
+    """The versions a versioned file dataset holds (its version folders), oldest first."""
+    filepath, fs = getattr(dataset, "_filepath", None), getattr(dataset, "_fs", None)
+    if filepath is None or fs is None or not fs.exists(str(filepath)):
+        return []
+    return sorted(PurePosixPath(path).name for path in fs.ls(str(filepath), detail=False))
+
+
+def _missing_version_message(name: str, version: str, dataset) -> str:
+    versions = existing_versions(dataset)
+    where = getattr(dataset, "_filepath", name)
+    if not versions:
+        return f"{name} version {version} does not exist: no run has written {name} yet (nothing in {where})."
+    shown = ", ".join(versions[-10:])
+    more = f" (the last 10 of {len(versions)})" if len(versions) > 10 else ""
+    return (
+        f"{name} version {version} does not exist. The versions in {where}{more}, oldest first: {shown}. "
+        f"Pin one of them with --load-versions={name}:<version>, or leave {name} out for the newest."
+    )
 
 
 def bridge_loguru() -> None:
@@ -135,6 +160,10 @@ class ProjectHooks:
         missing = [name for name in _missing_inputs(pipeline, catalog) if producers_of(name)]
         if not missing:
             return
+        pinned = run_params.get("load_versions") or {}
+        wrong_versions = [_missing_version_message(n, pinned[n], catalog.get(n)) for n in missing if n in pinned]
+        if wrong_versions:
+            raise MissingVersionError("\n".join(wrong_versions))
         first = pipelines_to_run_first(missing, catalog)
         command = f"kedro run --pipelines={','.join(first)}" if first else "kedro run"
         raise MissingInputError(

@@ -282,3 +282,12 @@ def test_a_truncated_gzip_names_the_file_and_leaves_no_output(tmp_path):
     converted = int(message.split(" rows converted")[0].split("(")[-1].replace(",", ""))
     assert 0 < converted < 20_000
     assert sorted(p.name for p in out.iterdir()) == [], "no Parquet and no partial file"
+
+
+@pytest.mark.parametrize("names", [("day_0", "day_0.gz"), ("train.txt", "train.tsv")])
+def test_two_files_for_one_day_are_refused(tmp_path, names):
+    for name in (*names, "day_1"):
+        (tmp_path / name).write_text("")
+    first, second = sorted(names)
+    with pytest.raises(IngestionError, match=rf"{first} and {second} are both {first.split('.')[0]}"):
+        find_day_files(tmp_path)

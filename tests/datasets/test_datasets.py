@@ -85,3 +85,31 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
     np.testing.assert_array_equal(loaded.sparse, tiny_features["train"].sparse)
     np.testing.assert_array_equal(loaded.labels, tiny_features["train"].labels)
     assert not (tmp_path / "features.partial").exists()
+
+
+def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, tmp_path, monkeypatch):
+    from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
+
+    encoder = FeatureEncoder.from_metadata(tiny_features["metadata"], tiny_features["vocabularies"].arrays)
+    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
+    lineage = tiny_features["train"].lineage
+    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
+    dataset.save(EncodedDays(encoder, paths, lineage))
+    assert dataset.load().lineage == lineage
+    written = (tmp_path / "features" / "sparse.npy").stat().st_mtime_ns
+
+    encodings = []
+    monkeypatch.setattr(
+        EncodedDays,
+        "write",
+        lambda self, folder: encodings.append(folder) or self.encoder.encode_days(self.paths, into=folder),
+    )
+    dataset.save(EncodedDays(encoder, paths, lineage))
+    assert encodings == [] and (tmp_path / "features" / "sparse.npy").stat().st_mtime_ns == written, "reused"
+
+    newer = {**lineage, "metadata_version": "2026-02-02T00.00.00.000Z"}
+    dataset.save(EncodedDays(encoder, paths, newer))
+    assert len(encodings) == 1 and dataset.load().lineage == newer, "other vocabularies: encoded again"
+    other_days = {**newer, "days": [{**newer["days"][0], "fingerprint": "0" * 16}]}
+    dataset.save(EncodedDays(encoder, paths, other_days))
+    assert len(encodings) == 2, "other Parquet days: encoded again"

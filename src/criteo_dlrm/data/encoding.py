@@ -26,6 +26,7 @@ class EncodedArrays:
     labels: np.ndarray  # (N,) float32, 0 or 1
     dense: np.ndarray  # (N, 13) float32, standardised log1p counts
     sparse: np.ndarray  # (N, 26) int32 table indices, 0 = missing or out of vocabulary
+    lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -37,6 +38,7 @@ class EncodedDays:
 
     encoder: FeatureEncoder
     paths: list[str]
+    lineage: dict | None = None  # stored with the rows, so they are reused only for the same inputs
 
     def __len__(self) -> int:
         return count_rows(self.paths)

@@ -9,6 +9,7 @@ written to a rejects file with its line number and the reason.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import queue
 import re
@@ -25,6 +26,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from loguru import logger
 
+from criteo_dlrm.data.lineage import source_metadata
 from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import (
@@ -102,7 +104,27 @@ def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
             f"*.tsv). Regenerate the bundled sample with `python -m criteo_dlrm.data.synthetic "
             f"--output {folder}` or set --params=ingestion.raw_dir=/path/to/criteo"
         )
+    by_day: dict[str, list[str]] = {}
+    for path in files:
+        by_day.setdefault(day_name(path), []).append(path.name)
+    duplicates = {day: sorted(names) for day, names in by_day.items() if len(names) > 1}
+    if duplicates:
+        listed = "; ".join(f"{' and '.join(names)} are both {day}" for day, names in sorted(duplicates.items()))
+        raise IngestionError(
+            f"Raw data folder {folder} holds two files for one day ({listed}): one would overwrite the other's "
+            "Parquet and the other day would be trained on twice. Keep one file per day (move the other away)."
+        )
     return sorted(files, key=lambda p: day_sort_key(day_name(p)))
+
+
+def parquet_folder(output_dir: str | os.PathLike, raw_dir: str | os.PathLike) -> Path:
+    """Where the Parquet days of ``raw_dir`` go: ``<output_dir>/<raw folder name>-<hash of its full path>``.
+
+    Each raw folder gets its own Parquet folder, so converting another folder never replaces the days an
+    earlier metadata version or checkpoint was made from, and converting the same folder again finds its days.
+    """
+    folder = Path(raw_dir).resolve()
+    return Path(output_dir) / f"{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
 
 
 def _parse_hex_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -388,7 +410,7 @@ def _stream_day(source: Path, partial: Path, block_size: int, progress: bool | N
     raw, stream = _open(source)
     bar = progress_bar(source.stat().st_size, source.name, "B", progress)
     try:
-        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_fingerprint(source))) as parquet:
+        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_metadata(source))) as parquet:
             writer = _WriteBehind(parquet)
             try:
                 for batch in _read_ahead(_csv_reader(stream, block_size, tracker)):
@@ -498,26 +520,6 @@ def convert_day(
         rows / max(report.seconds, 1e-9),
     )
     return report
-
-
-def source_fingerprint(source: Path) -> dict[str, str]:
-    """Which raw file a Parquet day was made from (kept in its metadata, so a stale day is never reused)."""
-    stat = source.stat()
-    return {
-        "criteo_dlrm.source": str(source.resolve()),
-        "criteo_dlrm.source_size": str(stat.st_size),
-        "criteo_dlrm.source_mtime_ns": str(stat.st_mtime_ns),
-    }
-
-
-def made_from(parquet: Path, source: Path) -> bool:
-    """True when ``parquet`` was converted from ``source`` as it is now."""
-    try:
-        metadata = pq.read_schema(parquet).metadata or {}
-    except (OSError, pa.ArrowInvalid):
-        return False
-    stored = {key.decode(): value.decode() for key, value in metadata.items() if key.startswith(b"criteo_dlrm.")}
-    return stored == source_fingerprint(source)
 
 
 def _describe(rejects: list[Reject], rejects_path: Path) -> str:

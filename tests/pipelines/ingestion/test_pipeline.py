@@ -51,12 +51,24 @@ def test_pipeline_converts_each_day_and_skips_converted_ones(tmp_path):
     assert Path(forced["days"][0]["parquet"]).stat().st_mtime_ns != written
 
 
-def test_a_day_of_the_same_name_from_another_folder_is_converted_again(tmp_path):
+def test_another_raw_folder_gets_its_own_parquet_and_overwrites_nothing(tmp_path):
     write_days(tmp_path / "raw", days=1, rows_per_day=300, seed=0)
-    _run(_params(tmp_path), tmp_path / "raw")
+    first = _run(_params(tmp_path), tmp_path / "raw")["days"][0]
+    converted = Path(first["parquet"]).stat().st_mtime_ns
     write_days(tmp_path / "other", days=1, rows_per_day=200, seed=1)
-    report = _run(_params(tmp_path), tmp_path / "other")
-    assert report["days"][0]["rows"] == 200 and report["days"][0]["seconds"] > 0
+    other = _run(_params(tmp_path), tmp_path / "other")["days"][0]
+    assert other["rows"] == 200 and other["seconds"] > 0
+    assert Path(other["parquet"]).parent != Path(first["parquet"]).parent
+    assert Path(first["parquet"]).parent.name.startswith("raw-") and Path(other["parquet"]).parent.name.startswith(
+        "other-"
+    )
+    assert Path(first["parquet"]).stat().st_mtime_ns == converted, "the first folder's day is untouched"
+    assert other["fingerprint"] != first["fingerprint"]
+    assert other["source"]["path"] == str((tmp_path / "other" / "day_0.gz").resolve())
+
+    again = _run(_params(tmp_path), tmp_path / "raw")["days"][0]
+    assert again["seconds"] == 0.0 and again["parquet"] == first["parquet"], "the same folder is skipped"
+    assert again["fingerprint"] == first["fingerprint"]
 
 
 def test_a_changed_raw_file_is_converted_again(tmp_path):

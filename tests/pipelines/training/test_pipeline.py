@@ -120,3 +120,73 @@ def test_training_on_a_fresh_clone_names_the_commands_to_run_first(project):
     message = str(error.value)
     assert "needs feature_metadata, feature_vocabularies" in message
     assert "Run `kedro run --pipelines=ingestion,metadata` first" in message
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_path, monkeypatch):
+    import copy
+    import dataclasses
+
+    from criteo_dlrm.data.lineage import encoded_lineage
+    from criteo_dlrm.engine.loop import Trainer
+    from criteo_dlrm.pipelines.training.nodes import train_dlrm
+
+    params = training_params(tmp_path, validate_every_steps=5)
+    vocabularies = tiny_features["vocabularies"]
+    original_step = Trainer._train_step
+
+    def killed_at_step_8(self, batch, timings):
+        if self.step == 8:
+            raise _Killed
+        return original_step(self, batch, timings)
+
+    monkeypatch.setattr(Trainer, "_train_step", killed_at_step_8)
+    with pytest.raises(_Killed):
+        train_dlrm(
+            tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r1"
+        )
+    [in_progress] = (tmp_path / "progress").iterdir()
+    monkeypatch.setattr(Trainer, "_train_step", original_step)
+
+    # Other validation days (metadata.validation_days changed): another run, never resumed into.
+    other = copy.deepcopy(tiny_features["metadata"])
+    other["source_days"]["validation"][0].update(day="day_7", fingerprint="f" * 16)
+    validation = dataclasses.replace(
+        tiny_features["validation"],
+        lineage=encoded_lineage(other, vocabularies.version, other["source_days"]["validation"]),
+    )
+    _, summary = train_dlrm(tiny_features["train"], validation, other, vocabularies, params, "r2")
+    assert summary["history"][0]["step"] == 5 and summary["tensorboard_run"].endswith("r2"), "started afresh"
+    assert in_progress.exists(), "the interrupted run's state is kept for its own rerun"
+
+    _, summary = train_dlrm(
+        tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r3"
+    )
+    assert summary["history"][0]["step"] == 5 and not in_progress.exists(), "the same run resumed and finished"
+    assert summary["tensorboard_run"].endswith("r1"), "in the folder it started in"
+
+
+def test_rows_encoded_from_other_days_or_vocabularies_are_refused(tiny_features, tmp_path):
+    import dataclasses
+
+    from criteo_dlrm.data.lineage import LineageError
+    from criteo_dlrm.pipelines.training.nodes import train_dlrm
+
+    stale = dataclasses.replace(
+        tiny_features["train"], lineage={**tiny_features["train"].lineage, "metadata_version": "older"}
+    )
+    with pytest.raises(
+        LineageError,
+        match=r"train_features were encoded with feature_metadata version older on day_0 .*Encode them again: `kedro run --pipelines=training`",
+    ):
+        train_dlrm(
+            stale,
+            tiny_features["validation"],
+            tiny_features["metadata"],
+            tiny_features["vocabularies"],
+            training_params(tmp_path),
+            "r",
+        )

@@ -9,6 +9,7 @@ from loguru import logger
 from matplotlib.figure import Figure
 
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics
@@ -35,6 +36,7 @@ def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, n
     encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
     check_encoder(encoder, trained_with["vocabulary_sha256"], source)
     days = trained_with["source_days"]["validation"]
+    check_days(days, source)  # scores exactly the rows the checkpoint validated on, or refuses
     device = resolve_device(evaluation["device"])
     model = model_from_checkpoint(dlrm_checkpoint)
     labels, probabilities = score_days(
@@ -49,6 +51,7 @@ def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, n
         "run_version": dlrm_checkpoint.get("run_version"),
         "trained_step": dlrm_checkpoint["step"],
         "days": [day["day"] for day in days],
+        "source_days": days,
         "model": scores,
         "prior_baseline": prior,
         "oracle": None,

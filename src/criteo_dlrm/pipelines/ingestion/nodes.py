@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.data.raw import DayReport, convert_day, day_name, made_from
+from criteo_dlrm.data.lineage import day_lineage, made_from
+from criteo_dlrm.data.raw import DayReport, convert_day, day_name, parquet_folder
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
 
 
@@ -29,15 +30,17 @@ def _previous_report(source: Path, destination: Path) -> DayReport | None:
 
 
 def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
-    """Convert every raw day file to Parquet in ``ingestion.output_dir``.
+    """Convert every raw day file to Parquet in the raw folder's own folder under ``ingestion.output_dir``.
 
     A day whose Parquet was made from this very raw file (same path, size and modification time, as
     recorded in the Parquet's metadata) is skipped unless ``ingestion.force``.
 
     Returns:
-        The ingestion report: one entry per day, in day order, with its Parquet path and row counts.
+        The ingestion report: one entry per day, in day order, with its Parquet path, row counts and
+        lineage (the Parquet's fingerprint and the raw file it came from).
     """
-    output_dir = Path(ingestion["output_dir"])
+    raw_dir = Path(raw_day_files[0]).parent
+    output_dir = parquet_folder(ingestion["output_dir"], raw_dir)
     days = []
     for source in map(Path, raw_day_files):
         name = day_name(source)
@@ -52,8 +55,8 @@ def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
             )
         else:
             logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
-        entry = {"day": name, **report.as_dict()}
+        entry = {**report.as_dict(), **day_lineage(name, destination)}
         sidecar = source.with_name(name + SIDECAR_SUFFIX)
         entry["click_probability"] = str(sidecar) if sidecar.exists() else None
         days.append(entry)
-    return {"raw_dir": str(Path(raw_day_files[0]).parent), "days": days}
+    return {"raw_dir": str(raw_dir), "parquet_dir": str(output_dir), "days": days}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from loguru import logger
 
+from criteo_dlrm.data.lineage import check_days, day_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
 from criteo_dlrm.errors import ConfigError
 
@@ -49,13 +50,16 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
     train, validation = split_days(
         ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days")
     )
-    feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], settings)
-    feature_metadata["source_days"] = {
-        "train": [{key: day[key] for key in ("day", "parquet", "rows")} for day in train],
+    check_days(train + validation, "ingestion_report")
+    source_days = {
+        "train": [day_lineage(day["day"], day["parquet"]) for day in train],
         "validation": [
-            {key: day.get(key) for key in ("day", "parquet", "rows", "click_probability")} for day in validation
+            {**day_lineage(day["day"], day["parquet"]), "click_probability": day.get("click_probability")}
+            for day in validation
         ],
     }
+    feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], settings)
+    feature_metadata["source_days"] = source_days
     feature_metadata["parameters"] = {key: metadata.get(key) for key in sorted(metadata)}
     tables = [feature_metadata["sparse"][name]["table_size"] for name in feature_metadata["sparse"]]
     logger.info(

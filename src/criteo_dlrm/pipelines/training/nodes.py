@@ -9,6 +9,7 @@ from loguru import logger
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
+from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies
 from criteo_dlrm.engine.checkpoint import fingerprint, training_checkpoint
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
@@ -28,14 +29,41 @@ def encode_features(
     """The training and validation days, to be encoded with this metadata version's vocabularies.
 
     The encoding itself happens as the catalog stores them (``EncodedArraysDataset`` writes the rows
-    straight to disk), so the days never have to fit in memory.
+    straight to disk, or reuses rows already encoded from the same lineage), so the days never have to
+    fit in memory.
+
+    Raises:
+        LineageError: a day this metadata version counted is gone or has changed (before any work).
     """
-    encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
     days = feature_metadata["source_days"]
-    train = EncodedDays(encoder, [day["parquet"] for day in days["train"]])
-    validation = EncodedDays(encoder, [day["parquet"] for day in days["validation"]])
-    logger.info("encoding {:,} training and {:,} validation rows", len(train), len(validation))
+    check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
+    encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
+    train, validation = (
+        EncodedDays(
+            encoder,
+            [day["parquet"] for day in days[split]],
+            encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
+        )
+        for split in ("train", "validation")
+    )
+    logger.info("{:,} training and {:,} validation rows to encode", len(train), len(validation))
     return train, validation
+
+
+def _check_encoded(features: EncodedArrays, expected: dict, name: str) -> None:
+    """Refuse rows encoded from other days or vocabularies than the metadata this run trains with."""
+
+    def describe(lineage: dict | None) -> str:
+        if lineage is None:
+            return "unrecorded data"
+        days = ", ".join(f"{day['day']} ({day['fingerprint']})" for day in lineage["days"])
+        return f"feature_metadata version {lineage['metadata_version']} on {days}"
+
+    if features.lineage != expected:
+        raise LineageError(
+            f"{name} were encoded with {describe(features.lineage)}, but this run trains with "
+            f"{describe(expected)}. Encode them again: `kedro run --pipelines=training`."
+        )
 
 
 def model_config(training: dict, feature_metadata: dict) -> DLRMConfig:
@@ -94,6 +122,10 @@ def train_dlrm(
         raise ConfigError(
             "Training needs rows in both the training and the validation days (see feature_metadata.source_days)."
         )
+    days = feature_metadata["source_days"]
+    for features, split in ((train_features, "train"), (validation_features, "validation")):
+        expected = encoded_lineage(feature_metadata, feature_vocabularies.version, days[split])
+        _check_encoded(features, expected, f"{split}_features")
     config, settings = model_config(training, feature_metadata), training_settings(training)
     device = resolve_device(training["device"])
     backends = configure_backends(device, training["allow_tf32"], training.get("num_threads"))
@@ -104,7 +136,8 @@ def train_dlrm(
     run_fingerprint = fingerprint(
         {k: v for k, v in training.items() if k not in _NOT_IN_FINGERPRINT},
         feature_metadata["vocabulary_sha256"],
-        len(train_features),
+        train_features.lineage,
+        validation_features.lineage,  # validating on other days is another run, never resumed into
     )
     run_dir = Path(training["tensorboard_dir"]) / run_version
     resume_path = Path(training["in_progress_dir"]) / f"dlrm_{run_fingerprint}.pt" if training["resume"] else None
@@ -150,5 +183,6 @@ def train_dlrm(
         "best_validation": result.best_metrics,
         "history": result.history,
         "metadata_version": feature_vocabularies.version,
+        "source_days": days,
     }
     return checkpoint, summary

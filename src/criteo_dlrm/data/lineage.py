@@ -1,0 +1,136 @@
+"""Which data an artifact was made from, and whether that data is still on disk unchanged.
+
+A day's identity is its Parquet file's fingerprint (a hash of its size and footer: row groups, column
+chunk sizes and statistics, and the raw file it was converted from) together with that raw file's
+path, size and modification time. Reading the footer costs a few kilobytes whatever the day's size,
+so checking every day of a pinned rerun is instant. Metadata, encoded inputs, checkpoints, summaries
+and metrics carry these records; a pinned rerun compares them with the disk before any work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from criteo_dlrm.errors import DataError
+
+_FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
+
+
+class LineageError(DataError):
+    """The data a pinned artifact was made from is gone or has changed."""
+
+
+def parquet_fingerprint(path: str | Path) -> str:
+    """sha256 (first 16 hex digits) of a Parquet file's size and footer."""
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(size - _FOOTER_TAIL)
+        footer_length, magic = struct.unpack("<I4s", handle.read(_FOOTER_TAIL))
+        if magic != b"PAR1" or footer_length + _FOOTER_TAIL > size:
+            raise DataError(f"{path}: not a Parquet file (damaged or truncated).")
+        handle.seek(size - _FOOTER_TAIL - footer_length)
+        footer = handle.read(footer_length)
+    return hashlib.sha256(str(size).encode() + footer).hexdigest()[:16]
+
+
+def source_metadata(source: Path) -> dict[str, str]:
+    """Parquet key-value metadata naming the raw file a day is converted from (path, size, mtime)."""
+    stat = source.stat()
+    return {
+        "criteo_dlrm.source": str(source.resolve()),
+        "criteo_dlrm.source_size": str(stat.st_size),
+        "criteo_dlrm.source_mtime_ns": str(stat.st_mtime_ns),
+    }
+
+
+def raw_source(parquet: str | Path) -> dict | None:
+    """The raw file a Parquet day was converted from, as ingestion recorded it (None for other Parquet)."""
+    metadata = pq.read_schema(parquet).metadata or {}
+    stored = {key.decode(): value.decode() for key, value in metadata.items() if key.startswith(b"criteo_dlrm.")}
+    if "criteo_dlrm.source" not in stored:
+        return None
+    return {
+        "path": stored["criteo_dlrm.source"],
+        "size": int(stored["criteo_dlrm.source_size"]),
+        "mtime_ns": int(stored["criteo_dlrm.source_mtime_ns"]),
+    }
+
+
+def made_from(parquet: Path, source: Path) -> bool:
+    """True when ``parquet`` was converted from ``source`` as it is now (same path, size and mtime)."""
+    try:
+        recorded = raw_source(parquet)
+    except (OSError, ValueError):
+        return False
+    stat = source.stat()
+    return recorded == {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def day_lineage(day: str, parquet: str | Path) -> dict:
+    """``{day, parquet, rows, fingerprint, source}`` of one Parquet day as it is on disk now."""
+    return {
+        "day": day,
+        "parquet": str(parquet),
+        "rows": pq.ParquetFile(parquet).metadata.num_rows,
+        "fingerprint": parquet_fingerprint(parquet),
+        "source": raw_source(parquet),
+    }
+
+
+def encoded_lineage(metadata: dict, metadata_version: str | None, days: list[dict]) -> dict:
+    """What encoded model-input rows depend on: the vocabularies (and their version) and each day's data."""
+    return {
+        "metadata_version": metadata_version,
+        "vocabulary_sha256": metadata["vocabulary_sha256"],
+        "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint")} for day in days],
+    }
+
+
+def _raw_state(source: dict | None) -> str:
+    """'' when the raw file is there as recorded, else what happened to it."""
+    if source is None:
+        return " Its raw file is unknown (the Parquet was not made by ingestion)."
+    path = Path(source["path"])
+    if not path.exists():
+        return f" Its raw file {path} is gone too."
+    stat = path.stat()
+    if (stat.st_size, stat.st_mtime_ns) != (source["size"], source["mtime_ns"]):
+        return f" Its raw file {path} has changed too (size {source['size']:,} -> {stat.st_size:,} bytes)."
+    return ""
+
+
+def check_days(days: list[dict], artifact: str) -> None:
+    """Raise ``LineageError`` unless every recorded day is on disk exactly as ``artifact`` recorded it.
+
+    Args:
+        days: lineage records (``day_lineage``); records without a fingerprint (artifacts made before
+            lineage was recorded) are only checked for existence.
+        artifact: what recorded them, for the message (e.g. ``dlrm_checkpoint version 2026-...``).
+    """
+    problems = []
+    for day in days:
+        parquet = Path(day["parquet"])
+        if not parquet.exists():
+            change = f"{parquet} no longer exists"
+        elif "fingerprint" in day and parquet_fingerprint(parquet) != day["fingerprint"]:
+            rows = pq.ParquetFile(parquet).metadata.num_rows
+            change = f"{parquet} has changed since ({day['rows']:,} rows then, {rows:,} now)"
+        else:
+            continue
+        raw = _raw_state(day.get("source"))
+        if raw:
+            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `kedro run`."
+        else:
+            folder = Path(day["source"]["path"]).parent
+            fix = (
+                f" Restore it from its unchanged raw file with `kedro run --pipelines=ingestion "
+                f"--params=ingestion.raw_dir={folder}`."
+            )
+        problems.append(f"{day['day']}: {change}.{fix}")
+    if problems:
+        raise LineageError(f"{artifact} was made from data that is not on disk any more:\n  " + "\n  ".join(problems))
