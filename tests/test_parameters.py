@@ -21,7 +21,7 @@ def schema():
 
 def test_the_shipped_parameters_are_all_known(schema):
     assert unknown_parameters(schema, schema) == []
-    assert set(schema) == {"ingestion", "metadata", "training", "evaluation"}
+    assert set(schema) == {"ingestion", "metadata", "training", "evaluation", "scoring"}
 
 
 def test_misspelt_names_are_reported_with_the_closest_known_one(schema):

@@ -30,7 +30,7 @@ def _load(project: Path, name: str, version: str) -> dict:
 def test_registry_has_every_pipeline_and_default_runs_them_all():
     bootstrap_project(PROJECT_ROOT)
     pipelines = register_pipelines()
-    assert set(pipelines) == {"__default__", "ingestion", "metadata", "training", "evaluation"}
+    assert set(pipelines) == {"__default__", "ingestion", "metadata", "training", "evaluation", "scoring"}
     default_nodes = {node.name for node in pipelines["__default__"].nodes}
     assert default_nodes == {
         "convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint"

@@ -15,8 +15,9 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-PIPELINES = {"__default__", "ingestion", "metadata", "training", "evaluation"}
+PIPELINES = {"__default__", "ingestion", "metadata", "training", "evaluation", "scoring"}
 NODES = {"convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint"}
+SCORING_NODES = {"score_new_days", "export_model"}
 LAYERS = {
     "raw_day_files": "raw",
     "ingestion_report": "intermediate",
@@ -27,6 +28,7 @@ LAYERS = {
     "validation_metrics": "reporting",
     "roc_curve_plot": "reporting",
 }
+SCORING_LAYERS = {"predictions": "model_output", "scoring_report": "model_output", "dlrm_onnx": "models"}
 
 
 def _free_port() -> int:
@@ -85,8 +87,15 @@ def test_api_lists_every_pipeline_node_dataset_and_layer(viz):
     data = {n["name"]: n for n in main["nodes"] if n["type"] == "data"}
     for name, layer in LAYERS.items():
         assert data[name]["layer"] == layer, name
-    assert main["layers"] == ["raw", "intermediate", "feature", "model_input", "models", "reporting"]
-    assert {t["id"] for t in main["tags"]} >= {"ingestion", "metadata", "training", "evaluation"}
+    default_layers = ["raw", "intermediate", "feature", "model_input", "models", "reporting"]
+    assert [layer for layer in main["layers"] if layer != "model_output"] == default_layers  # scoring adds one
+    scoring = json.loads(_get(f"{viz}/api/pipelines/scoring"))
+    assert {n["name"] for n in scoring["nodes"] if n["type"] == "task"} == SCORING_NODES
+    scoring_data = {n["name"]: n for n in scoring["nodes"] if n["type"] == "data"}
+    for name, layer in SCORING_LAYERS.items():
+        assert scoring_data[name]["layer"] == layer, name
+    assert "model_output" in scoring["layers"]
+    assert {t["id"] for t in main["tags"]} >= {"ingestion", "metadata", "training", "evaluation", "scoring"}
 
 
 def test_api_previews_metadata_and_metrics(viz):

@@ -18,6 +18,9 @@ from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
 RUN_VERSION = "run_version"
 # What the current (or last) run wrote, summarised by ``run_summary`` for ``kedro run`` to print at the end.
 _saved: dict[str, object] = {}
+_SUMMARISED = (
+    "ingestion_report", "feature_metadata", "training_summary", "validation_metrics", "scoring_report", "export_report"
+)  # fmt: skip
 
 
 class _PropagateHandler(logging.Handler):
@@ -124,6 +127,16 @@ def run_summary() -> str:
         lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
         if metrics["oracle"]:
             lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"
+    if report := _saved.get("scoring_report"):
+        line = f"scoring     {report['rows']:,} rows of {report['input_dir']}, mean prediction {report['mean_prediction'] or 0:.4f}"
+        if report["metrics"]:
+            line += f", AUC {report['metrics']['auc']:.4f}"
+        lines.append(line)
+    if export := _saved.get("export_report"):
+        lines.append(
+            f"export      ONNX {export['onnx_bytes'] / 1e6:.1f} MB (onnxruntime max |difference| "
+            f"{export['onnx_check']['max_abs_difference']:.1e}), torch.export {export['exported_program_bytes'] / 1e6:.1f} MB"
+        )
     if not lines:
         return ""
     version = _saved.get(RUN_VERSION)
@@ -151,7 +164,7 @@ class ProjectHooks:
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data) -> None:
-        if dataset_name in ("ingestion_report", "feature_metadata", "training_summary", "validation_metrics"):
+        if dataset_name in _SUMMARISED:
             _saved[dataset_name] = data
 
     @hook_impl

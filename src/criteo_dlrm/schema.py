@@ -6,6 +6,8 @@ the seed project's column names so its files load too.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pyarrow as pa
 
 from criteo_dlrm.errors import DataError
@@ -18,6 +20,8 @@ LABEL_COLUMN = "labels"
 DENSE_COLUMNS = [f"DENSE_{i}" for i in range(NUM_DENSE)]
 SPARSE_COLUMNS = [f"SPARSE_{i}" for i in range(NUM_SPARSE)]
 COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
+FEATURE_COLUMNS = [*DENSE_COLUMNS, *SPARSE_COLUMNS]
+LINE_COLUMN = "line"
 
 # Missing values are nulls in our Parquet. The seed's Parquet used 0 for dense and -1 for sparse;
 # SEED_SPARSE_MISSING is read as missing too so those files still load.
@@ -30,12 +34,34 @@ PARQUET_SCHEMA = pa.schema(
 )
 
 
-def check_parquet_schema(schema: pa.Schema, source: str) -> None:
+@dataclass(frozen=True)
+class RawLayout:
+    """What a raw day file holds, and what its Parquet keeps.
+
+    Training days are labelled (40 fields); Criteo's test files have no label (39 fields). Scoring keeps
+    each row's line number in the raw file, so a prediction can be joined back to its input line.
+    """
+
+    labelled: bool = True
+    line_numbers: bool = False
+
+    @property
+    def raw_columns(self) -> list[str]:
+        return COLUMNS if self.labelled else FEATURE_COLUMNS
+
+    @property
+    def parquet_schema(self) -> pa.Schema:
+        schema = PARQUET_SCHEMA if self.labelled else PARQUET_SCHEMA.remove(0)
+        return schema.append(pa.field(LINE_COLUMN, pa.int64(), nullable=False)) if self.line_numbers else schema
+
+
+def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) -> None:
     """Raise ``DataError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
 
     Integer widths may differ (the seed wrote int32/float columns); anything non-numeric is refused.
     """
-    missing = [name for name in COLUMNS if name not in schema.names]
+    expected = COLUMNS if labelled else FEATURE_COLUMNS
+    missing = [name for name in expected if name not in schema.names]
     if missing:
         raise DataError(
             f"{source}: not a Criteo day in ingestion's layout: missing columns {missing[:5]}"
@@ -44,7 +70,7 @@ def check_parquet_schema(schema: pa.Schema, source: str) -> None:
         )
     bad = [
         f"{name}: {schema.field(name).type}"
-        for name in COLUMNS
+        for name in expected
         if not (pa.types.is_integer(schema.field(name).type) or pa.types.is_floating(schema.field(name).type))
     ]
     if bad:

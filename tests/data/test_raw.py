@@ -213,7 +213,7 @@ def test_stopping_early_stops_the_reader_thread(tmp_path):
     source.write_text("\n".join(_good_line(seed) for seed in range(3000)) + "\n")
     before = threading.active_count()
     with pa.OSFile(str(source), "rb") as stream:
-        batches = _read_ahead(_csv_reader(stream, 16 << 10, _LineTracker()))
+        batches = _read_ahead(_csv_reader(stream, 16 << 10, _LineTracker(), COLUMNS))
         next(batches)
         batches.close()  # the consumer gives up after one batch, as on a parse error
     assert threading.active_count() == before
@@ -291,3 +291,29 @@ def test_two_files_for_one_day_are_refused(tmp_path, names):
     first, second = sorted(names)
     with pytest.raises(IngestionError, match=rf"{first} and {second} are both {first.split('.')[0]}"):
         find_day_files(tmp_path)
+
+
+def test_unlabelled_rows_keep_their_line_numbers_past_bad_lines(tmp_path):
+    from criteo_dlrm.data.raw import is_labelled
+    from criteo_dlrm.schema import FEATURE_COLUMNS, RawLayout
+
+    lines = [_good_line(seed).split("\t", 1)[1] for seed in range(2000)]  # 39 fields: no label
+    for number in (3, 1200):
+        lines[number - 1] = "\t".join(lines[number - 1].split("\t")[:20])
+    source = tmp_path / "test_day"
+    source.write_text("\n".join(lines) + "\n")
+    assert not is_labelled(source) and is_labelled(_write_labelled(tmp_path))
+    layout = RawLayout(labelled=False, line_numbers=True)
+    report = convert_day(source, tmp_path / "t.parquet", max_reject_fraction=0.01, block_size=16 << 10, layout=layout)
+    table = pq.read_table(report.parquet)
+    assert table.schema.names == [*FEATURE_COLUMNS, "line"]
+    expected_lines = [n for n in range(1, 2001) if n not in (3, 1200)]
+    assert table.column("line").to_pylist() == expected_lines
+    expected = [naive_parse_line("0\t" + lines[n - 1])[1:] for n in expected_lines]
+    assert list(zip(*(table.column(name).to_pylist() for name in FEATURE_COLUMNS), strict=True)) == expected
+
+
+def _write_labelled(tmp_path):
+    path = tmp_path / "labelled_day"
+    path.write_text(_good_line(1) + "\n")
+    return path

@@ -15,8 +15,10 @@ def test_auto_picks_cuda_only_when_present():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
 def test_asking_for_cuda_without_it_is_a_clear_error():
-    with pytest.raises(ConfigError, match="no usable CUDA device.*training.device=auto"):
-        resolve_device("cuda")
+    with pytest.raises(
+        ConfigError, match="evaluation.device is 'cuda' but .*no usable CUDA device.*evaluation.device=auto"
+    ):
+        resolve_device("cuda", "evaluation.device")
     with pytest.raises(ConfigError, match="no usable CUDA"):
         resolve_device("cuda:1")
 

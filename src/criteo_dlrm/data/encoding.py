@@ -23,13 +23,13 @@ from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARS
 class EncodedArrays:
     """Model inputs for N rows."""
 
-    labels: np.ndarray  # (N,) float32, 0 or 1
+    labels: np.ndarray | None  # (N,) float32, 0 or 1; None for unlabelled rows (scoring)
     dense: np.ndarray  # (N, 13) float32, standardised log1p counts
     sparse: np.ndarray  # (N, 26) int32 table indices, 0 = missing or out of vocabulary
     lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.dense)
 
 
 @dataclass
@@ -121,7 +121,8 @@ class FeatureEncoder:
         sparse = np.empty((rows, NUM_SPARSE), dtype=np.int32, order="F")
         for i, name in enumerate(SPARSE_COLUMNS):
             sparse[:, i] = self.encode_sparse_column(i, sparse_values(batch.column(name)))
-        labels = np.asarray(batch.column(LABEL_COLUMN)).astype(np.float32)
+        labelled = LABEL_COLUMN in batch.schema.names
+        labels = np.asarray(batch.column(LABEL_COLUMN)).astype(np.float32) if labelled else None
         dense = self.encode_dense(dense, missing)
         if contiguous:
             dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from criteo_dlrm.errors import DataError
-from criteo_dlrm.schema import COLUMNS, SEED_SPARSE_MISSING, check_parquet_schema
+from criteo_dlrm.schema import COLUMNS, LABEL_COLUMN, SEED_SPARSE_MISSING, check_parquet_schema
 
 BATCH_ROWS = 1 << 18
 
@@ -20,12 +20,15 @@ class MissingDataError(DataError, FileNotFoundError):
     """A Parquet day that an earlier run wrote is gone."""
 
 
-def open_day(path: str | Path) -> pq.ParquetFile:
-    """Open one day's Parquet after checking it has the Criteo columns (``DataError`` naming the file if not)."""
+def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
+    """Open one day's Parquet after checking it has the Criteo columns (``DataError`` naming the file if not).
+
+    ``labelled=False`` accepts days without the label column (scoring's input).
+    """
     if not Path(path).exists():
         raise MissingDataError(f"{path}: Parquet day not found. Run `kedro run --pipelines=ingestion` first.")
     day = pq.ParquetFile(path)
-    check_parquet_schema(day.schema_arrow, str(path))
+    check_parquet_schema(day.schema_arrow, str(path), labelled)
     return day
 
 
@@ -47,8 +50,10 @@ def dense_values(column: pa.Array, dtype: type = np.float64) -> tuple[np.ndarray
 def iter_batches(paths: Sequence[str | Path], columns: Sequence[str] = COLUMNS) -> Iterator[pa.RecordBatch]:
     """Stream the given days as record batches of at most ``BATCH_ROWS`` rows."""
     for path in paths:
-        yield from open_day(path).iter_batches(batch_size=BATCH_ROWS, columns=list(columns))
+        yield from open_day(path, labelled=LABEL_COLUMN in columns).iter_batches(
+            batch_size=BATCH_ROWS, columns=list(columns)
+        )
 
 
 def count_rows(paths: Sequence[str | Path]) -> int:
-    return sum(open_day(path).metadata.num_rows for path in paths)
+    return sum(open_day(path, labelled=False).metadata.num_rows for path in paths)

@@ -26,20 +26,21 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.data.lineage import source_metadata
+from criteo_dlrm.data.lineage import made_from, source_metadata
 from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import (
-    COLUMNS,
     DENSE_COLUMNS,
     LABEL_COLUMN,
-    PARQUET_SCHEMA,
+    NUM_RAW_FIELDS,
     SPARSE_COLUMNS,
+    RawLayout,
 )
 
 _DAY_FILE = re.compile(r"^(day_\d+|[A-Za-z0-9_.-]+\.(txt|tsv))(\.gz)?$")
 _DECIMAL = r"^-?[0-9]+$"
 _ROW_GROUP_ROWS = 1 << 18
+TRAINING_LAYOUT = RawLayout()  # labelled, no line numbers
 _MAX_REPORTED = 5
 
 
@@ -236,23 +237,26 @@ def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, 
     """Validate and type one block of raw string columns.
 
     Args:
-        batch: the 40 raw columns as binary (or string), named as ``schema.COLUMNS``.
+        batch: the 40 raw columns (or 39 without the label) as binary or string, named as in ``schema``.
 
     Returns:
-        ``(typed, bad)``: the valid rows typed as ``schema.PARQUET_SCHEMA`` and, for every other row,
-        ``(row index in batch, reason, raw text)``.
+        ``(typed, bad)``: the valid rows typed as ``RawLayout(labelled).parquet_schema`` and, for every other
+        row, ``(row index in batch, reason, raw text)``.
     """
     count = batch.num_rows
     reasons: dict[int, str] = {}
-
-    labels = batch.column(LABEL_COLUMN)
-    is_one = pc.fill_null(pc.equal(labels, pa.scalar(b"1", labels.type)), False).to_numpy(zero_copy_only=False)
-    is_zero = pc.fill_null(pc.equal(labels, pa.scalar(b"0", labels.type)), False).to_numpy(zero_copy_only=False)
-    for row in np.flatnonzero(~(is_one | is_zero)):
-        label = labels[row].as_py()
-        reasons.setdefault(int(row), f"label {_text(label)!r} is not 0 or 1" if label is not None else "label is empty")
-
-    arrays: list[pa.Array] = [pa.array(is_one.astype(np.int8))]
+    labelled = LABEL_COLUMN in batch.schema.names
+    arrays: list[pa.Array] = []
+    if labelled:
+        labels = batch.column(LABEL_COLUMN)
+        is_one = pc.fill_null(pc.equal(labels, pa.scalar(b"1", labels.type)), False).to_numpy(zero_copy_only=False)
+        is_zero = pc.fill_null(pc.equal(labels, pa.scalar(b"0", labels.type)), False).to_numpy(zero_copy_only=False)
+        for row in np.flatnonzero(~(is_one | is_zero)):
+            label = labels[row].as_py()
+            reasons.setdefault(
+                int(row), f"label {_text(label)!r} is not 0 or 1" if label is not None else "label is empty"
+            )
+        arrays.append(pa.array(is_one.astype(np.int8)))
     for name in DENSE_COLUMNS:
         column = batch.column(name)
         parsed, bad = parse_integers(column)
@@ -266,7 +270,7 @@ def parse_batch(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[int, 
             reasons.setdefault(int(row), f"{name} {_text(column[row].as_py())!r} is not 1-8 hex digits")
         arrays.append(pa.array(parsed, mask=column.is_null().to_numpy(zero_copy_only=False)))
 
-    typed = pa.RecordBatch.from_arrays(arrays, schema=PARQUET_SCHEMA)
+    typed = pa.RecordBatch.from_arrays(arrays, schema=RawLayout(labelled).parquet_schema)
     if not reasons:
         return typed, []
     keep = np.ones(count, dtype=bool)
@@ -388,12 +392,14 @@ class _WriteBehind:
         self._join()
 
 
-def _csv_reader(stream: pa.NativeFile, block_size: int, tracker: _LineTracker) -> pa_csv.CSVStreamingReader:
-    """All 40 fields as bytes: parsed from their bytes, so a byte that is not UTF-8 rejects its line only."""
-    column_types = dict.fromkeys(COLUMNS, pa.binary())
+def _csv_reader(
+    stream: pa.NativeFile, block_size: int, tracker: _LineTracker, columns: list[str]
+) -> pa_csv.CSVStreamingReader:
+    """All fields as bytes: parsed from their bytes, so a byte that is not UTF-8 rejects its line only."""
+    column_types = dict.fromkeys(columns, pa.binary())
     return pa_csv.open_csv(
         stream,
-        read_options=pa_csv.ReadOptions(column_names=COLUMNS, block_size=block_size, use_threads=False),
+        read_options=pa_csv.ReadOptions(column_names=columns, block_size=block_size, use_threads=False),
         parse_options=pa_csv.ParseOptions(
             delimiter="\t", quote_char=False, ignore_empty_lines=False, invalid_row_handler=tracker.handle
         ),
@@ -401,7 +407,9 @@ def _csv_reader(stream: pa.NativeFile, block_size: int, tracker: _LineTracker) -
     )
 
 
-def _stream_day(source: Path, partial: Path, block_size: int, progress: bool | None) -> tuple[int, list[Reject]]:
+def _stream_day(
+    source: Path, partial: Path, block_size: int, progress: bool | None, layout: RawLayout
+) -> tuple[int, list[Reject]]:
     """Parse ``source`` block by block into the Parquet file ``partial``; returns (rows written, rejects)."""
     tracker = _LineTracker()
     rejects: list[Reject] = []
@@ -410,16 +418,21 @@ def _stream_day(source: Path, partial: Path, block_size: int, progress: bool | N
     raw, stream = _open(source)
     bar = progress_bar(source.stat().st_size, source.name, "B", progress)
     try:
-        with pq.ParquetWriter(partial, PARQUET_SCHEMA.with_metadata(source_metadata(source))) as parquet:
+        with pq.ParquetWriter(partial, layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
             writer = _WriteBehind(parquet)
             try:
-                for batch in _read_ahead(_csv_reader(stream, block_size, tracker)):
+                for batch in _read_ahead(_csv_reader(stream, block_size, tracker, layout.raw_columns)):
                     typed, bad = parse_batch(batch)
+                    bad_rows = np.array([row for row, _, _ in bad], dtype=np.int64)
                     if bad:
-                        lines = tracker.lines(rows_seen, np.array([row for row, _, _ in bad], dtype=np.int64))
+                        lines = tracker.lines(rows_seen, bad_rows)
                         rejects += [
                             Reject(int(line), why, text) for line, (_, why, text) in zip(lines, bad, strict=True)
                         ]
+                    if layout.line_numbers:
+                        kept = np.setdiff1d(np.arange(batch.num_rows), bad_rows, assume_unique=True)
+                        lines = pa.array(tracker.lines(rows_seen, kept))
+                        typed = pa.RecordBatch.from_arrays([*typed.columns, lines], schema=layout.parquet_schema)
                     rows_seen += batch.num_rows
                     rows += typed.num_rows
                     pending.append(typed)
@@ -470,6 +483,7 @@ def convert_day(
     max_reject_fraction: float = 0.0,
     block_size: int = 4 << 20,
     progress: bool | None = None,
+    layout: RawLayout = TRAINING_LAYOUT,
 ) -> DayReport:
     """Convert one raw day file into one Parquet file, streaming.
 
@@ -482,6 +496,7 @@ def convert_day(
         max_reject_fraction: share of bad lines tolerated; above it the conversion fails.
         block_size: bytes of decompressed text parsed at a time.
         progress: show a progress bar (None: only on a terminal).
+        layout: labelled (the default) or not, line numbers kept or not (see ``is_labelled``).
 
     Raises:
         IngestionError: too many bad lines, or no row at all; the message names the file, the count
@@ -493,7 +508,7 @@ def convert_day(
     rejects_path.unlink(missing_ok=True)
     partial = destination.with_name(destination.name + ".partial")
     try:
-        rows, rejects = _stream_day(source, partial, block_size, progress)
+        rows, rejects = _stream_day(source, partial, block_size, progress, layout)
         if rejects:
             _write_rejects(rejects_path, source, rejects)
         _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
@@ -520,6 +535,50 @@ def convert_day(
         rows / max(report.seconds, 1e-9),
     )
     return report
+
+
+def convert_or_reuse(
+    source: Path,
+    destination: Path,
+    *,
+    force: bool = False,
+    layout: RawLayout = TRAINING_LAYOUT,
+    **options,
+) -> DayReport:
+    """``convert_day``, unless ``destination`` was already made from ``source`` as it is now, in ``layout``.
+
+    ``options`` go to ``convert_day`` (``max_reject_fraction``, ``block_size``, ``progress``).
+    """
+    if not force and _still_valid(destination, source, layout):
+        rejects = destination.with_name(destination.name.removesuffix(".parquet") + ".rejects.tsv")
+        report = DayReport(
+            source=str(source),
+            parquet=str(destination),
+            rows=pq.ParquetFile(destination).metadata.num_rows,
+            rejected=sum(1 for _ in rejects.open()) - 1 if rejects.exists() else 0,
+            rejects_file=str(rejects) if rejects.exists() else None,
+            input_bytes=source.stat().st_size,
+            seconds=0.0,
+        )
+        logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
+        return report
+    return convert_day(source, destination, layout=layout, **options)
+
+
+def _still_valid(destination: Path, source: Path, layout: RawLayout) -> bool:
+    if not destination.exists() or not made_from(destination, source):
+        return False
+    return pq.read_schema(destination).names == layout.parquet_schema.names
+
+
+def is_labelled(source: Path) -> bool:
+    """Whether a raw day file has labels: its first line has 40 fields (39: Criteo's unlabelled test files)."""
+    with _open(source)[1] as stream:
+        first = stream.read(1 << 16).split(b"\n", 1)[0]
+    fields = first.rstrip(b"\r").count(b"\t") + 1
+    if fields not in (NUM_RAW_FIELDS, NUM_RAW_FIELDS - 1):
+        return True  # the line is bad either way; it is rejected with its field count
+    return fields == NUM_RAW_FIELDS
 
 
 def _describe(rejects: list[Reject], rejects_path: Path) -> str:

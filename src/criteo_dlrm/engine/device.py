@@ -12,8 +12,10 @@ from criteo_dlrm.errors import ConfigError
 PRECISIONS = ("fp32", "bf16")
 
 
-def resolve_device(name: str = "auto") -> torch.device:
+def resolve_device(name: str = "auto", parameter: str = "device") -> torch.device:
     """``auto`` -> CUDA when present, else CPU; ``cpu``, ``cuda``, ``cuda:N`` force it.
+
+    ``parameter`` is the setting's name as the user wrote it (``training.device``), for the messages.
 
     Raises:
         ConfigError: CUDA asked for where there is none (or not that many GPUs).
@@ -23,17 +25,17 @@ def resolve_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise ConfigError(f"training.device {name!r} is not a device: use auto, cpu, cuda or cuda:N") from error
+        raise ConfigError(f"{parameter} {name!r} is not a device: use auto, cpu, cuda or cuda:N") from error
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"training.device is {name!r} but this machine has no usable CUDA device "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use --params=training.device=auto or cpu."
+                f"{parameter} is {name!r} but this machine has no usable CUDA device "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use --params={parameter}=auto or cpu."
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"training.device is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist.")
+            raise ConfigError(f"{parameter} is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist.")
     elif device.type != "cpu":
-        raise ConfigError(f"training.device {name!r} is not supported: use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"{parameter} {name!r} is not supported: use auto, cpu, cuda or cuda:N")
     return device
 
 
@@ -52,7 +54,7 @@ def configure_backends(device: torch.device, allow_tf32: bool, num_threads: int 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on ``device`` when ``precision`` is ``bf16``; a no-op for ``fp32``."""
     if precision not in PRECISIONS:
-        raise ConfigError(f"training.precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

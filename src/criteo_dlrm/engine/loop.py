@@ -24,6 +24,7 @@ from criteo_dlrm.engine.checkpoint import load_checkpoint, remove_stale_partials
 from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import ProfilerSettings, profiler
+from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
 from criteo_dlrm.errors import ConfigError, UserError
 from criteo_dlrm.models.dlrm import DLRM
@@ -130,10 +131,7 @@ def predict(
     outputs = []
     with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
         for batch in loader.batches():
-            batch = batch.to(device, non_blocking=True)
-            with autocast(device, precision):
-                logits = model(batch.dense, batch.sparse)
-            outputs.append(torch.sigmoid(logits.float()).cpu())
+            outputs.append(probabilities(model, batch.dense, batch.sparse, device, precision))
             bar.update(len(batch))
     return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)
 

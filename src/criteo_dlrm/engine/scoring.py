@@ -1,21 +1,31 @@
-"""Scoring typed Parquet days with a trained model and its own encoder, in bounded memory."""
+"""Scoring with a trained model and its own encoder: one home for turning rows into click probabilities.
+
+``probabilities`` is the only place a model's logits become probabilities; training's validation,
+evaluation (``score_days``) and batch scoring (``write_predictions``, streaming to Parquet) all call it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
-from criteo_dlrm.data.batches import Batch
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
-from criteo_dlrm.data.parquet import count_rows, iter_batches
+from criteo_dlrm.data.parquet import count_rows, iter_batches, open_day
 from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
-from criteo_dlrm.schema import SPARSE_COLUMNS
+from criteo_dlrm.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
+
+PREDICTION_COLUMN = "click_probability"
+# Rows per forward pass when scoring. On the CPU a DLRM scores about 2.5x faster in slices of a few thousand
+# rows than in whole Parquet batches (262,144 rows), whose (B, 27, 27) products no longer fit in cache.
+MODEL_BATCH_ROWS = 4096
 
 
 class VocabularyMismatchError(DataError):
@@ -36,6 +46,41 @@ def check_encoder(encoder: FeatureEncoder, expected_sha256: str, source: str) ->
 
 
 @torch.no_grad()
+def probabilities(
+    model: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor, device: torch.device, precision: str = "fp32"
+) -> torch.Tensor:
+    """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 click probabilities on the CPU."""
+    dense, sparse = dense.to(device, non_blocking=True), sparse.to(device, non_blocking=True)
+    with autocast(device, precision):
+        logits = model(dense, sparse)
+    return torch.sigmoid(logits.float()).cpu()
+
+
+def score_batches(
+    model: torch.nn.Module,
+    encoder: FeatureEncoder,
+    batches: Iterable[pa.RecordBatch],
+    device: torch.device,
+    precision: str = "fp32",
+) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Encode and score typed record batches one at a time: yields ``(batch, probabilities float32 (N,))``."""
+    model = model.to(device).eval()
+    for record_batch in batches:
+        encoded = encoder.encode_batch(record_batch)
+        dense, sparse = torch.from_numpy(encoded.dense), torch.from_numpy(encoded.sparse.astype(np.int64))
+        scores = [
+            probabilities(
+                model,
+                dense[begin : begin + MODEL_BATCH_ROWS],
+                sparse[begin : begin + MODEL_BATCH_ROWS],
+                device,
+                precision,
+            )
+            for begin in range(0, len(dense), MODEL_BATCH_ROWS)
+        ]
+        yield record_batch, (torch.cat(scores) if scores else torch.zeros(0)).numpy()
+
+
 def score_days(
     model: torch.nn.Module,
     encoder: FeatureEncoder,
@@ -44,26 +89,76 @@ def score_days(
     precision: str = "fp32",
     progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Encode and score each Parquet batch in turn.
-
-    Only the labels and predictions (5 bytes per row) are kept, so memory grows by that much and no more.
+    """Score labelled Parquet days, keeping only labels and predictions (5 bytes per row).
 
     Returns:
         ``(labels int8 (N,), click probabilities float32 (N,))`` in file order.
     """
-    model = model.to(device).eval()
     labels, predictions = [], []
     with progress_bar(count_rows(paths), "scoring", "rows", progress) as bar:
-        for record_batch in iter_batches(paths):
-            encoded = encoder.encode_batch(record_batch)
-            batch = Batch(
-                torch.from_numpy(encoded.labels),
-                torch.from_numpy(encoded.dense),
-                torch.from_numpy(encoded.sparse.astype(np.int64)),
-            ).to(device, non_blocking=True)
-            with autocast(device, precision):
-                logits = model(batch.dense, batch.sparse)
-            predictions.append(torch.sigmoid(logits.float()).cpu().numpy())
-            labels.append(encoded.labels.astype(np.int8))
-            bar.update(len(encoded))
+        for batch, scores in score_batches(model, encoder, iter_batches(paths), device, precision):
+            predictions.append(scores)
+            labels.append(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int8))
+            bar.update(len(scores))
     return np.concatenate(labels), np.concatenate(predictions)
+
+
+PREDICTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("day", pa.string(), nullable=False),
+        # The row's line in its raw file (1-based), or its position in a Parquet day given as input (0-based).
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field(PREDICTION_COLUMN, pa.float32(), nullable=False),
+        pa.field("label", pa.int8()),  # null where the input had no label
+    ]
+)
+
+
+def write_predictions(
+    model: torch.nn.Module,
+    encoder: FeatureEncoder,
+    days: Sequence[tuple[str, str | Path]],
+    destination: str | Path,
+    device: torch.device,
+    precision: str = "fp32",
+    progress: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Score Parquet days (labelled or not) into one Parquet file of ``PREDICTIONS_SCHEMA``, streaming.
+
+    Memory holds one batch, plus 5 bytes per row for the metrics when every day is labelled.
+
+    Returns:
+        ``(probabilities float32 (N,), labels int8 (N,) or None when a day had no label)``.
+    """
+    scores, labels, labelled = [], [], True
+    with (
+        pq.ParquetWriter(destination, PREDICTIONS_SCHEMA) as writer,
+        progress_bar(count_rows([path for _, path in days]), "scoring", "rows", progress) as bar,
+    ):
+        for day, path in days:
+            names = open_day(path, labelled=False).schema_arrow.names
+            columns = [*FEATURE_COLUMNS, *(name for name in (LABEL_COLUMN, LINE_COLUMN) if name in names)]
+            position = 0
+            for batch, batch_scores in score_batches(model, encoder, iter_batches([path], columns), device, precision):
+                rows = len(batch_scores)
+                if LINE_COLUMN in names:
+                    row_ids = batch.column(LINE_COLUMN)
+                else:
+                    row_ids = pa.array(np.arange(position, position + rows))
+                label = (
+                    batch.column(LABEL_COLUMN).cast(pa.int8()) if LABEL_COLUMN in names else pa.nulls(rows, pa.int8())
+                )
+                writer.write_batch(
+                    pa.RecordBatch.from_arrays(
+                        [pa.array([day] * rows, pa.string()), row_ids, pa.array(batch_scores), label],
+                        schema=PREDICTIONS_SCHEMA,
+                    )
+                )
+                scores.append(batch_scores)
+                labelled = labelled and LABEL_COLUMN in names
+                if labelled:
+                    labels.append(label.to_numpy(zero_copy_only=False))
+                position += rows
+                bar.update(rows)
+    all_scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
+    return all_scores, (np.concatenate(labels) if labelled and labels else None)

@@ -37,7 +37,7 @@ def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, n
     check_encoder(encoder, trained_with["vocabulary_sha256"], source)
     days = trained_with["source_days"]["validation"]
     check_days(days, source)  # scores exactly the rows the checkpoint validated on, or refuses
-    device = resolve_device(evaluation["device"])
+    device = resolve_device(evaluation["device"], "evaluation.device")
     model = model_from_checkpoint(dlrm_checkpoint)
     labels, probabilities = score_days(
         model, encoder, [day["parquet"] for day in days], device, evaluation["precision"]

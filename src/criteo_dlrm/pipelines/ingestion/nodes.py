@@ -4,29 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from loguru import logger
-
-from criteo_dlrm.data.lineage import day_lineage, made_from
-from criteo_dlrm.data.raw import DayReport, convert_day, day_name, parquet_folder
+from criteo_dlrm.data.lineage import day_lineage
+from criteo_dlrm.data.raw import convert_or_reuse, day_name, parquet_folder
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
-
-
-def _previous_report(source: Path, destination: Path) -> DayReport | None:
-    """The report of an earlier conversion still valid for ``source``, or None."""
-    if not destination.exists() or not made_from(destination, source):
-        return None
-    rejects = destination.with_name(destination.stem + ".rejects.tsv")
-    rejected = sum(1 for _ in rejects.open()) - 1 if rejects.exists() else 0
-    return DayReport(
-        source=str(source),
-        parquet=str(destination),
-        rows=pq.ParquetFile(destination).metadata.num_rows,
-        rejected=rejected,
-        rejects_file=str(rejects) if rejects.exists() else None,
-        input_bytes=source.stat().st_size,
-        seconds=0.0,
-    )
 
 
 def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
@@ -45,16 +25,13 @@ def convert_raw_days(raw_day_files: list[str], ingestion: dict) -> dict:
     for source in map(Path, raw_day_files):
         name = day_name(source)
         destination = output_dir / f"{name}.parquet"
-        report = None if ingestion.get("force") else _previous_report(source, destination)
-        if report is None:
-            report = convert_day(
-                source,
-                destination,
-                max_reject_fraction=float(ingestion["max_reject_fraction"]),
-                block_size=int(ingestion["block_size_mb"] * (1 << 20)),
-            )
-        else:
-            logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
+        report = convert_or_reuse(
+            source,
+            destination,
+            force=bool(ingestion.get("force")),
+            max_reject_fraction=float(ingestion["max_reject_fraction"]),
+            block_size=int(ingestion["block_size_mb"] * (1 << 20)),
+        )
         entry = {**report.as_dict(), **day_lineage(name, destination)}
         sidecar = source.with_name(name + SIDECAR_SUFFIX)
         entry["click_probability"] = str(sidecar) if sidecar.exists() else None

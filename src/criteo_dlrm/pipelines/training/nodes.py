@@ -127,7 +127,7 @@ def train_dlrm(
         expected = encoded_lineage(feature_metadata, feature_vocabularies.version, days[split])
         _check_encoded(features, expected, f"{split}_features")
     config, settings = model_config(training, feature_metadata), training_settings(training)
-    device = resolve_device(training["device"])
+    device = resolve_device(training["device"], "training.device")
     backends = configure_backends(device, training["allow_tf32"], training.get("num_threads"))
     torch.manual_seed(settings.seed)
     model = DLRM(config, sparse_gradients=settings.sparse_gradients).to(device)

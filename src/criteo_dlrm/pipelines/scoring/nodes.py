@@ -1,0 +1,124 @@
+"""Scoring nodes: thin adapters over ``criteo_dlrm.data.raw`` and ``criteo_dlrm.engine`` (scoring, export)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from loguru import logger
+
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.lineage import day_lineage
+from criteo_dlrm.data.raw import (
+    IngestionError,
+    convert_or_reuse,
+    day_name,
+    find_day_files,
+    is_labelled,
+    parquet_folder,
+)
+from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.export import ENCODER_FORMAT, check_onnx, export_onnx, export_program, serving_encoder
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.scoring import check_encoder, write_predictions
+from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.schema import RawLayout
+
+
+def input_days(scoring: dict) -> list[dict]:
+    """The days of ``scoring.input_dir`` as Parquet with lineage: raw day files (labelled or not) are
+    converted with ingestion's rules, keeping line numbers, into their own folder under
+    ``scoring.parquet_dir``; a folder of ``*.parquet`` days is used as it is."""
+    folder = Path(scoring["input_dir"])
+    try:
+        sources = find_day_files(folder)
+    except IngestionError:
+        parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+        if not parquet:
+            raise
+        return [day_lineage(path.stem, path) for path in parquet]
+    output = parquet_folder(scoring["parquet_dir"], folder)
+    days = []
+    for source in sources:
+        destination = output / f"{day_name(source)}.parquet"
+        convert_or_reuse(
+            source,
+            destination,
+            layout=RawLayout(labelled=is_labelled(source), line_numbers=True),
+            max_reject_fraction=float(scoring["max_reject_fraction"]),
+            block_size=int(scoring["block_size_mb"] * (1 << 20)),
+        )
+        days.append(day_lineage(day_name(source), destination))
+    return days
+
+
+def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
+    """Click probabilities for every row of ``scoring.input_dir``, with the checkpoint's own encoder.
+
+    Returns:
+        ``(predictions, scoring_report)``: a Parquet file (day, row: line in the raw file or position in
+        a Parquet day, click_probability, label or null) that the catalog moves into its versioned place,
+        and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
+    """
+    if not scoring.get("input_dir"):
+        raise ConfigError(
+            "scoring.input_dir is not set: kedro run --pipelines=scoring --params=scoring.input_dir=/path"
+        )
+    source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
+    encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
+    check_encoder(encoder, dlrm_checkpoint["metadata"]["vocabulary_sha256"], source)
+    days = input_days(scoring)
+    staged = Path(tempfile.mkdtemp(prefix="criteo-dlrm-scoring-")) / "predictions.parquet"
+    scores, labels = write_predictions(
+        model_from_checkpoint(dlrm_checkpoint),
+        encoder,
+        [(day["day"], day["parquet"]) for day in days],
+        staged,
+        resolve_device(scoring["device"], "scoring.device"),
+        scoring["precision"],
+    )
+    report = {
+        "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
+        "metadata_version": dlrm_checkpoint["metadata"]["version"],
+        "input_dir": str(scoring["input_dir"]),
+        "rows": int(len(scores)),
+        "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
+        "labelled": labels is not None,
+        "metrics": binary_metrics(labels, scores) if labels is not None and len(scores) else None,
+        "source_days": days,
+    }
+    logger.info(
+        "{}: scored {:,} rows of {} (mean prediction {:.4f}){}",
+        source, report["rows"], [day["day"] for day in days], report["mean_prediction"] or 0.0,
+        f"; AUC {report['metrics']['auc']:.4f}, log loss {report['metrics']['log_loss']:.5f}" if report["metrics"] else "",
+    )  # fmt: skip
+    return staged, report
+
+
+def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | None, bytes, dict]:
+    """ONNX (checked against PyTorch with onnxruntime), ``torch.export`` and the serving encoder.
+
+    Returns:
+        ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
+    """
+    model = model_from_checkpoint(dlrm_checkpoint)
+    encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
+    sizes = model.config.table_sizes
+    onnx_model = export_onnx(model, sizes)
+    check = check_onnx(
+        onnx_model, model, sizes, int(scoring["export"]["check_rows"]), float(scoring["export"]["tolerance"])
+    )
+    program = export_program(model, sizes)
+    report = {
+        "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
+        "metadata_version": dlrm_checkpoint["metadata"]["version"],
+        "inputs": {"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
+        "output": {"probability": "(batch,) float32"},
+        "onnx_check": check,
+        "onnx_bytes": len(onnx_model),
+        "exported_program_bytes": len(program),
+        "encoder_format": ENCODER_FORMAT,
+    }
+    return onnx_model, program, serving_encoder(encoder), report

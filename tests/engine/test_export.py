@@ -1,0 +1,70 @@
+import io
+
+import numpy as np
+import onnxruntime
+import pytest
+import torch
+
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.export import (
+    ExportError,
+    ScoringModel,
+    check_onnx,
+    example_inputs,
+    export_onnx,
+    export_program,
+    serving_encoder,
+)
+from criteo_dlrm.models import DLRM, DLRMConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    sizes = [3, 50, 1000, 7] + [20] * 22
+    config = DLRMConfig(sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[32, 16])
+    return DLRM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def onnx_model(model):
+    return export_onnx(model, model.config.table_sizes)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 3000])
+def test_onnxruntime_gives_pytorchs_probabilities_at_any_batch_size(model, onnx_model, rows):
+    session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["dense", "sparse"]
+    dense, sparse = example_inputs(model.config.table_sizes, rows, seed=rows + 100)
+    [exported] = session.run(["probability"], {"dense": dense.numpy(), "sparse": sparse.numpy()})
+    with torch.no_grad():
+        expected = torch.sigmoid(model(dense, sparse)).numpy()
+    difference = np.abs(exported - expected).max()
+    print(f"onnxruntime vs PyTorch, {rows} rows: max |difference| {difference:.2e}")  # noqa: T201 - reported
+    assert exported.shape == (rows,) and difference <= 1e-5
+
+
+def test_the_export_check_reports_its_difference_and_refuses_an_unfaithful_model(model, onnx_model):
+    report = check_onnx(onnx_model, model, model.config.table_sizes, rows=2048, tolerance=1e-5)
+    assert report["rows"] == 2048 and 0 <= report["max_abs_difference"] <= 1e-5
+    other = DLRM(model.config).eval()  # other weights: the exported file no longer matches
+    with pytest.raises(ExportError, match="differ from PyTorch's by up to"):
+        check_onnx(onnx_model, other, model.config.table_sizes, rows=256, tolerance=1e-5)
+
+
+def test_torch_export_program_loads_and_matches(model):
+    program = torch.export.load(io.BytesIO(export_program(model, model.config.table_sizes)))
+    dense, sparse = example_inputs(model.config.table_sizes, 33, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(dense, sparse), ScoringModel(model)(dense, sparse))
+
+
+def test_serving_encoder_holds_what_preprocessing_needs():
+    vocabularies = [np.array([10 + f, 5, 7], dtype=np.int64) for f in range(26)]
+    encoder = FeatureEncoder([4] * 26, np.arange(13) / 10, np.ones(13) * 2, vocabularies)
+    stored = np.load(io.BytesIO(serving_encoder(encoder)))
+    assert stored["table_sizes"].tolist() == [4] * 26 and not stored["modulus_hash"]
+    np.testing.assert_array_equal(stored["dense_mean"], np.arange(13) / 10)
+    assert stored["SPARSE_3"].tolist() == [13, 5, 7]

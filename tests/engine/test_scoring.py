@@ -1,0 +1,46 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
+from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.schema import LABEL_COLUMN
+
+
+@pytest.fixture
+def scorer(tiny_features):
+    torch.manual_seed(0)
+    metadata = tiny_features["metadata"]
+    encoder = FeatureEncoder.from_metadata(metadata, tiny_features["vocabularies"].arrays)
+    config = DLRMConfig(encoder.table_sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8)
+    return DLRM(config).eval(), encoder, metadata["source_days"]
+
+
+def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_path):
+    model, encoder, days = scorer
+    paths = [day["parquet"] for day in days["train"] + days["validation"]]
+    labels, expected = score_days(model, encoder, paths, torch.device("cpu"))
+    scores, written_labels = write_predictions(
+        model, encoder, [("a", paths[0]), ("b", paths[1])], tmp_path / "p.parquet", torch.device("cpu")
+    )
+    table = pq.read_table(tmp_path / "p.parquet")
+    assert table.schema.equals(PREDICTIONS_SCHEMA)
+    assert np.array_equal(table.column("click_probability").to_numpy(), expected) and np.array_equal(scores, expected)
+    assert np.array_equal(written_labels, labels) and np.array_equal(table.column("label").to_numpy(), labels)
+    assert table.column("day").to_pylist() == ["a"] * 3000 + ["b"] * 1000
+    assert table.column("row").to_pylist() == list(range(3000)) + list(range(1000)), "positions in Parquet input"
+
+
+def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
+    model, encoder, days = scorer
+    path = days["validation"][0]["parquet"]
+    unlabelled = tmp_path / "unlabelled.parquet"
+    pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
+    _, expected = score_days(model, encoder, [path], torch.device("cpu"))
+    scores, labels = write_predictions(model, encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu"))
+    assert labels is None and np.array_equal(scores, expected)
+    assert pq.read_table(tmp_path / "p.parquet").column("label").null_count == 1000
+    assert pa.types.is_int8(pq.read_schema(tmp_path / "p.parquet").field("label").type)
