@@ -1,3 +1,4 @@
+import dataclasses
 import tracemalloc
 
 import numpy as np
@@ -148,6 +149,8 @@ def test_encoder_state_round_trips(generated_days):
 
 
 def _peak(paths, settings: MetadataSettings) -> tuple[int, tuple[dict, dict]]:
+    """Peak traced memory of a single-process pass (tracemalloc sees this process only)."""
+    settings = dataclasses.replace(settings, workers=1)
     compute_feature_metadata(paths[:1], settings, progress=False)  # lazy imports and caches out of the way
     tracemalloc.start()
     result = compute_feature_metadata(paths, settings, progress=False)
@@ -263,3 +266,19 @@ def test_the_seed_projects_parquet_loads_with_its_minus_one_as_missing(tmp_path)
     encoded = FeatureEncoder.from_metadata(metadata, vocabularies).encode_days([path])
     assert (encoded.sparse[(frame[SPARSE_COLUMNS] == -1).to_numpy()] == 0).all()
     assert np.isfinite(encoded.dense).all() and encoded.dense[3, 2] == 0.0
+
+
+def test_parallel_workers_count_exactly_what_one_process_counts(tmp_path):
+    days = []
+    for day in range(3):
+        write_day(tmp_path / f"day_{day}", 8_000, day=day, model=ClickModel(seed=5))
+        days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
+    settings = MetadataSettings(min_frequency=2, max_vocabulary_size=300)
+    one = compute_feature_metadata(days, dataclasses.replace(settings, workers=1), progress=False)
+    two = compute_feature_metadata(days, dataclasses.replace(settings, workers=2), progress=False)
+    small_groups = compute_feature_metadata(
+        days, dataclasses.replace(settings, workers=2, features_per_pass=3), progress=False
+    )
+    for metadata, vocabularies in (two, small_groups):
+        assert metadata == one[0]
+        assert all(np.array_equal(vocabularies[name], one[1][name]) for name in SPARSE_COLUMNS)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
+from criteo_dlrm.parallel import choose_workers, run_parallel
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
@@ -39,13 +40,14 @@ class EncodedDays:
     encoder: FeatureEncoder
     paths: list[str]
     lineage: dict | None = None  # stored with the rows, so they are reused only for the same inputs
+    workers: int | None = None  # processes encoding whole days; None: one per core (bounded by memory)
 
     def __len__(self) -> int:
         return count_rows(self.paths)
 
     def write(self, folder: Path) -> EncodedArrays:
         """Encode straight into ``labels.npy``, ``dense.npy`` and ``sparse.npy`` in ``folder``."""
-        return self.encoder.encode_days(self.paths, into=folder)
+        return self.encoder.encode_days(self.paths, into=folder, workers=self.workers)
 
 
 class FeatureEncoder:
@@ -128,13 +130,16 @@ class FeatureEncoder:
             dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)
         return EncodedArrays(labels, dense, sparse)
 
-    def encode_days(self, paths: list[str | Path], into: Path | None = None) -> EncodedArrays:
+    def encode_days(self, paths: list[str | Path], into: Path | None = None, workers: int | None = 1) -> EncodedArrays:
         """Encode whole days: 4 * (1 + 13 + 26) = 160 bytes per row.
 
         The output is allocated once and filled batch by batch. With ``into``, it is three ``.npy`` files
-        in that folder, written through memory maps, so the days never need to fit in memory.
+        in that folder, written through memory maps, so the days never need to fit in memory, and
+        ``workers`` processes (None: one per core) each encode whole days into their own rows of the
+        files; the arrays are the same whatever the number of workers.
         """
-        rows = count_rows(paths)
+        rows_per_day = [count_rows([path]) for path in paths]
+        rows = sum(rows_per_day)
         shapes = {
             "labels": ((rows,), np.float32),
             "dense": ((rows, NUM_DENSE), np.float32),
@@ -142,28 +147,28 @@ class FeatureEncoder:
         }
         if into is None:
             out = EncodedArrays(*(np.empty(shape, dtype) for shape, dtype in shapes.values()))
-        else:
-            into.mkdir(parents=True, exist_ok=True)
-            out = EncodedArrays(
-                *(
-                    np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape)
-                    for name, (shape, dtype) in shapes.items()
-                )
-            )
-        start = 0
-        with progress_bar(rows, "encoding", "rows") as bar:
-            for batch in iter_batches(paths):
-                encoded = self.encode_batch(batch, contiguous=False)
-                end = start + len(encoded)
-                out.labels[start:end] = encoded.labels
-                out.dense[start:end] = encoded.dense
-                out.sparse[start:end] = encoded.sparse
-                start = end
-                bar.update(len(encoded))
-        for array in (out.labels, out.dense, out.sparse):
-            if isinstance(array, np.memmap):
-                array.flush()
-        return out
+            self._encode_rows(paths, out, 0)
+            return out
+        into.mkdir(parents=True, exist_ok=True)
+        for name, (shape, dtype) in shapes.items():
+            np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape).flush()
+        starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
+        workers = choose_workers(workers, len(paths), ENCODING_MEMORY)
+        tasks = [(self, str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
+        with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
+            for index, _ in run_parallel(_encode_day_into, tasks, workers):
+                bar.update(rows_per_day[index])
+        return EncodedArrays(*(np.load(into / f"{name}.npy", mmap_mode="r") for name in shapes))
+
+    def _encode_rows(self, paths: list[str | Path], out: EncodedArrays, start: int) -> None:
+        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on."""
+        for batch in iter_batches(paths):
+            encoded = self.encode_batch(batch, contiguous=False)
+            end = start + len(encoded)
+            out.labels[start:end] = encoded.labels
+            out.dense[start:end] = encoded.dense
+            out.sparse[start:end] = encoded.sparse
+            start = end
 
     def state_dict(self) -> dict:
         """Tensors and plain values only, so a checkpoint holding it loads with ``weights_only=True``."""
@@ -185,3 +190,17 @@ class FeatureEncoder:
             dense_std=state["dense_std"].numpy(),
             vocabularies=None if vocabularies is None else [v.numpy() for v in vocabularies],
         )
+
+
+# Per encoding worker: the vocabularies' hash tables and one 262,144-row batch in flight.
+ENCODING_MEMORY = 1 << 30
+
+
+def _encode_day_into(encoder: FeatureEncoder, path: str, folder: str, start: int) -> None:
+    """A worker's task: encode one day into its rows of the ``.npy`` files in ``folder``."""
+    out = EncodedArrays(
+        *(np.load(Path(folder) / f"{name}.npy", mmap_mode="r+") for name in ("labels", "dense", "sparse"))
+    )
+    encoder._encode_rows([path], out, start)
+    for array in (out.labels, out.dense, out.sparse):
+        array.flush()

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from loguru import logger
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.errors import ConfigError, DataError
+from criteo_dlrm.parallel import choose_workers, peak_rss_bytes, run_parallel
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 
@@ -34,6 +36,7 @@ class MetadataSettings:
     use_modulus_hash: bool = False
     modulus_hash_size: int | None = None
     features_per_pass: int = 26
+    workers: int | None = None  # processes counting feature groups; None: one per core (bounded by memory)
 
     def __post_init__(self) -> None:
         problems = []
@@ -52,6 +55,8 @@ class MetadataSettings:
             problems.append(
                 f"metadata.features_per_pass must be 1 to {len(SPARSE_COLUMNS)}, got {self.features_per_pass}"
             )
+        if self.workers is not None and self.workers < 1:
+            problems.append(f"metadata.workers must be >= 1 (or null for one per core), got {self.workers}")
         if self.modulus_hash_size is not None and self.modulus_hash_size < 2:
             problems.append(f"metadata.modulus_hash_size must be >= 2 (or null), got {self.modulus_hash_size}")
         if problems:
@@ -154,9 +159,8 @@ def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
 
 
 def _sparse_summary(
-    name: str, counter: ValueCounter, missing: int, rows: int, settings: MetadataSettings
+    name: str, values: np.ndarray, counts: np.ndarray, missing: int, rows: int, settings: MetadataSettings
 ) -> tuple[dict, np.ndarray]:
-    values, counts = counter.result()
     if settings.use_modulus_hash:
         vocabulary = np.zeros(0, dtype=np.int64)
         table_size = settings.modulus_hash_size or min(len(values), settings.cap(name)) + 1
@@ -177,56 +181,93 @@ def _sparse_summary(
     return summary, vocabulary
 
 
+def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense: bool) -> dict:
+    """One pass over the training days reading only ``group``'s columns (and the label and dense features
+    when ``with_dense``): exact value counts per feature, missing counts, dense statistics, positives.
+
+    Returns a picklable dict, so a worker process can count a group while others count theirs.
+    """
+    counters = {name: ValueCounter() for name in group}
+    missing = dict.fromkeys(group, 0)
+    dense = {name: DenseStatistics() for name in DENSE_COLUMNS} if with_dense else {}
+    positives = 0
+    columns = [LABEL_COLUMN, *DENSE_COLUMNS, *group] if with_dense else group
+    for batch in iter_batches(train_paths, columns):
+        if with_dense:
+            positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
+            for name in DENSE_COLUMNS:
+                dense[name].add(*dense_values(batch.column(name)))
+        for name in group:
+            values = sparse_values(batch.column(name))
+            present = values[values >= 0]
+            missing[name] += len(values) - len(present)
+            counters[name].add(present)
+    return {
+        "counts": {name: counter.result() for name, counter in counters.items()},
+        "missing": missing,
+        "dense": dense,
+        "positives": positives,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def feature_groups(features_per_pass: int, workers: int) -> list[list[str]]:
+    """The 26 features in groups of at most ``features_per_pass``, and at least one group per worker.
+
+    Features are dealt round-robin so that every group mixes large and small vocabularies.
+    """
+    count = max(-(-len(SPARSE_COLUMNS) // features_per_pass), min(workers, len(SPARSE_COLUMNS)))
+    return [SPARSE_COLUMNS[start::count] for start in range(count)]
+
+
+# Per worker: the exact counts of its group (16 bytes per distinct value) and their merge; a guess for
+# choosing the number of workers by free memory. Criteo 1TB needs a few features per pass (README).
+COUNTING_MEMORY = 2 << 30
+
+
 def compute_feature_metadata(
     train_paths: Sequence[str | Path], settings: MetadataSettings, progress: bool | None = None
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Streaming passes over the training days (one, unless ``settings.features_per_pass`` splits them).
+    """Streaming passes over the training days, one per group of features, in ``settings.workers`` processes.
 
     Each pass reads only its columns from Parquet and keeps exact counts for its features only, so peak
-    memory follows the distinct values of ``features_per_pass`` features, never the number of rows.
+    memory per worker follows the distinct values of at most ``features_per_pass`` features, never the
+    number of rows. The result does not depend on the grouping or the number of workers.
 
     Returns:
         ``(metadata, vocabularies)``: ``metadata`` is JSON-ready (label, dense and sparse statistics,
-        table sizes); ``vocabularies`` maps each sparse feature to its int64 values, most frequent first
-        (empty arrays in modulus-hash mode).
+        table sizes, peak memory per worker); ``vocabularies`` maps each sparse feature to its int64
+        values, most frequent first (empty arrays in modulus-hash mode).
     """
     if not train_paths:
         raise ConfigError("No training day: set metadata.validation_days so that at least one day is left to train on.")
     total_rows = count_rows(train_paths)
     if total_rows == 0:
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
-    step = settings.features_per_pass
-    groups = [SPARSE_COLUMNS[i : i + step] for i in range(0, len(SPARSE_COLUMNS), step)]
-    dense = {name: DenseStatistics() for name in DENSE_COLUMNS}
-    sparse, vocabularies = {}, {}
-    positives = 0
-    with progress_bar(total_rows * len(groups), "feature metadata", "rows", progress) as bar:
-        for index, group in enumerate(groups):
-            first = index == 0  # the first pass also reads the label and the dense features
-            counters = {name: ValueCounter() for name in group}
-            missing = dict.fromkeys(group, 0)
-            columns = [LABEL_COLUMN, *DENSE_COLUMNS, *group] if first else group
-            for batch in iter_batches(train_paths, columns):
-                if first:
-                    positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
-                    for name in DENSE_COLUMNS:
-                        dense[name].add(*dense_values(batch.column(name)))
-                for name in group:
-                    values = sparse_values(batch.column(name))
-                    present = values[values >= 0]
-                    missing[name] += len(values) - len(present)
-                    counters[name].add(present)
-                bar.update(batch.num_rows)
-            for name in group:
+    workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY)
+    groups = feature_groups(settings.features_per_pass, workers)
+    tasks = [(list(map(str, train_paths)), group, index == 0) for index, group in enumerate(groups)]
+    sparse, vocabularies, peaks = {}, {}, []
+    with progress_bar(len(groups), f"feature metadata ({workers} workers)", "group", progress) as bar:
+        for index, counted in run_parallel(count_group, tasks, min(workers, len(groups))):
+            if index == 0:  # the first group also read the label and the dense features
+                positives, dense = counted["positives"], counted["dense"]
+            for name, (values, counts) in counted["counts"].items():
                 sparse[name], vocabularies[name] = _sparse_summary(
-                    name, counters.pop(name), missing[name], total_rows, settings
+                    name, values, counts, counted["missing"][name], total_rows, settings
                 )
+            peaks.append(counted["peak_rss_bytes"])
+            bar.update(1)
     metadata = {
         "format": METADATA_FORMAT,
         "encoding": "modulus_hash" if settings.use_modulus_hash else "vocabulary",
         "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
         "dense": {name: stats.summary() for name, stats in dense.items()},
-        "sparse": sparse,
-        "vocabulary_sha256": vocabulary_digest(vocabularies),
+        "sparse": {name: sparse[name] for name in SPARSE_COLUMNS},
+        "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),
     }
-    return metadata, vocabularies
+    logger.info(
+        "feature metadata counted in {} groups by {} workers; peak memory per worker process: {} MB",
+        len(groups), workers, ", ".join(f"{peak >> 20:,}" for peak in peaks),
+    )  # fmt: skip
+    return metadata, {name: vocabularies[name] for name in SPARSE_COLUMNS}

@@ -17,7 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +30,7 @@ from loguru import logger
 
 from criteo_dlrm.data.lineage import made_from, source_metadata
 from criteo_dlrm.errors import DataError
+from criteo_dlrm.parallel import choose_workers, run_parallel
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import (
     DENSE_COLUMNS,
@@ -407,10 +410,44 @@ def _csv_reader(
     )
 
 
+class _RotatingWriter:
+    """A ParquetWriter that starts a new file every ``rows_per_file`` rows (file k at ``path_of(k)``)."""
+
+    def __init__(self, path_of: Callable[[int], Path], rows_per_file: int, schema: pa.Schema):
+        self.path_of, self.rows_per_file, self.schema = path_of, rows_per_file, schema
+        self.parts: list[Path] = []
+        self.rows: list[int] = []
+        self._writer: pq.ParquetWriter | None = None
+
+    def write_table(self, table: pa.Table) -> None:
+        while table.num_rows:
+            if self._writer is None or self.rows[-1] == self.rows_per_file:
+                self._next()
+            take = min(table.num_rows, self.rows_per_file - self.rows[-1])
+            self._writer.write_table(table.slice(0, take))
+            self.rows[-1] += take
+            table = table.slice(take)
+
+    def _next(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.parts.append(self.path_of(len(self.parts)))
+        self.rows.append(0)
+        self._writer = pq.ParquetWriter(self.parts[-1], self.schema)
+
+    def __enter__(self) -> _RotatingWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
 def _stream_day(
-    source: Path, partial: Path, block_size: int, progress: bool | None, layout: RawLayout
+    source: Path, open_writer: Callable[[pa.Schema], Any], block_size: int, progress: bool | None, layout: RawLayout
 ) -> tuple[int, list[Reject]]:
-    """Parse ``source`` block by block into the Parquet file ``partial``; returns (rows written, rejects)."""
+    """Parse ``source`` block by block into ``open_writer(schema)`` (a Parquet writer used as a context
+    manager); returns (rows written, rejects)."""
     tracker = _LineTracker()
     rejects: list[Reject] = []
     rows = rows_seen = pending_rows = 0
@@ -418,7 +455,7 @@ def _stream_day(
     raw, stream = _open(source)
     bar = progress_bar(source.stat().st_size, source.name, "B", progress)
     try:
-        with pq.ParquetWriter(partial, layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
+        with open_writer(layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
             writer = _WriteBehind(parquet)
             try:
                 for batch in _read_ahead(_csv_reader(stream, block_size, tracker, layout.raw_columns)):
@@ -508,7 +545,7 @@ def convert_day(
     rejects_path.unlink(missing_ok=True)
     partial = destination.with_name(destination.name + ".partial")
     try:
-        rows, rejects = _stream_day(source, partial, block_size, progress, layout)
+        rows, rejects = _stream_day(source, partial_writer(partial), block_size, progress, layout)
         if rejects:
             _write_rejects(rejects_path, source, rejects)
         _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
@@ -537,6 +574,84 @@ def convert_day(
     return report
 
 
+def partial_writer(partial: Path) -> Callable[[pa.Schema], pq.ParquetWriter]:
+    return lambda schema: pq.ParquetWriter(partial, schema)
+
+
+def split_day(
+    source: Path,
+    output_dir: Path,
+    rows_per_day: int,
+    *,
+    max_reject_fraction: float = 0.0,
+    block_size: int = 4 << 20,
+    progress: bool | None = None,
+) -> list[DayReport]:
+    """Convert one big raw file (Kaggle's ``train.txt``) into Parquet days of ``rows_per_day`` rows each,
+    ``<name>_0000.parquet``, ``<name>_0001.parquet``, ..., in one streaming pass, rows in file order.
+
+    Rejected lines (with their line numbers in the big file) go to ``<name>.rejects.tsv``; the days appear
+    together, atomically, only when the file converts within ``max_reject_fraction``.
+    """
+    started = time.perf_counter()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    name = day_name(source)
+    rejects_path = output_dir / f"{name}.rejects.tsv"
+    rejects_path.unlink(missing_ok=True)
+    writer = _RotatingWriter(lambda k: output_dir / f"{name}_{k:04d}.parquet.partial", rows_per_day, None)
+
+    def open_writer(schema: pa.Schema) -> _RotatingWriter:
+        writer.schema = schema
+        return writer
+
+    try:
+        rows, rejects = _stream_day(source, open_writer, block_size, progress, TRAINING_LAYOUT)
+        if rejects:
+            _write_rejects(rejects_path, source, rejects)
+        _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
+    except BaseException:
+        for part in writer.parts:
+            part.unlink(missing_ok=True)
+        raise
+    for stale in output_dir.glob(f"{name}_[0-9][0-9][0-9][0-9].parquet"):
+        stale.unlink()  # days of an earlier split with another rows_per_day
+    seconds = round(time.perf_counter() - started, 3)
+    reports = []
+    for index, (part, part_rows) in enumerate(zip(writer.parts, writer.rows, strict=True)):
+        destination = part.with_name(part.name.removesuffix(".partial"))
+        os.replace(part, destination)
+        first = index == 0  # the rejects of the whole file are reported once
+        reports.append(
+            DayReport(str(source), str(destination), part_rows, len(rejects) if first else 0,
+                      str(rejects_path) if rejects and first else None, source.stat().st_size if first else 0, seconds)
+        )  # fmt: skip
+    logger.info(
+        "{}: {:,} rows -> {} days of up to {:,} rows in {}", source.name, rows, len(reports), rows_per_day, output_dir
+    )
+    return reports
+
+
+def split_or_reuse(
+    source: Path, output_dir: Path, rows_per_day: int, *, force: bool = False, **options
+) -> list[DayReport]:
+    """``split_day``, unless ``output_dir`` holds days split from ``source`` as it is now, ``rows_per_day`` each."""
+    name = day_name(source)
+    parts = sorted(output_dir.glob(f"{name}_[0-9][0-9][0-9][0-9].parquet"))
+    rows = [pq.ParquetFile(part).metadata.num_rows for part in parts]
+    if (
+        not force
+        and parts
+        and all(made_from(part, source) for part in parts)
+        and all(count == rows_per_day for count in rows[:-1])
+        and 0 < rows[-1] <= rows_per_day
+    ):
+        logger.info("{}: already split into {} days in {}; skipped", source.name, len(parts), output_dir)
+        return [
+            DayReport(str(source), str(part), count, 0, None, 0, 0.0) for part, count in zip(parts, rows, strict=True)
+        ]
+    return split_day(source, output_dir, rows_per_day, **options)
+
+
 def convert_or_reuse(
     source: Path,
     destination: Path,
@@ -563,6 +678,57 @@ def convert_or_reuse(
         logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
         return report
     return convert_day(source, destination, layout=layout, **options)
+
+
+# Peak memory of one conversion: a 4 MB block, one 262,144-row group in flight, the interpreter and pyarrow.
+CONVERSION_MEMORY = 1 << 30
+
+
+def convert_days(
+    pairs: list[tuple[Path, Path]],
+    *,
+    workers: int | None = None,
+    layouts: list[RawLayout] | None = None,
+    **options,
+) -> list[DayReport]:
+    """``convert_or_reuse`` for each ``(source, destination)``, whole days in parallel worker processes.
+
+    Args:
+        pairs: raw files and their Parquet destinations.
+        workers: processes; None: one per core, bounded by free memory (``CONVERSION_MEMORY`` each).
+        layouts: one per pair (default: labelled, no line numbers).
+        options: for ``convert_or_reuse`` (``force``, ``max_reject_fraction``, ``block_size``), and
+            ``rows_per_day``: split each file into days of that many rows (``split_day``).
+
+    Returns:
+        The reports in the order of ``pairs`` (a split file gives one per day it became); results are
+        the same whatever the number of workers.
+
+    Raises:
+        IngestionError: the first day that fails, after the other workers stopped (no partial output).
+    """
+    workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY)
+    convert = partial(_convert_task, progress=False if workers > 1 else None, **options)
+    tasks = [(*pair, layout) for pair, layout in zip(pairs, layouts or [TRAINING_LAYOUT] * len(pairs), strict=True)]
+    reports: list[list[DayReport]] = [[] for _ in pairs]
+    started = time.perf_counter()
+    with progress_bar(len(pairs), f"converting ({workers} workers)", "file") as bar:
+        for index, converted in run_parallel(convert, tasks, workers):
+            reports[index] = converted
+            rows = sum(r.rows for done in reports for r in done)
+            bar.set_postfix(
+                rows=f"{rows:,}", rows_per_s=f"{rows / (time.perf_counter() - started):,.0f}", refresh=False
+            )
+            bar.update(1)
+    return [report for converted in reports for report in converted]
+
+
+def _convert_task(
+    source: Path, destination: Path, layout: RawLayout, rows_per_day: int | None = None, **options
+) -> list[DayReport]:
+    if rows_per_day:
+        return split_or_reuse(source, destination.parent, rows_per_day, **options)
+    return [convert_or_reuse(source, destination, layout=layout, **options)]
 
 
 def _still_valid(destination: Path, source: Path, layout: RawLayout) -> bool:

@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kedro.framework.session import KedroSession
@@ -120,3 +121,34 @@ def test_a_missing_raw_folder_is_a_clear_error(project, tmp_path):
         ) as session,
     ):
         session.run(pipeline_names=["ingestion"])
+
+
+def test_one_big_file_becomes_days_of_rows_per_day_rows_in_file_order(tmp_path):
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+
+    write_day(tmp_path / "kaggle" / "train.txt", 3500, day=0, model=ClickModel(seed=3), chunk_rows=1000)
+    whole = pq.read_table(convert_day(tmp_path / "kaggle" / "train.txt", tmp_path / "whole.parquet").parquet)
+    report = _run(_params(tmp_path, rows_per_day=1000, block_size_mb=0.05), tmp_path / "kaggle")
+    assert [(d["day"], d["rows"]) for d in report["days"]] == [
+        ("train_0000", 1000), ("train_0001", 1000), ("train_0002", 1000), ("train_0003", 500)
+    ]  # fmt: skip
+    parts = [pq.read_table(d["parquet"]) for d in report["days"]]
+    assert pa.concat_tables(parts).equals(whole), "the same rows in the same order"
+    assert all(d["source"]["path"] == str((tmp_path / "kaggle" / "train.txt").resolve()) for d in report["days"])
+
+    again = _run(_params(tmp_path, rows_per_day=1000), tmp_path / "kaggle")
+    assert all(d["seconds"] == 0.0 for d in again["days"]), "split already: skipped"
+    other = _run(_params(tmp_path, rows_per_day=2000), tmp_path / "kaggle")
+    assert [d["rows"] for d in other["days"]] == [2000, 1500]
+    folder = Path(other["days"][0]["parquet"]).parent
+    assert sorted(p.name for p in folder.glob("*.parquet")) == ["train_0000.parquet", "train_0001.parquet"]
+
+
+def test_ingestion_workers_give_the_same_report_and_days(tmp_path):
+    write_days(tmp_path / "raw", days=3, rows_per_day=1200, seed=4)
+    one = _run(_params(tmp_path / "one", workers=1), tmp_path / "raw")
+    two = _run(_params(tmp_path / "two", workers=2), tmp_path / "raw")
+    assert [(d["day"], d["rows"], d["fingerprint"]) for d in one["days"]] == [
+        (d["day"], d["rows"], d["fingerprint"]) for d in two["days"]
+    ]

@@ -46,6 +46,7 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
         use_modulus_hash=metadata["use_modulus_hash"],
         modulus_hash_size=metadata.get("modulus_hash_size"),
         features_per_pass=metadata.get("features_per_pass", 26),
+        workers=metadata.get("workers"),
     )
     train, validation = split_days(
         ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days")

@@ -12,7 +12,7 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import (
     IngestionError,
-    convert_or_reuse,
+    convert_days,
     day_name,
     find_day_files,
     is_labelled,
@@ -40,17 +40,13 @@ def input_days(scoring: dict) -> list[dict]:
             raise
         return [day_lineage(path.stem, path) for path in parquet]
     output = parquet_folder(scoring["parquet_dir"], folder)
-    days = []
-    for source in sources:
-        destination = output / f"{day_name(source)}.parquet"
-        convert_or_reuse(
-            source,
-            destination,
-            layout=RawLayout(labelled=is_labelled(source), line_numbers=True),
-            max_reject_fraction=float(scoring["max_reject_fraction"]),
-            block_size=int(scoring["block_size_mb"] * (1 << 20)),
-        )
-        days.append(day_lineage(day_name(source), destination))
+    reports = convert_days(
+        [(source, output / f"{day_name(source)}.parquet") for source in sources],
+        layouts=[RawLayout(labelled=is_labelled(source), line_numbers=True) for source in sources],
+        max_reject_fraction=float(scoring["max_reject_fraction"]),
+        block_size=int(scoring["block_size_mb"] * (1 << 20)),
+    )
+    days = [day_lineage(day_name(source), report.parquet) for source, report in zip(sources, reports, strict=True)]
     return days
 
 

@@ -20,11 +20,13 @@ from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.schema import NUM_SPARSE
 
 # Parameters that change neither the data order nor the arithmetic: a run may resume across them.
-_NOT_IN_FINGERPRINT = ("resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads")
+_NOT_IN_FINGERPRINT = (
+    "resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads", "encoding_workers"
+)  # fmt: skip
 
 
 def encode_features(
-    feature_metadata: dict, feature_vocabularies: FeatureVocabularies
+    feature_metadata: dict, feature_vocabularies: FeatureVocabularies, training: dict
 ) -> tuple[EncodedDays, EncodedDays]:
     """The training and validation days, to be encoded with this metadata version's vocabularies.
 
@@ -43,6 +45,7 @@ def encode_features(
             encoder,
             [day["parquet"] for day in days[split]],
             encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
+            training.get("encoding_workers"),
         )
         for split in ("train", "validation")
     )
