@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import torch
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.parallel import choose_workers, run_parallel
@@ -172,6 +171,8 @@ class FeatureEncoder:
 
     def state_dict(self) -> dict:
         """Tensors and plain values only, so a checkpoint holding it loads with ``weights_only=True``."""
+        import torch  # here only: encoding workers never import torch (it takes seconds)
+
         return {
             "table_sizes": list(self.table_sizes),
             "dense_mean": torch.from_numpy(self.dense_mean.copy()),
