@@ -336,3 +336,22 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
     resumed_curve, whole_curve = curve(tmp_path / "first" / "run"), curve(tmp_path / "whole" / "run")
     assert [step for step, _ in resumed_curve] == [step for step, _ in whole_curve], "no gap, no doubled stretch"
     assert resumed_curve == pytest.approx(whole_curve)
+
+
+def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
+    torch.manual_seed(0)
+    sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    config = DLRMConfig(
+        sizes, [4] * 13 + [8] * 13, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[16],
+        interaction="dcn", dcn_layers=2, dcn_rank=16,
+    )  # fmt: skip
+    settings = _settings(num_epochs=3)
+    trainer = Trainer(
+        DLRM(config),
+        settings,
+        BatchLoader(tiny_features["train"], settings.batch_size_train, shuffle=True),
+        BatchLoader(tiny_features["validation"], settings.batch_size_validation),
+        torch.device("cpu"),
+        tmp_path / "run",
+    )
+    assert trainer.fit().best_metrics["auc"] > 0.6

@@ -142,6 +142,12 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
             z = np.concatenate([x, pairs])
         else:
             z = np.concatenate(vectors)
+        if interaction == "dcn":  # DCN-v2, low rank: x_{l+1} = x_0 * (W_l V_l x_l + b_l) + x_l
+            z0 = z
+            for down, up in zip(model.cross.down, model.cross.up, strict=True):
+                v = down.weight.detach().double().numpy()
+                w, b = up.weight.detach().double().numpy(), up.bias.detach().double().numpy()
+                z = z0 * (w @ (v @ z) + b) + z
         for k, (weight, bias) in enumerate(top):
             z = weight @ z + bias
             if k < len(top) - 1:
@@ -150,10 +156,17 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
     return logits
 
 
-@pytest.mark.parametrize("interaction", ["dot", "cat"])
+@pytest.mark.parametrize("interaction", ["dot", "cat", "dcn"])
 def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
     torch.manual_seed(3)
-    model = DLRM(_config(dense_hidden_sizes=[8, 6], prediction_hidden_sizes=[16, 8], interaction=interaction))
+    config = _config(
+        dense_hidden_sizes=[8, 6], prediction_hidden_sizes=[16, 8], interaction=interaction, dcn_layers=2, dcn_rank=5
+    )
+    model = DLRM(config)
+    if interaction == "dcn":  # weights larger than the default initialisation make every cross term count
+        with torch.no_grad():
+            for up in model.cross.up:
+                up.weight.normal_(0, 0.3), up.bias.normal_(0, 0.3)
     model = model.double().eval()
     dense, sparse = _inputs(batch=16, seed=5)
     logits = model(dense.double(), sparse)

@@ -17,7 +17,7 @@ from criteo_dlrm.errors import ConfigError
 
 __all__ = ["DLRM", "ConfigError", "DLRMConfig"]
 
-INTERACTIONS = ("dot", "cat")
+INTERACTIONS = ("dot", "cat", "dcn")
 
 
 @dataclass
@@ -31,6 +31,9 @@ class DLRMConfig:
     dense_output_size: int = 16
     prediction_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256])
     interaction: str = "dot"
+    # DCN-v2 cross network (``interaction: dcn``): number of low-rank cross layers and their rank.
+    dcn_layers: int = 3
+    dcn_rank: int = 64
 
     def __post_init__(self) -> None:
         problems = []
@@ -52,6 +55,8 @@ class DLRMConfig:
             problems.append(f"layer and embedding sizes must be positive, got {sizes}")
         if any(int(size) < 1 for size in self.table_sizes):
             problems.append("every table needs at least one row (check feature_metadata)")
+        if self.interaction == "dcn" and (self.dcn_layers < 1 or self.dcn_rank < 1):
+            problems.append(f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn_layers}, {self.dcn_rank}")
         if problems:
             raise ConfigError("Invalid DLRM settings:\n  " + "\n  ".join(problems))
 
@@ -78,6 +83,26 @@ def mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
         if i < len(sizes) - 2 or final_activation:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+class LowRankCrossNet(nn.Module):
+    """DCN-v2's cross network in low-rank form (Wang et al., 2021; TorchRec's ``LowRankCrossNet``).
+
+    Layer l: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``, with V_l: size -> rank, W_l: rank -> size,
+    so each layer adds explicit feature crosses of one more order at O(size x rank) cost.
+    """
+
+    def __init__(self, size: int, num_layers: int, rank: int):
+        super().__init__()
+        self.down = nn.ModuleList(nn.Linear(size, rank, bias=False) for _ in range(num_layers))
+        self.up = nn.ModuleList(nn.Linear(rank, size) for _ in range(num_layers))
+
+    def forward(self, x0: torch.Tensor) -> torch.Tensor:
+        """x0: (B, size) -> (B, size)."""
+        x = x0
+        for down, up in zip(self.down, self.up, strict=True):
+            x = x0 * up(down(x)) + x
+        return x
 
 
 class FusedEmbedding(nn.Module):
@@ -125,6 +150,8 @@ class DLRM(nn.Module):
         # index_select is cheaper forward and backward than indexing rows and columns separately.
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
         self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
+        if config.interaction == "dcn":
+            self.cross = LowRankCrossNet(config.interaction_size, config.dcn_layers, config.dcn_rank)
         self.top_mlp = mlp([config.interaction_size, *config.prediction_hidden_sizes, 1], final_activation=False)
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
@@ -133,9 +160,10 @@ class DLRM(nn.Module):
 
     def interact(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
         """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""
-        if self.config.interaction == "cat":
+        if self.config.interaction in ("cat", "dcn"):
             flat = torch.cat([e.flatten(1) for e in embedded], dim=1)  # (B, sum T_g * D_g), grouped order
-            return torch.cat([x, flat], dim=1)
+            combined = torch.cat([x, flat], dim=1)  # (B, D + sum T_g * D_g)
+            return self.cross(combined) if self.config.interaction == "dcn" else combined
         vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
         pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal

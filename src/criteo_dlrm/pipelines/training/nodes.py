@@ -80,6 +80,8 @@ def model_config(training: dict, feature_metadata: dict) -> DLRMConfig:
         dense_output_size=int(training["dense_mlp"]["output_size"]),
         prediction_hidden_sizes=list(training["prediction_hidden_sizes"]),
         interaction=training["interaction"],
+        dcn_layers=int(training["dcn"]["num_layers"]),
+        dcn_rank=int(training["dcn"]["low_rank"]),
     )
 
 
