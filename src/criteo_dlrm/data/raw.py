@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -410,20 +409,29 @@ def _csv_reader(
     )
 
 
-class _RotatingWriter:
-    """A ParquetWriter that starts a new file every ``rows_per_file`` rows (file k at ``path_of(k)``)."""
+class _PartWriter:
+    """A ParquetWriter for one day's rows, or (``rows_per_file``) for a new file every that many rows.
 
-    def __init__(self, path_of: Callable[[int], Path], rows_per_file: int, schema: pa.Schema):
-        self.path_of, self.rows_per_file, self.schema = path_of, rows_per_file, schema
+    File k goes to ``path_of(k)``, opened on its first row; ``parts`` and ``rows`` say what was written.
+    Call it with the schema to use it as a context manager.
+    """
+
+    def __init__(self, path_of: Callable[[int], Path], rows_per_file: int | None = None):
+        self.path_of, self.rows_per_file = path_of, rows_per_file or float("inf")
+        self.schema: pa.Schema | None = None
         self.parts: list[Path] = []
         self.rows: list[int] = []
         self._writer: pq.ParquetWriter | None = None
+
+    def __call__(self, schema: pa.Schema) -> _PartWriter:
+        self.schema = schema
+        return self
 
     def write_table(self, table: pa.Table) -> None:
         while table.num_rows:
             if self._writer is None or self.rows[-1] == self.rows_per_file:
                 self._next()
-            take = min(table.num_rows, self.rows_per_file - self.rows[-1])
+            take = int(min(table.num_rows, self.rows_per_file - self.rows[-1]))
             self._writer.write_table(table.slice(0, take))
             self.rows[-1] += take
             table = table.slice(take)
@@ -435,7 +443,7 @@ class _RotatingWriter:
         self.rows.append(0)
         self._writer = pq.ParquetWriter(self.parts[-1], self.schema)
 
-    def __enter__(self) -> _RotatingWriter:
+    def __enter__(self) -> _PartWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -444,10 +452,9 @@ class _RotatingWriter:
 
 
 def _stream_day(
-    source: Path, open_writer: Callable[[pa.Schema], Any], block_size: int, progress: bool | None, layout: RawLayout
+    source: Path, parts: _PartWriter, block_size: int, progress: bool | None, layout: RawLayout
 ) -> tuple[int, list[Reject]]:
-    """Parse ``source`` block by block into ``open_writer(schema)`` (a Parquet writer used as a context
-    manager); returns (rows written, rejects)."""
+    """Parse ``source`` block by block into ``parts``; returns (rows written, rejects)."""
     tracker = _LineTracker()
     rejects: list[Reject] = []
     rows = rows_seen = pending_rows = 0
@@ -455,7 +462,7 @@ def _stream_day(
     raw, stream = _open(source)
     bar = progress_bar(source.stat().st_size, source.name, "B", progress)
     try:
-        with open_writer(layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
+        with parts(layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
             writer = _WriteBehind(parquet)
             try:
                 for batch in _read_ahead(_csv_reader(stream, block_size, tracker, layout.raw_columns)):
@@ -517,10 +524,8 @@ def convert_day(
     source: Path,
     destination: Path,
     *,
-    max_reject_fraction: float = 0.0,
-    block_size: int = 4 << 20,
-    progress: bool | None = None,
     layout: RawLayout = TRAINING_LAYOUT,
+    **options,
 ) -> DayReport:
     """Convert one raw day file into one Parquet file, streaming.
 
@@ -530,10 +535,10 @@ def convert_day(
     Args:
         source: ``day_<N>``, ``day_<N>.gz`` or a Kaggle ``train.txt``.
         destination: the Parquet file to write.
-        max_reject_fraction: share of bad lines tolerated; above it the conversion fails.
-        block_size: bytes of decompressed text parsed at a time.
-        progress: show a progress bar (None: only on a terminal).
         layout: labelled (the default) or not, line numbers kept or not (see ``is_labelled``).
+        options: ``max_reject_fraction`` (share of bad lines tolerated, default 0; above it the conversion
+            fails), ``block_size`` (bytes of decompressed text parsed at a time, default 4 MB),
+            ``progress`` (a progress bar; None: only on a terminal).
 
     Raises:
         IngestionError: too many bad lines, or no row at all; the message names the file, the count
@@ -542,16 +547,8 @@ def convert_day(
     started = time.perf_counter()
     destination.parent.mkdir(parents=True, exist_ok=True)
     rejects_path = destination.with_name(destination.name.removesuffix(".parquet") + ".rejects.tsv")
-    rejects_path.unlink(missing_ok=True)
     partial = destination.with_name(destination.name + ".partial")
-    try:
-        rows, rejects = _stream_day(source, partial_writer(partial), block_size, progress, layout)
-        if rejects:
-            _write_rejects(rejects_path, source, rejects)
-        _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    rows, rejects = _convert(source, _PartWriter(lambda _: partial), rejects_path, layout, **options)
     os.replace(partial, destination)
     report = DayReport(
         source=str(source),
@@ -574,45 +571,45 @@ def convert_day(
     return report
 
 
-def partial_writer(partial: Path) -> Callable[[pa.Schema], pq.ParquetWriter]:
-    return lambda schema: pq.ParquetWriter(partial, schema)
-
-
-def split_day(
+def _convert(
     source: Path,
-    output_dir: Path,
-    rows_per_day: int,
+    parts: _PartWriter,
+    rejects_path: Path,
+    layout: RawLayout,
     *,
     max_reject_fraction: float = 0.0,
     block_size: int = 4 << 20,
     progress: bool | None = None,
-) -> list[DayReport]:
+) -> tuple[int, list[Reject]]:
+    """Stream ``source`` into ``parts``, write its rejects and check their share; on any failure the
+    partial files are deleted, so no output is left behind. Returns (rows written, rejects)."""
+    rejects_path.unlink(missing_ok=True)
+    try:
+        rows, rejects = _stream_day(source, parts, block_size, progress, layout)
+        if rejects:
+            _write_rejects(rejects_path, source, rejects)
+        _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
+    except BaseException:
+        for part in parts.parts:
+            part.unlink(missing_ok=True)
+        raise
+    return rows, rejects
+
+
+def split_day(source: Path, output_dir: Path, rows_per_day: int, **options) -> list[DayReport]:
     """Convert one big raw file (Kaggle's ``train.txt``) into Parquet days of ``rows_per_day`` rows each,
     ``<name>_0000.parquet``, ``<name>_0001.parquet``, ..., in one streaming pass, rows in file order.
 
     Rejected lines (with their line numbers in the big file) go to ``<name>.rejects.tsv``; the days appear
-    together, atomically, only when the file converts within ``max_reject_fraction``.
+    together, atomically, only when the file converts within ``max_reject_fraction``. ``options`` as for
+    ``convert_day``.
     """
     started = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
     name = day_name(source)
     rejects_path = output_dir / f"{name}.rejects.tsv"
-    rejects_path.unlink(missing_ok=True)
-    writer = _RotatingWriter(lambda k: output_dir / f"{name}_{k:04d}.parquet.partial", rows_per_day, None)
-
-    def open_writer(schema: pa.Schema) -> _RotatingWriter:
-        writer.schema = schema
-        return writer
-
-    try:
-        rows, rejects = _stream_day(source, open_writer, block_size, progress, TRAINING_LAYOUT)
-        if rejects:
-            _write_rejects(rejects_path, source, rejects)
-        _check_rejects(source, rows, rejects, rejects_path, max_reject_fraction)
-    except BaseException:
-        for part in writer.parts:
-            part.unlink(missing_ok=True)
-        raise
+    writer = _PartWriter(lambda k: output_dir / f"{name}_{k:04d}.parquet.partial", rows_per_day)
+    rows, rejects = _convert(source, writer, rejects_path, TRAINING_LAYOUT, **options)
     for stale in output_dir.glob(f"{name}_[0-9][0-9][0-9][0-9].parquet"):
         stale.unlink()  # days of an earlier split with another rows_per_day
     seconds = round(time.perf_counter() - started, 3)

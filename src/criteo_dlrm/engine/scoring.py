@@ -32,8 +32,15 @@ class VocabularyMismatchError(DataError):
     """The encoder's vocabularies are not the ones the checkpoint was trained with."""
 
 
-def check_encoder(encoder: FeatureEncoder, expected_sha256: str, source: str) -> None:
-    """Refuse to score with vocabularies other than the training ones (that would silently mis-encode)."""
+def checkpoint_encoder(checkpoint: dict, source: str) -> FeatureEncoder:
+    """The encoder stored in a checkpoint, after checking that its vocabularies are the ones it was trained
+    with (other vocabularies would silently mis-encode every row).
+
+    Raises:
+        VocabularyMismatchError: naming ``source`` (e.g. ``dlrm_checkpoint version ...``).
+    """
+    encoder = FeatureEncoder.from_state_dict(checkpoint["encoder"])
+    expected_sha256 = checkpoint["metadata"]["vocabulary_sha256"]
     if encoder.vocabularies is None:
         actual = vocabulary_digest({name: np.zeros(0, dtype=np.int64) for name in SPARSE_COLUMNS})
     else:
@@ -43,6 +50,7 @@ def check_encoder(encoder: FeatureEncoder, expected_sha256: str, source: str) ->
             f"{source}: its vocabularies (sha256 {actual[:12]}...) are not the ones it was trained with "
             f"({expected_sha256[:12]}...). The checkpoint is damaged or was edited; retrain it."
         )
+    return encoder
 
 
 @torch.no_grad()

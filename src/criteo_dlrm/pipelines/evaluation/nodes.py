@@ -8,13 +8,12 @@ import numpy as np
 from loguru import logger
 from matplotlib.figure import Figure
 
-from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.plots import calibration_figure, roc_figure, score_histogram_figure
-from criteo_dlrm.engine.scoring import check_encoder, score_days
+from criteo_dlrm.engine.scoring import checkpoint_encoder, score_days
 
 
 def _oracle(days: list[dict], rows: int) -> np.ndarray | None:
@@ -33,8 +32,7 @@ def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, n
     """Metrics of the checkpoint on its validation days; also returns labels, predictions and the oracle."""
     source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
     trained_with = dlrm_checkpoint["metadata"]
-    encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
-    check_encoder(encoder, trained_with["vocabulary_sha256"], source)
+    encoder = checkpoint_encoder(dlrm_checkpoint, source)
     days = trained_with["source_days"]["validation"]
     check_days(days, source)  # scores exactly the rows the checkpoint validated on, or refuses
     device = resolve_device(evaluation["device"], "evaluation.device")

@@ -22,7 +22,7 @@ from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.export import ENCODER_FORMAT, check_onnx, export_onnx, export_program, serving_encoder
 from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.scoring import check_encoder, write_predictions
+from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
 from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.schema import RawLayout
 
@@ -63,8 +63,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
             "scoring.input_dir is not set: kedro run --pipelines=scoring --params=scoring.input_dir=/path"
         )
     source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
-    encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
-    check_encoder(encoder, dlrm_checkpoint["metadata"]["vocabulary_sha256"], source)
+    encoder = checkpoint_encoder(dlrm_checkpoint, source)
     days = input_days(scoring)
     staged = Path(tempfile.mkdtemp(prefix="criteo-dlrm-scoring-")) / "predictions.parquet"
     scores, labels = write_predictions(
