@@ -45,20 +45,48 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_parallel(function: Callable[..., Any], tasks: Iterable[tuple], workers: int) -> Iterator[tuple[int, Any]]:
-    """Run ``function(*task)`` for each task; yields ``(task index, result)`` as tasks finish.
+_SHARED: Any = None  # in a worker process: the ``shared`` object of the job it serves
+
+
+def _start_worker(shared: Any, threads: int) -> None:
+    """Runs once in each worker: keep the job's shared object, and give pyarrow the worker's share of cores."""
+    global _SHARED
+    _SHARED = shared
+    import pyarrow
+
+    pyarrow.set_cpu_count(threads)
+    pyarrow.set_io_thread_count(threads)
+
+
+def _call_with_shared(function: Callable[..., Any], *task: Any) -> Any:
+    return function(_SHARED, *task)
+
+
+def run_parallel(
+    function: Callable[..., Any], tasks: Iterable[tuple], workers: int, shared: Any = None
+) -> Iterator[tuple[int, Any]]:
+    """Run ``function(*task)`` (``function(shared, *task)`` when ``shared`` is given) for each task; yields
+    ``(task index, result)`` as tasks finish.
 
     With one worker the tasks run here, in order (no process is started). Otherwise they run in
-    ``workers`` processes; the first exception stops the job as described in the module docstring.
+    ``workers`` processes, each with ``cores / workers`` pyarrow threads, so that workers do not fight over
+    the cores; ``shared`` (e.g. an encoder with its hash tables) is sent to each worker once, not with every
+    task. The first exception stops the job as described in the module docstring.
     """
-    tasks = list(tasks)
+    tasks = [task if shared is None else (shared, *task) for task in tasks]
     if workers <= 1:
         for index, task in enumerate(tasks):
             yield index, function(*task)
         return
+    if shared is not None:
+        tasks = [(function, *task[1:]) for task in tasks]
+        function = _call_with_shared
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    threads = max(1, available_cores() // workers)
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(shared, threads)
+    ) as pool:
         futures: dict[Future, int] = {pool.submit(function, *task): index for index, task in enumerate(tasks)}
         pending = set(futures)
         while pending:

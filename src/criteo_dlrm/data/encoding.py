@@ -74,6 +74,16 @@ class FeatureEncoder:
             None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
         )
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_indexes": None}  # workers rebuild the hash tables instead of unpickling copies
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        vocabularies = self.vocabularies
+        self._indexes = (
+            None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
+        )
+
     @property
     def use_modulus_hash(self) -> bool:
         return self.vocabularies is None
@@ -153,9 +163,9 @@ class FeatureEncoder:
             np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape).flush()
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
         workers = choose_workers(workers, len(paths), ENCODING_MEMORY)
-        tasks = [(self, str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
+        tasks = [(str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
-            for index, _ in run_parallel(_encode_day_into, tasks, workers):
+            for index, _ in run_parallel(_encode_day_into, tasks, workers, shared=self):
                 bar.update(rows_per_day[index])
         return EncodedArrays(*(np.load(into / f"{name}.npy", mmap_mode="r") for name in shapes))
 
@@ -193,7 +203,8 @@ class FeatureEncoder:
         )
 
 
-# Per encoding worker: the vocabularies' hash tables and one 262,144-row batch in flight.
+# Per encoding worker: the vocabularies' hash tables (sent once per worker, built on its first day) and
+# one 262,144-row batch in flight.
 ENCODING_MEMORY = 1 << 30
 
 

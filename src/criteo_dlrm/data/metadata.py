@@ -126,14 +126,14 @@ class DenseStatistics:
         self.total = self.squares = 0.0
 
     def add(self, values: np.ndarray, missing: np.ndarray) -> None:
-        present = values[~missing]
-        transformed = np.log1p(np.maximum(present, 0))
+        present = values[~missing] if missing.any() else values
         self.count += len(present)
-        self.missing += int(missing.sum())
+        self.missing += len(values) - len(present)
         if len(present):
             self.low, self.high = min(self.low, float(present.min())), max(self.high, float(present.max()))
-        self.total += float(transformed.sum())
-        self.squares += float(np.square(transformed).sum())
+            transformed = np.log1p(np.maximum(present, 0, dtype=np.float64))
+            self.total += float(transformed.sum())
+            self.squares += float(np.dot(transformed, transformed))
 
     def summary(self) -> dict:
         mean = self.total / self.count if self.count else 0.0
@@ -182,8 +182,8 @@ def _sparse_summary(
 
 
 def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense: bool) -> dict:
-    """One pass over the training days reading only ``group``'s columns (and the label and dense features
-    when ``with_dense``): exact value counts per feature, missing counts, dense statistics, positives.
+    """One pass over the training days reading only ``group``'s columns (or, with ``with_dense``, the label
+    and dense features): exact value counts per feature, missing counts, dense statistics, positives.
 
     Returns a picklable dict, so a worker process can count a group while others count theirs.
     """
@@ -192,6 +192,8 @@ def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense:
     dense = {name: DenseStatistics() for name in DENSE_COLUMNS} if with_dense else {}
     positives = 0
     columns = [LABEL_COLUMN, *DENSE_COLUMNS, *group] if with_dense else group
+    if not columns:
+        raise ValueError("count_group needs a group of features or with_dense")
     for batch in iter_batches(train_paths, columns):
         if with_dense:
             positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
@@ -212,7 +214,8 @@ def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense:
 
 
 def feature_groups(features_per_pass: int, workers: int) -> list[list[str]]:
-    """The 26 features in groups of at most ``features_per_pass``, and at least one group per worker.
+    """The 26 features in groups of at most ``features_per_pass``, and at least one group per worker (the
+    label and dense features are a task of their own).
 
     Features are dealt round-robin so that every group mixes large and small vocabularies.
     """
@@ -246,11 +249,14 @@ def compute_feature_metadata(
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
     workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY)
     groups = feature_groups(settings.features_per_pass, workers)
-    tasks = [(list(map(str, train_paths)), group, index == 0) for index, group in enumerate(groups)]
+    # The label and dense features first: they cost about as much as half the sparse features, so the
+    # workers that finish the sparse groups early balance the load.
+    paths = list(map(str, train_paths))
+    tasks = [(paths, [], True)] + [(paths, group, False) for group in groups]
     sparse, vocabularies, peaks = {}, {}, []
-    with progress_bar(len(groups), f"feature metadata ({workers} workers)", "group", progress) as bar:
-        for index, counted in run_parallel(count_group, tasks, min(workers, len(groups))):
-            if index == 0:  # the first group also read the label and the dense features
+    with progress_bar(len(tasks), f"feature metadata ({workers} workers)", "pass", progress) as bar:
+        for index, counted in run_parallel(count_group, tasks, min(workers, len(tasks))):
+            if index == 0:
                 positives, dense = counted["positives"], counted["dense"]
             for name, (values, counts) in counted["counts"].items():
                 sparse[name], vocabularies[name] = _sparse_summary(
@@ -267,7 +273,7 @@ def compute_feature_metadata(
         "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),
     }
     logger.info(
-        "feature metadata counted in {} groups by {} workers; peak memory per worker process: {} MB",
-        len(groups), workers, ", ".join(f"{peak >> 20:,}" for peak in peaks),
+        "feature metadata counted in {} passes by {} workers; peak memory per worker process: {} MB",
+        len(tasks), workers, ", ".join(f"{peak >> 20:,}" for peak in peaks),
     )  # fmt: skip
     return metadata, {name: vocabularies[name] for name in SPARSE_COLUMNS}
