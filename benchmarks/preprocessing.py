@@ -116,6 +116,29 @@ def count_distinct(distinct: int) -> dict:
     return {"distinct": distinct, "peak_rss": peak, "baseline_rss": before}
 
 
+def loader_rates(data: Path) -> dict:
+    """Training batch loader rows/s over the stored (packed) rows and over the same rows as int32 (the layout
+    before), memory-mapped, batch 16,384, shuffled; the two alternate three times, best of each kept."""
+    from criteo_dlrm.data.batches import BatchLoader
+    from criteo_dlrm.data.encoding import bytes_per_row, open_encoded
+
+    packed = open_encoded(data / "encoded_1")
+    plain = data / "encoded_int32"
+    plain.mkdir(exist_ok=True)
+    for name in ("labels", "dense", "sparse"):
+        np.save(
+            plain / f"{name}.npy", np.asarray(getattr(packed, name), dtype=np.float32 if name == "labels" else None)
+        )
+    before = open_encoded(plain)
+    rates: dict[str, float] = {}
+    for _ in range(3):
+        for name, arrays in (("packed", packed), ("int32", before)):
+            start = time.perf_counter()
+            rows = sum(len(batch) for batch in BatchLoader(arrays, 16_384, shuffle=True).batches())
+            rates[name] = max(rates.get(name, 0.0), rows / (time.perf_counter() - start))
+    return {"rates": rates, "bytes": {"packed": bytes_per_row(packed), "int32": bytes_per_row(before)}}
+
+
 def _child(*args: str) -> dict:
     output = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
@@ -128,9 +151,13 @@ def main() -> None:
     parser.add_argument("--distinct", type=int, default=20_000_000)
     parser.add_argument("--measure", nargs=3, metavar=("STAGE", "WORKERS", "DATA"), help=argparse.SUPPRESS)
     parser.add_argument("--count-distinct", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--loader", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure[0], int(args.measure[1]), Path(args.measure[2]))))
+        return
+    if args.loader:
+        print(json.dumps(loader_rates(Path(args.loader))))
         return
     if args.count_distinct:
         print(json.dumps(count_distinct(args.count_distinct)))
@@ -147,6 +174,7 @@ def main() -> None:
         results = {
             (stage, workers): _child("--measure", stage, str(workers), tmp) for stage in STAGES for workers in (1, 2)
         }
+        loading = _child("--loader", tmp)
     cores = os.cpu_count()
     print(f"\n{args.days} days of {args.rows_per_day:,} rows (gzip), {cores} cores\n")
     print("| stage | workers | rows/s | CPU busy (all cores) | largest process (MB) | all processes (MB) | speed-up |")
@@ -160,6 +188,13 @@ def main() -> None:
                 f"| {stage} | {workers} | {rate:,.0f} | {result['busy']:.0%} | {result['largest_rss'] >> 20:,} | "
                 f"{result['total_rss'] >> 20:,} | {speedup:.2f}x |"
             )
+    print("\n| stored rows | bytes per row | training loader rows/s (batch 16,384, shuffled, memory-mapped) |")
+    print("| --- | ---: | ---: |")
+    for name, label in (
+        ("int32", "int32 indices, float32 labels (before)"),
+        ("packed", "packed indices, uint8 labels"),
+    ):
+        print(f"| {label} | {loading['bytes'][name]} | {loading['rates'][name]:,.0f} |")
     counted = _child("--count-distinct", str(args.distinct))
     per_value = (counted["peak_rss"] - counted["baseline_rss"]) / counted["distinct"]
     print(

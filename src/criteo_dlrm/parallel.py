@@ -30,14 +30,21 @@ def available_memory() -> int:
         return 1 << 40
 
 
-def choose_workers(requested: int | None, tasks: int, memory_per_worker: int) -> int:
-    """``requested``, or (None) one per core, never more than the tasks or than free memory allows."""
+# Starting the workers costs about 0.7 s (the forkserver imports the data code): by default a worker is
+# started only for about this much work, so small data (the embedded sample) stays in one process.
+ROWS_PER_WORKER = 2_000_000
+
+
+def choose_workers(requested: int | None, tasks: int, memory_per_worker: int, rows: int | None = None) -> int:
+    """``requested``, or (None) one per core, never more than the tasks, than free memory allows, or (when
+    ``rows`` is known) than one per ``ROWS_PER_WORKER`` rows."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"workers must be >= 1 (or null for one per core), got {requested}")
         return max(1, min(requested, tasks))
     by_memory = max(1, available_memory() // max(memory_per_worker, 1))
-    return max(1, min(available_cores(), tasks, by_memory))
+    by_size = max(1, rows // ROWS_PER_WORKER) if rows is not None else tasks
+    return max(1, min(available_cores(), tasks, by_memory, by_size))
 
 
 def peak_rss_bytes() -> int:

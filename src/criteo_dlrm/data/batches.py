@@ -63,7 +63,7 @@ class BatchLoader:
             # sorted within the batch: the same rows, read with better locality.
             take = np.arange(begin, end) if order is None else np.sort(order[begin:end])
             batch = Batch(
-                torch.from_numpy(self.arrays.labels[take]),
+                torch.from_numpy(self.arrays.labels[take].astype(np.float32, copy=False)),
                 torch.from_numpy(self.arrays.dense[take]),
                 torch.from_numpy(self.arrays.sparse[take].astype(np.int64)),
             )

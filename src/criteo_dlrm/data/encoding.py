@@ -6,12 +6,14 @@ runs at tens of millions of lookups per second on one core, with no Python per v
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from loguru import logger
 
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.parallel import choose_workers, run_parallel
@@ -19,13 +21,71 @@ from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
 
+def index_widths(table_sizes: list[int]) -> list[int]:
+    """Bytes each table's indices need on disk: 1 up to 256 rows, 2 up to 65,536, 3 up to 16,777,216, else 4."""
+    return [next(width for width in (1, 2, 3, 4) if size <= 1 << (8 * width) or width == 4) for size in table_sizes]
+
+
+class PackedIndices:
+    """(N, 26) table indices stored in ``sum(widths)`` bytes a row: each table's index in its own width
+    (little-endian), so a row of Criteo 1TB's tables takes about 60 bytes instead of 104 as int32.
+
+    Reading rows (``packed[rows]``) gives the usual (B, 26) int32 indices: one gather of the packed bytes and
+    one ``take`` into int32 bytes (half the speed of gathering int32 rows, still several million rows/s:
+    ``benchmarks/preprocessing.py``). Writing ``packed[a:b] = indices``
+    refuses an index that does not fit its width.
+    """
+
+    def __init__(self, packed: np.ndarray, widths: list[int]):
+        if len(widths) != NUM_SPARSE or packed.ndim != 2 or packed.shape[1] != sum(widths):
+            raise ValueError(f"packed indices of shape {packed.shape} do not match widths {widths}")
+        self.packed, self.widths = packed, [int(width) for width in widths]
+        # Byte k of an int32 row's table t is byte offset_t + k of the packed row, or a zero byte appended
+        # after the packed bytes when k >= width_t: one ``take`` widens a batch of packed rows.
+        row_bytes = sum(self.widths)
+        self._source = np.full(4 * NUM_SPARSE, row_bytes)
+        self._source[[4 * table + k for table, width in enumerate(self.widths) for k in range(width)]] = np.arange(
+            row_bytes
+        )
+        self._kept = self._source < row_bytes  # the int32 bytes that are stored, in stored order
+        self._limits = np.array([1 << (8 * width) if width < 4 else 1 << 31 for width in self.widths], dtype=np.int64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.packed), NUM_SPARSE)
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, rows: np.ndarray | slice) -> np.ndarray:
+        packed = self.packed[rows]
+        padded = np.empty((len(packed), packed.shape[1] + 1), dtype=np.uint8)
+        padded[:, :-1], padded[:, -1] = packed, 0
+        return padded.take(self._source, axis=1).view("<i4")
+
+    def __setitem__(self, rows: slice, indices: np.ndarray) -> None:
+        indices = np.asarray(indices, dtype="<i4")
+        if len(indices) and ((indices < 0) | (indices >= self._limits)).any():
+            table = int(np.flatnonzero(((indices < 0) | (indices >= self._limits)).any(axis=0))[0])
+            raise ValueError(f"SPARSE_{table}: an index does not fit in {self.widths[table]} bytes")
+        self.packed[rows] = np.ascontiguousarray(indices).view(np.uint8)[:, self._kept]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        unpacked = self[:]
+        return unpacked if dtype is None else unpacked.astype(dtype)
+
+    def flush(self) -> None:
+        if isinstance(self.packed, np.memmap):
+            self.packed.flush()
+
+
 @dataclass
 class EncodedArrays:
     """Model inputs for N rows."""
 
-    labels: np.ndarray | None  # (N,) float32, 0 or 1; None for unlabelled rows (scoring)
+    labels: np.ndarray | None  # (N,) 0 or 1 (float32 in memory, uint8 on disk); None for unlabelled rows
     dense: np.ndarray  # (N, 13) float32, standardised log1p counts
-    sparse: np.ndarray  # (N, 26) int32 table indices, 0 = missing or out of vocabulary
+    sparse: np.ndarray | PackedIndices  # (N, 26) int32 table indices, 0 = missing or out of vocabulary
     lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
 
     def __len__(self) -> int:
@@ -140,34 +200,44 @@ class FeatureEncoder:
         return EncodedArrays(labels, dense, sparse)
 
     def encode_days(self, paths: list[str | Path], into: Path | None = None, workers: int | None = 1) -> EncodedArrays:
-        """Encode whole days: 4 * (1 + 13 + 26) = 160 bytes per row.
+        """Encode whole days, into memory or, with ``into``, into files in that folder (``open_encoded``).
 
-        The output is allocated once and filled batch by batch. With ``into``, it is three ``.npy`` files
-        in that folder, written through memory maps, so the days never need to fit in memory, and
-        ``workers`` processes (None: one per core) each encode whole days into their own rows of the
-        files; the arrays are the same whatever the number of workers.
+        In memory: float32 labels, dense and int32 indices, 160 bytes per row. On disk: uint8 labels,
+        float32 dense and ``PackedIndices``, 53 bytes + the tables' index widths per row. The files are
+        written through memory maps, so the days never need to fit in memory, and ``workers`` processes
+        (None: one per core) each encode whole days into their own rows; the files are the same whatever
+        the number of workers.
         """
         rows_per_day = [count_rows([path]) for path in paths]
         rows = sum(rows_per_day)
-        shapes = {
-            "labels": ((rows,), np.float32),
-            "dense": ((rows, NUM_DENSE), np.float32),
-            "sparse": ((rows, NUM_SPARSE), np.int32),
-        }
         if into is None:
-            out = EncodedArrays(*(np.empty(shape, dtype) for shape, dtype in shapes.values()))
+            out = EncodedArrays(
+                np.empty(rows, np.float32),
+                np.empty((rows, NUM_DENSE), np.float32),
+                np.empty((rows, NUM_SPARSE), np.int32),
+            )
             self._encode_rows(paths, out, 0)
             return out
         into.mkdir(parents=True, exist_ok=True)
+        widths = index_widths(self.table_sizes)
+        (into / LAYOUT).write_text(json.dumps({"format": STORED_FORMAT, "sparse_widths": widths}))
+        shapes = {
+            "labels": ((rows,), np.uint8),
+            "dense": ((rows, NUM_DENSE), np.float32),
+            "sparse": ((rows, sum(widths)), np.uint8),
+        }
         for name, (shape, dtype) in shapes.items():
             np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape).flush()
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
-        workers = choose_workers(workers, len(paths), ENCODING_MEMORY)
+        workers = choose_workers(workers, len(paths), ENCODING_MEMORY, rows)
         tasks = [(str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
             for index, _ in run_parallel(_encode_day_into, tasks, workers, shared=self):
                 bar.update(rows_per_day[index])
-        return EncodedArrays(*(np.load(into / f"{name}.npy", mmap_mode="r") for name in shapes))
+        encoded = open_encoded(into)
+        size = bytes_per_row(encoded)
+        logger.info("{}: {:,} rows encoded, {} bytes a row ({:.2f} GB)", into, rows, size, rows * size / 1e9)
+        return encoded
 
     def _encode_rows(self, paths: list[str | Path], out: EncodedArrays, start: int) -> None:
         """Encode ``paths`` batch by batch into ``out`` from row ``start`` on."""
@@ -209,10 +279,30 @@ ENCODING_MEMORY = 1 << 30
 
 
 def _encode_day_into(encoder: FeatureEncoder, path: str, folder: str, start: int) -> None:
-    """A worker's task: encode one day into its rows of the ``.npy`` files in ``folder``."""
-    out = EncodedArrays(
-        *(np.load(Path(folder) / f"{name}.npy", mmap_mode="r+") for name in ("labels", "dense", "sparse"))
-    )
+    """A worker's task: encode one day into its rows of the files in ``folder``."""
+    out = open_encoded(Path(folder), writable=True)
     encoder._encode_rows([path], out, start)
     for array in (out.labels, out.dense, out.sparse):
         array.flush()
+
+
+# The stored layout: ``layout.json`` beside ``labels.npy`` (uint8), ``dense.npy`` (float32) and ``sparse.npy``
+# (packed index bytes). Folders written before it (float32 labels, int32 indices, no layout) still load.
+LAYOUT = "layout.json"
+STORED_FORMAT = 2
+STORED_FIELDS = ("labels", "dense", "sparse")
+
+
+def open_encoded(folder: Path, writable: bool = False, lineage: dict | None = None) -> EncodedArrays:
+    """The encoded rows stored in ``folder``, memory-mapped: rows are read from disk when a batch needs them."""
+    mode = "r+" if writable else "r"
+    labels, dense, sparse = (np.load(folder / f"{name}.npy", mmap_mode=mode) for name in STORED_FIELDS)
+    if (folder / LAYOUT).exists():
+        sparse = PackedIndices(sparse, json.loads((folder / LAYOUT).read_text())["sparse_widths"])
+    return EncodedArrays(labels, dense, sparse, lineage=lineage)
+
+
+def bytes_per_row(arrays: EncodedArrays) -> int:
+    """Bytes one row of ``arrays`` takes (on disk, for stored rows)."""
+    sparse = arrays.sparse.packed if isinstance(arrays.sparse, PackedIndices) else arrays.sparse
+    return sum(array.itemsize * int(np.prod(array.shape[1:])) for array in (arrays.labels, arrays.dense, sparse))

@@ -247,7 +247,7 @@ def compute_feature_metadata(
     total_rows = count_rows(train_paths)
     if total_rows == 0:
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
-    workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY)
+    workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
     groups = feature_groups(settings.features_per_pass, workers)
     # The label and dense features first: they cost about as much as half the sparse features, so the
     # workers that finish the sparse groups early balance the load.

@@ -704,7 +704,9 @@ def convert_days(
     Raises:
         IngestionError: the first day that fails, after the other workers stopped (no partial output).
     """
-    workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY)
+    # About 80 bytes of gzip (about 250 of plain text) per row: the size only decides the default worker count.
+    rows_guess = sum(Path(source).stat().st_size // (80 if str(source).endswith(".gz") else 250) for source, _ in pairs)
+    workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY, rows_guess)
     convert = partial(_convert_task, progress=False if workers > 1 else None, **options)
     tasks = [(*pair, layout) for pair, layout in zip(pairs, layouts or [TRAINING_LAYOUT] * len(pairs), strict=True)]
     reports: list[list[DayReport]] = [[] for _ in pairs]

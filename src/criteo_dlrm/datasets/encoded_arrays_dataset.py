@@ -11,15 +11,15 @@ import numpy as np
 from kedro.io import AbstractDataset
 from loguru import logger
 
-from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays
+from criteo_dlrm.data.encoding import STORED_FIELDS as FIELDS
+from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, open_encoded
 
-FIELDS = ("labels", "dense", "sparse")
 LINEAGE = "lineage.json"
 
 
 class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedArrays]):
-    """``labels.npy``, ``dense.npy``, ``sparse.npy`` and ``lineage.json`` in ``path``; loads the arrays with
-    ``mmap_mode="r"``, so training reads rows from disk on demand instead of holding the whole set in memory.
+    """``labels.npy``, ``dense.npy``, ``sparse.npy`` (packed indices), ``layout.json`` and ``lineage.json`` in
+    ``path``; loads the arrays memory-mapped, so training reads rows from disk on demand instead of holding the whole set in memory.
 
     Saving ``EncodedDays`` encodes them straight into the files (memory stays at one batch), unless the
     folder already holds rows with the same lineage (same metadata version and vocabularies, same Parquet
@@ -31,8 +31,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         self.metadata = metadata
 
     def load(self) -> EncodedArrays:
-        arrays = (np.load(self._path / f"{name}.npy", mmap_mode="r") for name in FIELDS)
-        return EncodedArrays(*arrays, lineage=self._stored_lineage())
+        return open_encoded(self._path, lineage=self._stored_lineage())
 
     def _stored_lineage(self) -> dict | None:
         path = self._path / LINEAGE

@@ -81,7 +81,7 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     assert summary["best_validation"] == checkpoint["best_validation"]
     assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing to resume"
     stored = catalog.load("train_features")
-    assert isinstance(stored.sparse, np.memmap)
+    assert isinstance(stored.sparse.packed, np.memmap) and isinstance(stored.dense, np.memmap)
     np.testing.assert_array_equal(stored.sparse, tiny_features["train"].sparse)
     np.testing.assert_array_equal(catalog.load("validation_features").dense, tiny_features["validation"].dense)
 

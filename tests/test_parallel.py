@@ -1,0 +1,44 @@
+"""Worker processes: how many are started, and what each task sees."""
+
+import os
+
+import pytest
+
+from criteo_dlrm import parallel
+from criteo_dlrm.parallel import ROWS_PER_WORKER, choose_workers, run_parallel
+
+
+def test_default_workers_follow_cores_tasks_memory_and_data_size(monkeypatch):
+    monkeypatch.setattr(parallel, "available_cores", lambda: 16)
+    monkeypatch.setattr(parallel, "available_memory", lambda: 64 << 30)
+    assert choose_workers(None, 24, 1 << 30) == 16
+    assert choose_workers(None, 3, 1 << 30) == 3
+    assert choose_workers(None, 24, 16 << 30) == 4  # free memory for four
+    assert choose_workers(None, 24, 1 << 30, rows=100_000) == 1  # the sample: starting workers costs more
+    assert choose_workers(None, 24, 1 << 30, rows=5 * ROWS_PER_WORKER) == 5
+    assert choose_workers(2, 24, 1 << 30, rows=10) == 2  # asked for: always honoured (up to the tasks)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        choose_workers(0, 24, 1 << 30)
+
+
+def _tag(shared: dict, value: int) -> tuple[int, int, str]:
+    return os.getpid(), value * shared["factor"], shared["name"]
+
+
+def _fail_on_three(value: int) -> int:
+    if value == 3:
+        raise RuntimeError(f"task {value} failed")
+    return value
+
+
+def test_shared_object_reaches_every_task_in_workers_and_in_process():
+    shared = {"factor": 10, "name": "encoder"}
+    for workers in (1, 2):
+        results = dict(run_parallel(_tag, [(value,) for value in range(5)], workers, shared=shared))
+        assert [results[index][1:] for index in range(5)] == [(value * 10, "encoder") for value in range(5)]
+        assert all(pid != os.getpid() for pid, _, _ in results.values()) == (workers == 2)
+
+
+def test_first_failure_is_raised_with_its_own_message():
+    with pytest.raises(RuntimeError, match="task 3 failed"):
+        list(run_parallel(_fail_on_three, [(value,) for value in range(6)], 2))
