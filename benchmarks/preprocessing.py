@@ -139,6 +139,47 @@ def loader_rates(data: Path) -> dict:
     return {"rates": rates, "bytes": {"packed": bytes_per_row(packed), "int32": bytes_per_row(before)}}
 
 
+# Criteo 1TB: 24 days, 4,373,472,329 rows. Table sizes as MLPerf's DLRM reference builds them (vocabularies
+# capped at 40M rows); the raw distinct counts of the largest features are higher, so the memory below is a floor.
+CRITEO_1TB_ROWS = 4_373_472_329
+CRITEO_1TB_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+                     11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]  # fmt: skip
+
+
+def project(results: dict, per_value: float, cores: int, target_cores: int = 16) -> list[str]:
+    """Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with 2 workers, so
+    the interference between workers is in it) and memory per distinct value."""
+    from criteo_dlrm.data.encoding import index_widths
+    from criteo_dlrm.data.metadata import feature_groups
+
+    lines = [
+        f"| stage | rows/s per busy core (2 workers, measured) | {target_cores} cores (projected rows/s) | "
+        "Criteo 1TB (hours) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    hours = {}
+    for stage in STAGES:
+        result = results[(stage, 2)]
+        per_core = result["rows"] / result["wall"] / max(result["busy"] * cores, 1e-9)
+        hours[stage] = CRITEO_1TB_ROWS / (per_core * target_cores) / 3600
+        lines.append(f"| {stage} | {per_core:,.0f} | {per_core * target_cores:,.0f} | {hours[stage]:.2f} |")
+    lines.append(f"| all three | | | {sum(hours.values()):.2f} |")
+    slowest = max(hours, key=hours.get)
+    widths = index_widths(CRITEO_1TB_TABLES)
+    stored = 1 + 4 * 13 + sum(widths)
+    groups = feature_groups(4, 1)
+    largest_pass = max(sum(CRITEO_1TB_TABLES[int(name.split("_")[1])] for name in group) for group in groups)
+    lines += [
+        "",
+        f"{slowest} bounds the total. Disk: model input {stored} bytes a row "
+        f"({CRITEO_1TB_ROWS * stored / 1e9:,.0f} GB; {CRITEO_1TB_ROWS * 160 / 1e9:,.0f} GB at 160 bytes).",
+        f"Metadata memory at {per_value:.0f} bytes per distinct value: all 26 features "
+        f"{sum(CRITEO_1TB_TABLES) * per_value / 1e9:.1f} GB at once; with features_per_pass=4 ({len(groups)} passes) "
+        f"the largest pass {largest_pass * per_value / 1e9:.1f} GB per worker.",
+    ]
+    return lines
+
+
 def _child(*args: str) -> dict:
     output = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
@@ -202,6 +243,8 @@ def main() -> None:
         f"{counted['peak_rss'] >> 20:,} MB ({per_value:.0f} bytes per distinct value above the "
         f"{counted['baseline_rss'] >> 20:,} MB interpreter)"
     )
+    print("\nProjection for Criteo 1TB on 16 cores:\n")
+    print("\n".join(project(results, per_value, cores)))
 
 
 if __name__ == "__main__":
