@@ -11,10 +11,10 @@ from criteo_dlrm.engine import loop
 from criteo_dlrm.engine.loop import (
     Trainer,
     TrainingDivergedError,
-    TrainingSettings,
     build_optimizers,
     learning_rate_factor,
 )
+from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT, ProfilerSettings
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM, DLRMConfig
@@ -28,48 +28,55 @@ def _model(features, seed=0, sparse=True) -> DLRM:
     return DLRM(config, sparse_gradients=sparse)
 
 
-def _trainer(features, tmp_path, settings: TrainingSettings, **kwargs) -> Trainer:
+def _trainer(features, tmp_path, settings: TrainingConfig, **kwargs) -> Trainer:
     return Trainer(
         _model(features, sparse=settings.sparse_gradients),
         settings,
-        BatchLoader(features["train"], settings.batch_size_train, shuffle=True, seed=settings.seed),
-        BatchLoader(features["validation"], settings.batch_size_validation),
+        BatchLoader(features["train"], settings.batch_size.train, shuffle=True, seed=settings.seed),
+        BatchLoader(features["validation"], settings.batch_size.validation),
         torch.device("cpu"),
         tmp_path / "run",
         **kwargs,
     )
 
 
-def _settings(**overrides) -> TrainingSettings:
-    values = {
-        "num_epochs": 2,
-        "batch_size_train": 200,
-        "batch_size_validation": 512,
-        "log_every_steps": 5,
-        "embedding_learning_rate": 0.01,
-    }
-    return TrainingSettings(**{**values, **overrides})
+def _settings(**overrides) -> TrainingConfig:
+    """The test's configuration; ``early_stopping_patience=2`` sets ``early_stopping.patience``, and so on."""
+    values = {"num_epochs": 2, "batch_size": {"train": 200, "validation": 512}, "log_every_steps": 5}
+    values["embedding_learning_rate"] = 0.01
+    for name, value in overrides.items():
+        block, _, key = name.partition("_")
+        nested = {"early": "early_stopping", "batch": "batch_size"}
+        if block in nested and name.startswith(nested[block] + "_"):
+            values.setdefault(nested[block], {})[name.removeprefix(nested[block] + "_")] = value
+        else:
+            values[name] = value
+    profiler = values.pop("profiler", None)
+    config = TrainingConfig.from_dict(values)
+    if profiler is not None:
+        config.profiler = profiler
+    return config
 
 
 def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
     model = _model(tiny_features)
-    optimizers = build_optimizers(model, TrainingSettings())
+    optimizers = build_optimizers(model, TrainingConfig())
     assert isinstance(optimizers["dense"], torch.optim.Adam) and isinstance(
         optimizers["embeddings"], torch.optim.SparseAdam
     )
     assert {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]} == {
         id(p) for p in model.embedding_parameters()
     }
-    seed_way = build_optimizers(_model(tiny_features, sparse=False), TrainingSettings(embedding_optimizer="dense_adam"))
+    seed_way = build_optimizers(_model(tiny_features, sparse=False), TrainingConfig(embedding_optimizer="dense_adam"))
     assert list(seed_way) == ["dense"]
 
 
 def test_warm_up_and_decay_schedules():
-    settings = TrainingSettings(warmup_steps=4, decay="linear")
+    settings = TrainingConfig(warmup_steps=4, decay="linear")
     assert [learning_rate_factor(s, 12, settings) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
-    cosine = TrainingSettings(decay="cosine")
+    cosine = TrainingConfig(decay="cosine")
     assert learning_rate_factor(5, 10, cosine) == pytest.approx(0.5)
-    assert learning_rate_factor(7, 10, TrainingSettings()) == 1.0
+    assert learning_rate_factor(7, 10, TrainingConfig()) == 1.0
 
 
 def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_features, tmp_path):
@@ -216,13 +223,13 @@ def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
     [
         ({"embedding_optimizer": "lamb"}, "embedding_optimizer must be one of"),
         ({"decay": "step"}, "decay must be one of"),
-        ({"batch_size_train": 0}, "batch_size_train must be >= 1"),
+        ({"batch_size": {"train": 0}}, "batch_size.train must be >= 1"),
         ({"max_steps": 0}, "max_steps must be >= 1"),
     ],
 )
 def test_invalid_training_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        TrainingSettings(**overrides)
+        TrainingConfig.from_dict(overrides)
 
 
 @pytest.mark.gpu
@@ -349,8 +356,8 @@ def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
     trainer = Trainer(
         DLRM(config),
         settings,
-        BatchLoader(tiny_features["train"], settings.batch_size_train, shuffle=True),
-        BatchLoader(tiny_features["validation"], settings.batch_size_validation),
+        BatchLoader(tiny_features["train"], settings.batch_size.train, shuffle=True),
+        BatchLoader(tiny_features["validation"], settings.batch_size.validation),
         torch.device("cpu"),
         tmp_path / "run",
     )

@@ -16,12 +16,14 @@ class Batch:
     labels: torch.Tensor  # (B,) float32
     dense: torch.Tensor  # (B, 13) float32
     sparse: torch.Tensor  # (B, 26) int64 table indices
+    global_rows: int | None = None  # rows of the whole global batch this one is a share of (None: this batch)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in (self.labels, self.dense, self.sparse)))
+        tensors = (t.to(device, non_blocking=non_blocking) for t in (self.labels, self.dense, self.sparse))
+        return Batch(*tensors, global_rows=self.global_rows)
 
     def pin_memory(self) -> Batch:
-        return Batch(*(t.pin_memory() for t in (self.labels, self.dense, self.sparse)))
+        return Batch(*(t.pin_memory() for t in (self.labels, self.dense, self.sparse)), global_rows=self.global_rows)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -41,14 +43,25 @@ class BatchLoader:
         shuffle: a new permutation each epoch from ``seed``; else file order.
         seed: the shuffling seed.
         pin_memory: page-lock batches so that copies to a GPU can be asynchronous.
+        rank, world_size: data-parallel training: every process draws the same global batches of
+            ``batch_size`` rows (the same order as one process) and takes its ``rank``-th part of each, so
+            every row is used once per epoch across the processes.
     """
 
     def __init__(
-        self, arrays: EncodedArrays, batch_size: int, shuffle: bool = False, seed: int = 0, pin_memory: bool = False
+        self,
+        arrays: EncodedArrays,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        pin_memory: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.arrays, self.batch_size, self.shuffle, self.seed, self.pin = arrays, batch_size, shuffle, seed, pin_memory
+        self.rank, self.world_size = rank, world_size
 
     def __len__(self) -> int:
         return -(-len(self.arrays) // self.batch_size)
@@ -62,10 +75,13 @@ class BatchLoader:
             # Index arrays make numpy copy the rows (memory-mapped sources are read-only). Shuffled rows are
             # sorted within the batch: the same rows, read with better locality.
             take = np.arange(begin, end) if order is None else np.sort(order[begin:end])
+            if self.world_size > 1:
+                take = np.array_split(take, self.world_size)[self.rank]
             batch = Batch(
                 torch.from_numpy(self.arrays.labels[take].astype(np.float32, copy=False)),
                 torch.from_numpy(self.arrays.dense[take]),
                 torch.from_numpy(self.arrays.sparse[take].astype(np.int64)),
+                global_rows=end - begin,
             )
             yield batch.pin_memory() if self.pin else batch
 

@@ -4,6 +4,11 @@ Setup (optimisers, schedules, resume) happens in ``Trainer.__init__``, the loop 
 per-step work in ``_train_step``. Validation runs over the whole validation set, early stopping
 watches validation log loss, and an in-progress checkpoint at each validation lets an interrupted
 run continue at the same step, with the same optimiser state and data order.
+
+In a torch.distributed process group (``engine.distributed``) the same loop runs data-parallel: the model
+under ``DistributedDataParallel`` (sparse embedding gradients are all-reduced as sparse tensors on gloo),
+each process on its share of every global batch, validation split across the processes and gathered, so
+every process takes the same early-stopping decisions; only rank 0 writes checkpoints and TensorBoard.
 """
 
 from __future__ import annotations
@@ -16,74 +21,26 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from loguru import logger
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.engine.checkpoint import load_checkpoint, remove_stale_partials, save_atomically
+from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
-from criteo_dlrm.engine.profiling import ProfilerSettings, profiler
+from criteo_dlrm.engine.profiling import profiler
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
-from criteo_dlrm.errors import ConfigError, UserError
+from criteo_dlrm.errors import UserError
 from criteo_dlrm.models.dlrm import DLRM
 from criteo_dlrm.progress import progress_bar
-
-EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam")
-DECAYS = ("none", "linear", "cosine")
 
 
 class TrainingDivergedError(UserError, RuntimeError):
     """The loss became NaN or infinite."""
-
-
-@dataclass
-class TrainingSettings:
-    """The loop's knobs (``parameters_training.yml``, less the model sizes)."""
-
-    num_epochs: int = 3
-    batch_size_train: int = 2048
-    batch_size_validation: int = 16384
-    learning_rate: float = 1e-3
-    embedding_optimizer: str = "sparse_adam"
-    embedding_learning_rate: float = 1e-3
-    warmup_steps: int = 0
-    decay: str = "none"
-    max_steps: int | None = None
-    validate_every_steps: int = 0
-    checkpoint_every_steps: int = 0
-    early_stopping_patience: int = 2
-    early_stopping_min_delta: float = 0.0
-    log_every_steps: int = 50
-    seed: int = 0
-    precision: str = "fp32"
-    phase_timing: bool = True
-    profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.embedding_optimizer not in EMBEDDING_OPTIMIZERS:
-            problems.append(
-                f"embedding_optimizer must be one of {EMBEDDING_OPTIMIZERS}, got {self.embedding_optimizer!r}"
-            )
-        if self.decay not in DECAYS:
-            problems.append(f"decay must be one of {DECAYS}, got {self.decay!r}")
-        for name in ("num_epochs", "batch_size_train", "batch_size_validation", "log_every_steps"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate <= 0 or self.embedding_learning_rate <= 0:
-            problems.append("learning rates must be positive")
-        if self.max_steps is not None and self.max_steps < 1:
-            problems.append(f"max_steps must be >= 1 (or null), got {self.max_steps}")
-        if self.early_stopping_patience < 1:
-            problems.append(f"early_stopping_patience must be >= 1, got {self.early_stopping_patience}")
-        if problems:
-            raise ConfigError("Invalid training settings:\n  " + "\n  ".join(problems))
-
-    @property
-    def sparse_gradients(self) -> bool:
-        return self.embedding_optimizer != "dense_adam"
 
 
 @dataclass
@@ -99,7 +56,7 @@ class TrainingResult:
     samples_per_second: float
 
 
-def build_optimizers(model: DLRM, settings: TrainingSettings) -> dict[str, torch.optim.Optimizer]:
+def build_optimizers(model: DLRM, settings: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
     """Adam for the dense layers; the embeddings' optimiser from ``settings.embedding_optimizer``."""
     embeddings = model.embedding_parameters()
     if settings.embedding_optimizer == "dense_adam":  # the seed's way: Adam over every table row, every step
@@ -112,7 +69,7 @@ def build_optimizers(model: DLRM, settings: TrainingSettings) -> dict[str, torch
     return {"dense": torch.optim.Adam(model.dense_parameters(), lr=settings.learning_rate), "embeddings": sparse}
 
 
-def learning_rate_factor(step: int, total_steps: int, settings: TrainingSettings) -> float:
+def learning_rate_factor(step: int, total_steps: int, settings: TrainingConfig) -> float:
     """Linear warm-up over ``warmup_steps``, then constant, linear or cosine decay to zero at ``total_steps``."""
     if step < settings.warmup_steps:
         return (step + 1) / settings.warmup_steps
@@ -137,11 +94,11 @@ def predict(
 
 
 class Trainer:
-    """Trains a DLRM on one device.
+    """Trains a DLRM on one device, or data-parallel when a torch.distributed process group is initialised.
 
     Args:
         model: the model, already on ``device`` (and compiled if wanted).
-        settings: loop settings.
+        settings: the run's configuration (the model sizes are already in ``model``).
         train_loader, validation_loader: encoded rows; the training loader shuffles.
         device: where to train.
         run_dir: TensorBoard run folder (scalars, profiler traces). A resumed run keeps the folder it
@@ -157,7 +114,7 @@ class Trainer:
     def __init__(
         self,
         model: DLRM,
-        settings: TrainingSettings,
+        settings: TrainingConfig,
         train_loader: BatchLoader,
         validation_loader: BatchLoader,
         device: torch.device,
@@ -169,8 +126,18 @@ class Trainer:
     ):
         self.model, self.settings, self.device, self.run_dir = model, settings, device, Path(run_dir)
         self.train_loader, self.validation_loader = train_loader, validation_loader
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        self.is_main = self.rank == 0
+        # The forward pass that trains: under DDP, backward all-reduces the gradients (dense and sparse).
+        self.train_model: nn.Module = model
+        if self.world_size > 1:
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(model, device_ids=device_ids)
         self.resume_path, self.fingerprint = resume_path, fingerprint
-        self.loss_function = nn.BCEWithLogitsLoss()
+        # Summed here and divided by the global batch's rows, so N processes' averaged gradients are one
+        # process's gradient of the mean loss over the global batch, whatever each process's share.
+        self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
         self.optimizers = build_optimizers(model, settings)
         self.steps_per_epoch = len(train_loader)
         self.total_steps = self.steps_per_epoch * settings.num_epochs
@@ -184,7 +151,7 @@ class Trainer:
         self.history: list[dict] = []
         self.samples_seen, self.train_seconds = 0, 0.0
         self._maybe_resume()
-        self._owns_logger = metric_logger is None and tensorboard
+        self._owns_logger = metric_logger is None and tensorboard and self.is_main
         if self._owns_logger:
             metric_logger = TensorBoardLogger(self.run_dir, purge_step=self.step + 1 if self.step else None)
         self.metric_logger = metric_logger or NullLogger()
@@ -215,7 +182,7 @@ class Trainer:
         )
 
     def _save_progress(self) -> None:
-        if self.resume_path is None:
+        if self.resume_path is None or not self.is_main:
             return
         state = self.model.state_dict()
         if not all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()):
@@ -242,19 +209,19 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> TrainingResult:
         settings = self.settings
-        stopped_early = self.bad_validations >= settings.early_stopping_patience
-        bar = progress_bar(self.total_steps, "training", "step", initial=self.step)
+        stopped_early = self.bad_validations >= settings.early_stopping.patience
+        bar = progress_bar(self.total_steps, "training", "step", None if self.is_main else False, initial=self.step)
+        profiling = settings.profiler if self.is_main else type(settings.profiler)(enabled=False)
         try:
-            with profiler(settings.profiler, self.run_dir, self.device) as prof:
+            with profiler(profiling, self.run_dir, self.device) as prof:
                 stopped_early = stopped_early or self._loop(bar, prof)
-            self.metric_logger.log_hparams(
-                {**asdict(settings), "profiler": settings.profiler.enabled}, self.best.get("metrics", {})
-            )
+            self.metric_logger.log_hparams(_flat(asdict(settings)), self.best.get("metrics", {}))
         finally:
             bar.close()
             if self._owns_logger:
                 self.metric_logger.close()
-        self._log_outcome(stopped_early)
+        if self.is_main:
+            self._log_outcome(stopped_early)
         return TrainingResult(
             best_model_state=self.best["model_state"],
             best_optimizer_state=self.best["optimizer_state"],
@@ -321,6 +288,7 @@ class Trainer:
         self.model.train()
         start = time.perf_counter()
         batch = batch.to(self.device, non_blocking=True)
+        global_rows = batch.global_rows or len(batch)
         factor = learning_rate_factor(self.step, self.total_steps, self.settings)
         for name, optimizer in self.optimizers.items():
             for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
@@ -328,8 +296,9 @@ class Trainer:
             optimizer.zero_grad(set_to_none=True)
         start = self._phase(timings, "data", start)
         with autocast(self.device, self.settings.precision):
-            logits = self.model(batch.dense, batch.sparse)
-        loss = self.loss_function(logits.float(), batch.labels)
+            logits = self.train_model(batch.dense, batch.sparse)
+        # DDP averages the processes' gradients: scaling by world_size makes that the global batch's mean.
+        loss = self.loss_function(logits.float(), batch.labels) * (self.world_size / global_rows)
         start = self._phase(timings, "forward", start)
         loss.backward()
         start = self._phase(timings, "backward", start)
@@ -344,8 +313,13 @@ class Trainer:
         return ""
 
     def _check_finite(self, losses: list[torch.Tensor]) -> torch.Tensor:
-        """The losses as one CPU tensor; raises ``TrainingDivergedError`` naming the first non-finite step."""
-        values = torch.stack(losses).float().cpu() if losses else torch.zeros(0)
+        """The losses as one CPU tensor (averaged over the processes, so every process sees the same and all
+        stop together); raises ``TrainingDivergedError`` naming the first non-finite step."""
+        values = torch.stack(losses).float() if losses else torch.zeros(0, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(values)
+            values /= self.world_size
+        values = values.cpu()
         if not torch.isfinite(values).all():
             bad_step = self.step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
             raise TrainingDivergedError(
@@ -363,6 +337,7 @@ class Trainer:
             "train/loss": loss,
             "train/samples_per_second": rate,
             "train/learning_rate": self.optimizers["dense"].param_groups[0]["lr"],
+            "train/processes": self.world_size,
             **{f"time/{name}_ms": 1000 * seconds / steps for name, seconds in timings.items()},
         }
         if "embeddings" in self.optimizers:
@@ -382,7 +357,7 @@ class Trainer:
                 "early stopping at step {:,} (epoch {}): no better validation log loss in {} validations; {}",
                 last["step"],
                 last["epoch"],
-                self.settings.early_stopping_patience,
+                self.settings.early_stopping.patience,
                 kept,
             )
         else:
@@ -391,8 +366,7 @@ class Trainer:
     def _validate(self, epoch: int) -> bool:
         """Score the whole validation set; returns True when early stopping says stop."""
         started = time.perf_counter()
-        probabilities = predict(self.model, self.validation_loader, self.device, self.settings.precision)
-        labels = self.validation_loader.arrays.labels
+        probabilities, labels = self._validation_predictions()
         try:
             metrics = binary_metrics(labels, probabilities)
         except MetricError as error:
@@ -400,7 +374,7 @@ class Trainer:
         self.metric_logger.log_scalars({f"validation/{k}": v for k, v in metrics.items() if k != "rows"}, self.step)
         record = {"step": self.step, "epoch": epoch, **metrics, "seconds": time.perf_counter() - started}
         self.history.append(record)
-        improved = metrics["log_loss"] < self.best_loss - self.settings.early_stopping_min_delta
+        improved = metrics["log_loss"] < self.best_loss - self.settings.early_stopping.min_delta
         if improved:
             self.best_loss, self.bad_validations = metrics["log_loss"], 0
             self.best = {
@@ -412,6 +386,12 @@ class Trainer:
             }
         else:
             self.bad_validations += 1
+        if self.is_main:
+            self._log_validation(metrics, epoch, improved)
+        self._save_progress()
+        return self.bad_validations >= self.settings.early_stopping.patience
+
+    def _log_validation(self, metrics: dict, epoch: int, improved: bool) -> None:
         logger.info(
             "step {:,} (epoch {}): validation log loss {:.5f}, AUC {:.4f}, NE {:.4f}, calibration {:.3f}{}",
             self.step,
@@ -422,7 +402,34 @@ class Trainer:
             metrics["calibration"],
             " (best)"
             if improved
-            else f" (no improvement {self.bad_validations}/{self.settings.early_stopping_patience})",
+            else f" (no improvement {self.bad_validations}/{self.settings.early_stopping.patience})",
         )
-        self._save_progress()
-        return self.bad_validations >= self.settings.early_stopping_patience
+
+    def _validation_predictions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities for every validation row, in order. With N processes each scores a contiguous
+        N-th of the rows and all gather them: the same array, so the same metrics, as one process."""
+        arrays = self.validation_loader.arrays
+        if self.world_size == 1:
+            return predict(self.model, self.validation_loader, self.device, self.settings.precision), arrays.labels
+        bounds = [len(arrays) * rank // self.world_size for rank in range(self.world_size + 1)]
+        mine = BatchLoader(arrays.rows(bounds[self.rank], bounds[self.rank + 1]), self.validation_loader.batch_size)
+        local = torch.from_numpy(predict(self.model, mine, self.device, self.settings.precision))
+        longest = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+        gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        padded = torch.zeros(longest, dtype=torch.float64, device=gather_device)
+        padded[: len(local)] = local.to(gather_device)
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        pieces = [part[: b - a].cpu() for part, a, b in zip(parts, bounds, bounds[1:], strict=False)]
+        return torch.cat(pieces).numpy(), arrays.labels
+
+
+def _flat(values: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists become strings (TensorBoard's hparams take scalars only)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value) if isinstance(value, list | tuple) or value is None else value
+    return flat

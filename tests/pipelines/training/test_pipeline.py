@@ -16,7 +16,7 @@ from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
 from criteo_dlrm.pipelines.training import create_pipeline
-from criteo_dlrm.pipelines.training.nodes import model_config
+from criteo_dlrm.engine.config import TrainingConfig
 from tests.conftest import PROJECT_ROOT
 
 
@@ -89,12 +89,17 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
 def test_dot_with_mismatched_sizes_fails_before_training(tiny_features, tmp_path):
     params = training_params(tmp_path, sparse_embedding_sizes=32)
     with pytest.raises(ConfigError, match="dense_mlp.output_size"):
-        model_config(params, tiny_features["metadata"])
+        TrainingConfig.from_dict(params).model_config(_table_sizes(tiny_features))
 
 
 def test_per_feature_embedding_sizes_with_cat(tiny_features, tmp_path):
     params = training_params(tmp_path, interaction="cat", sparse_embedding_sizes=[4] * 13 + [8] * 13)
-    assert model_config(params, tiny_features["metadata"]).embedding_dims == [4] * 13 + [8] * 13
+    config = TrainingConfig.from_dict(params).model_config(_table_sizes(tiny_features))
+    assert config.embedding_dims == [4] * 13 + [8] * 13
+
+
+def _table_sizes(features) -> list[int]:
+    return [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
 
 
 def test_bf16_training_runs_on_cpu(tiny_features, tmp_path):

@@ -1,0 +1,124 @@
+"""Data-parallel training processes, started by torch.distributed's elastic launcher (the API behind ``torchrun``).
+
+One machine: ``run_training`` calls ``launch``, which writes the job to a file, starts
+``distributed.nproc_per_node`` processes with ``elastic_launch`` and waits; rank 0 hands back its outcome
+through a file. Several machines: run the same job file on each node with ``torchrun``::
+
+    torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
+        -m criteo_dlrm.engine.distributed JOB.pt --outcome OUTCOME.pt
+
+Each process uses one GPU (``cuda:LOCAL_RANK``) on CUDA, or its share of the cores on CPU; the backend is
+nccl on CUDA and gloo on CPU unless ``distributed.backend`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from criteo_dlrm.engine.config import Distributed, TrainingConfig
+from criteo_dlrm.engine.recipe import TrainingJob, TrainingOutcome, save_outcome, train_process
+from criteo_dlrm.errors import UserError
+
+
+class TrainingWorkerError(UserError, RuntimeError):
+    """A training process failed (or was killed); the message names its rank."""
+
+
+def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
+    """Run ``job`` in ``settings.nproc_per_node`` processes on this machine; returns rank 0's outcome.
+
+    Raises:
+        TrainingWorkerError: a process failed, after elastic restarts (``max_restarts``) ran out; the
+            message names the rank, its error, and how to resume.
+    """
+    folder = Path(job.config["in_progress_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    job_path, outcome_path = folder / f"job_{job.fingerprint}.pt", folder / f"outcome_{job.fingerprint}.pt"
+    torch.save(job, job_path)
+    outcome_path.unlink(missing_ok=True)
+    port = settings.master_port or 0  # 0: the c10d store picks a free port
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=settings.nproc_per_node,
+        run_id=f"criteo-dlrm-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"localhost:{port}",
+        max_restarts=settings.max_restarts,
+        monitor_interval=0.5,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, worker)(str(job_path), str(outcome_path))
+    except ChildFailedError as error:
+        raise TrainingWorkerError(_describe_failure(error, job)) from error
+    # Written by rank 0 of this run just now; our own file, so a full (not weights-only) load is safe.
+    outcome = torch.load(outcome_path, map_location="cpu", weights_only=False)["outcome"]
+    outcome_path.unlink(missing_ok=True)
+    job_path.unlink(missing_ok=True)
+    return outcome
+
+
+def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
+    rank, failure = error.get_first_failure()
+    if failure.exitcode is not None and failure.exitcode < 0:
+        cause = f"killed by signal {signal.Signals(-failure.exitcode).name}"
+    else:
+        message = failure.message
+        if isinstance(message, dict):  # the error file @record wrote: the worker's exception
+            message = message.get("message", {}).get("message", message)
+        cause = f"exit code {failure.exitcode}: {message}"
+    resume = job.resume_path
+    how = (
+        f"Run the same command again to resume from the last in-progress checkpoint ({resume})."
+        if resume is not None
+        else "training.resume is false, so a rerun starts afresh."
+    )
+    return f"Training process rank {rank} (pid {failure.pid}) failed: {cause}. {how}"
+
+
+@record
+def worker(job_path: str, outcome_path: str | None = None) -> None:
+    """One training process: join the group the launcher (or torchrun) describes in the environment, train its
+    share, and (rank 0) write the outcome."""
+    job: TrainingJob = torch.load(job_path, map_location="cpu", weights_only=False)
+    config = TrainingConfig.from_dict(job.config)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    elif config.num_threads is None:  # the processes share the cores instead of each taking all of them
+        job.config["num_threads"] = max(1, (os.cpu_count() or 1) // local_world)
+    backend = config.distributed.backend
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    dist.init_process_group(backend, device_id=device if cuda else None)
+    try:
+        outcome = train_process(job, device)
+        if dist.get_rank() == 0 and outcome_path:
+            save_outcome(outcome, Path(outcome_path))
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="One data-parallel training process (start it with torchrun).")
+    parser.add_argument("job", help="the job file a run wrote (in training.in_progress_dir: job_<fingerprint>.pt)")
+    parser.add_argument("--outcome", help="where rank 0 writes its outcome (best weights, history)")
+    args = parser.parse_args()
+    worker(args.job, args.outcome)
+
+
+if __name__ == "__main__":
+    main()

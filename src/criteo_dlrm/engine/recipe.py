@@ -1,0 +1,193 @@
+"""A whole training run, from a configuration and encoded rows to a checkpoint and a summary.
+
+``run_training`` is the one entry point: it runs in this process, or (``distributed.nproc_per_node`` > 1)
+starts that many processes through torch.distributed's elastic launcher (``engine.distributed``), each of
+which calls ``train_process``. Whatever runs it (the Kedro node, a benchmark, ``torchrun``), a run is
+the same: seeding, device, model, loaders, the ``Trainer``, and the checkpoint assembled from its result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder, open_encoded
+from criteo_dlrm.engine.checkpoint import fingerprint, save_atomically, training_checkpoint
+from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
+from criteo_dlrm.engine.loop import Trainer, TrainingResult
+from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.models import DLRM
+from criteo_dlrm.schema import SPARSE_COLUMNS
+
+# Settings that change neither the data order nor the arithmetic: a run may resume across them (the
+# number of processes included: every process count sees the same global batches in the same order).
+NOT_IN_FINGERPRINT = (
+    "resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads",
+    "encoding_workers", "distributed",
+)  # fmt: skip
+
+
+@dataclass
+class TrainingJob:
+    """Everything a training process needs, picklable: stored rows travel as their folder, not their bytes."""
+
+    config: dict
+    train: EncodedArrays | str
+    validation: EncodedArrays | str
+    table_sizes: list[int]
+    fingerprint: str
+    run_version: str
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config["tensorboard_dir"]) / self.run_version
+
+    @property
+    def resume_path(self) -> Path | None:
+        if not self.config["resume"]:
+            return None
+        return Path(self.config["in_progress_dir"]) / f"dlrm_{self.fingerprint}.pt"
+
+
+@dataclass
+class TrainingOutcome:
+    result: TrainingResult
+    run_dir: str
+    device: str
+    backends: dict
+    processes: int
+
+
+def run_training(
+    config: TrainingConfig,
+    train: EncodedArrays,
+    validation: EncodedArrays,
+    metadata: dict,
+    vocabularies: dict[str, np.ndarray] | None,
+    run_version: str,
+    metadata_version: str | None = None,
+) -> tuple[dict, dict]:
+    """Train on ``train``, validate on the whole of ``validation``.
+
+    Args:
+        config: the run's configuration.
+        train, validation: encoded rows (stored ones are memory-mapped and travel to worker processes by folder).
+        metadata: the ``feature_metadata`` they were encoded with (table sizes, vocabulary digest, days).
+        vocabularies: its vocabularies (None in modulus-hash mode), kept in the checkpoint for scoring.
+        run_version: names the TensorBoard run folder and is recorded in the checkpoint.
+        metadata_version: the metadata's catalog version, recorded in the checkpoint.
+
+    Returns:
+        ``(checkpoint, summary)``: the best checkpoint (weights, optimiser state, step, configuration,
+        metadata version and encoder) and a JSON summary of the run.
+    """
+    if len(train) == 0 or len(validation) == 0:
+        raise ConfigError("Training needs rows in both the training and the validation days.")
+    table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    config.model_config(table_sizes)  # refuse impossible model sizes before any process starts
+    settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
+    job = TrainingJob(
+        config=config.to_dict(),
+        train=_portable(train),
+        validation=_portable(validation),
+        table_sizes=table_sizes,
+        # Validating on other days is another run, never resumed into.
+        fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
+        run_version=run_version,
+    )
+    if config.distributed.nproc_per_node > 1 and not dist.is_initialized():
+        from criteo_dlrm.engine.distributed import launch
+
+        outcome = launch(job, config.distributed)
+    else:
+        outcome = train_process(job)
+    result = outcome.result
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    trained_with = {
+        "version": metadata_version,
+        "vocabulary_sha256": metadata["vocabulary_sha256"],
+        "train_ctr": metadata["label"]["ctr"],
+        "source_days": metadata.get("source_days"),
+    }
+    run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
+    model_config = config.model_config(table_sizes).to_dict()
+    checkpoint = training_checkpoint(result, model_config, config.to_dict(), trained_with, encoder.state_dict(), run)
+    summary = {
+        **run,
+        "device": outcome.device,
+        "processes": outcome.processes,
+        "steps": result.steps,
+        "best_step": result.best_step,
+        "stopped_early": result.stopped_early,
+        "samples_per_second": result.samples_per_second,
+        "best_validation": result.best_metrics,
+        "history": result.history,
+        "metadata_version": metadata_version,
+        "source_days": metadata.get("source_days"),
+    }
+    return checkpoint, summary
+
+
+def _portable(arrays: EncodedArrays) -> EncodedArrays | str:
+    return str(arrays.folder) if arrays.folder is not None else arrays
+
+
+def _rows(source: EncodedArrays | str) -> EncodedArrays:
+    return open_encoded(Path(source)) if isinstance(source, str) else source
+
+
+def train_process(job: TrainingJob, device: torch.device | None = None) -> TrainingOutcome:
+    """One process's part of a run: all of it alone, or its rank's share in a process group."""
+    config = TrainingConfig.from_dict(job.config)
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    device = device or resolve_device(config.device, "device")
+    backends = configure_backends(device, config.allow_tf32, config.num_threads)
+    torch.manual_seed(config.seed)  # the same initial weights in every process
+    model = DLRM(config.model_config(job.table_sizes), sparse_gradients=config.sparse_gradients).to(device)
+    if config.compile:
+        compile_model(model, config.compile_mode)
+    pin = device.type == "cuda"
+    batches = config.batch_size
+    train_loader = BatchLoader(
+        _rows(job.train),
+        batches.train,
+        shuffle=True,
+        seed=config.seed,
+        pin_memory=pin,
+        rank=rank,
+        world_size=world_size,
+    )
+    validation_loader = BatchLoader(_rows(job.validation), batches.validation, pin_memory=pin)
+    trainer = Trainer(
+        model,
+        config,
+        train_loader,
+        validation_loader,
+        device,
+        job.run_dir,
+        resume_path=job.resume_path,
+        fingerprint=job.fingerprint,
+        tensorboard=True,
+    )
+    if trainer.is_main:
+        logger.info(
+            "training on {} ({}), {} process(es), {:,} parameters, run folder {}",
+            device, backends, world_size, sum(p.numel() for p in model.parameters()), trainer.run_dir,
+        )  # fmt: skip
+    result = trainer.fit()
+    if job.resume_path is not None and trainer.is_main:
+        job.resume_path.unlink(missing_ok=True)  # finished: nothing left to resume
+    return TrainingOutcome(result, str(trainer.run_dir), str(device), backends, world_size)
+
+
+def save_outcome(outcome: TrainingOutcome, path: Path) -> None:
+    """Rank 0 hands its outcome to the launching process through a file (weights can be gigabytes)."""
+    save_atomically({"outcome": outcome, "pid": os.getpid()}, path)

@@ -1,0 +1,141 @@
+"""Data-parallel training on 2 CPU processes over gloo, launched by torch.distributed's elastic launcher."""
+
+import pickle
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.scoring import probabilities
+
+pytestmark = pytest.mark.slow
+
+RUNNER = Path(__file__).with_name("distributed_runner.py")
+
+
+def _config(tmp_path: Path, processes: int, **overrides) -> TrainingConfig:
+    values = {
+        "num_epochs": 1,
+        "batch_size": {"train": 256, "validation": 300},
+        "dense_mlp": {"hidden_layer_sizes": [16], "output_size": 8},
+        "sparse_embedding_sizes": 8,
+        "prediction_hidden_sizes": [16],
+        "log_every_steps": 4,
+        "tensorboard_dir": str(tmp_path / "tb"),
+        "in_progress_dir": str(tmp_path / "progress"),
+        "distributed": {"nproc_per_node": processes},
+        **overrides,
+    }
+    return TrainingConfig.from_dict(values)
+
+
+def _run(features, config: TrainingConfig, name: str) -> tuple[dict, dict]:
+    vocabularies = features["vocabularies"]
+    return run_training(
+        config, features["train"], features["validation"], features["metadata"], vocabularies.arrays, name, "v"
+    )
+
+
+def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tiny_features, tmp_path):
+    # 3,000 rows, global batch 256: 12 steps; the last batch (184 rows) splits 92 + 92. Every process draws
+    # the same global batches as one process would, so the gradients are the same sums in another order:
+    # Adam's and SparseAdam's updates agree to float rounding.
+    one, one_summary = _run(tiny_features, _config(tmp_path / "one", 1), "one")
+    two, two_summary = _run(tiny_features, _config(tmp_path / "two", 2), "two")
+    assert one_summary["processes"] == 1 and two_summary["processes"] == 2
+    assert one["step"] == two["step"] == 12
+    for name, weights in one["model_state"].items():
+        torch.testing.assert_close(two["model_state"][name], weights, rtol=1e-4, atol=2e-5, msg=name)
+    assert abs(one["best_validation"]["log_loss"] - two["best_validation"]["log_loss"]) < 1e-5
+    assert abs(one["best_validation"]["auc"] - two["best_validation"]["auc"]) < 1e-4
+    # A different data order would not pass: the same run with another seed moves the weights far more.
+    other, _ = _run(tiny_features, _config(tmp_path / "other", 1, seed=1), "other")
+    moved = max((other["model_state"][n] - w).abs().max().item() for n, w in one["model_state"].items())
+    assert moved > 1e-2
+
+
+def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path):
+    checkpoint, summary = _run(
+        tiny_features,
+        _config(tmp_path, 2, validate_every_steps=5, num_epochs=2, early_stopping={"patience": 10}),
+        "run",
+    )
+    assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]
+    assert list((tmp_path / "tb" / "run").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard"
+    assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing behind"
+    model = model_from_checkpoint(checkpoint)
+    validation = tiny_features["validation"]
+    predicted = probabilities(
+        model,
+        torch.from_numpy(validation.dense),
+        torch.from_numpy(validation.sparse.astype(np.int64)),
+        torch.device("cpu"),
+    )
+    metrics = binary_metrics(validation.labels, predicted.double().numpy())
+    for name in ("log_loss", "auc", "calibration"):
+        assert metrics[name] == pytest.approx(checkpoint["best_validation"][name], abs=1e-6), name
+
+
+def _workers(launcher: psutil.Process) -> list[psutil.Process]:
+    """The training processes the elastic agent spawned (not multiprocessing's resource tracker)."""
+    children = []
+    for child in launcher.children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                children.append(child)
+        except psutil.Error:
+            continue
+    return children
+
+
+def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_features, tmp_path):
+    config = _config(tmp_path, 2, num_epochs=3, batch_size={"train": 16, "validation": 1000}, checkpoint_every_steps=10)
+    job = tmp_path / "job.pkl"
+    job.write_bytes(pickle.dumps((config.to_dict(), tiny_features)))
+    launcher = subprocess.Popen(
+        [sys.executable, str(RUNNER), str(job)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    process = psutil.Process(launcher.pid)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "progress").glob("dlrm_*.pt")):  # the first in-progress checkpoint
+        assert launcher.poll() is None and time.monotonic() < deadline, "the run ended before a checkpoint"
+        time.sleep(0.05)
+    workers = _workers(process)
+    assert len(workers) == 2
+    victim = workers[-1]
+    victim.kill()
+    output, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1, output
+    assert re.search(rf"Training process rank [01] \(pid {victim.pid}\) failed: killed by signal SIGKILL", output), (
+        output
+    )
+    assert "Run the same command again to resume" in output
+
+    checkpoint, summary = _run(tiny_features, config, "rerun")
+    steps_per_epoch = -(-3000 // 16)
+    assert checkpoint["step"] > 0 and summary["steps"] == 3 * steps_per_epoch
+    assert summary["history"][0]["step"] >= steps_per_epoch, "the validations before the kill came from the file"
+    assert not list((tmp_path / "progress").glob("*.pt"))
+
+
+def test_wrong_types_are_all_reported_with_their_field_names():
+    with pytest.raises(Exception) as caught:
+        TrainingConfig.from_dict(
+            {"num_epochs": "abc", "batch_size": {"train": 1.5}, "distributed": {"nproc_per_node": 0}, "decay": "x"},
+            prefix="training.",
+        )
+    message = str(caught.value)
+    assert "training.num_epochs must be an integer, got 'abc'" in message
+    assert "training.batch_size.train must be an integer, got 1.5" in message
+    assert "training.distributed.nproc_per_node must be >= 1" in message
+    assert "training.decay must be one of" in message
