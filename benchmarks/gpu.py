@@ -17,8 +17,8 @@ import time
 import torch
 
 from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.engine.config import BatchSize, TrainingConfig
 from criteo_dlrm.engine.device import compile_model, configure_backends
-from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
 from criteo_dlrm.models import DLRM
 
 from training import (
@@ -38,7 +38,8 @@ def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arra
     model = DLRM(spec_config(KAGGLE_LIKE)).to(device)
     if compiled:
         compile_model(model, "max-autotune-no-cudagraphs")
-    train = training_step(model, build_optimizers(model, TrainingSettings()), device, "bf16" if bf16 else "fp32")
+    config = TrainingConfig(precision="bf16" if bf16 else "fp32", batch_size=BatchSize(train=batch))
+    train = training_step(model, config, device, arrays)
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=True)
     batches = itertools.chain.from_iterable(loader.batches(epoch=e) for e in itertools.count())
 

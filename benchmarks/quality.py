@@ -16,17 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 
-from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
 from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
-from criteo_dlrm.engine.loop import Trainer, TrainingSettings
+from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.schema import SPARSE_COLUMNS
 
 from baselines import hash_features, train_logistic_regression
@@ -68,26 +66,24 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
-    torch.manual_seed(0)
     dim = options["dim"]
-    config = DLRMConfig(
-        encoder.table_sizes,
-        [dim] * 26,
-        dense_hidden_sizes=[64],
-        dense_output_size=dim,
-        prediction_hidden_sizes=[128, 64],
+    config = TrainingConfig.from_dict(
+        {
+            "device": "cpu",
+            "sparse_embedding_sizes": dim,
+            "dense_mlp": {"hidden_layer_sizes": [64], "output_size": dim},
+            "num_epochs": options.get("epochs", 10),
+            "batch_size": {"train": options["batch"], "validation": 16384},
+            "embedding_optimizer": options["optimizer"],
+            "embedding_learning_rate": options["embedding_lr"],
+            "early_stopping": {"patience": options.get("patience", 2)},
+            "log_every_steps": 1000,
+            "resume": False,
+            "tensorboard_dir": str(run_dir),
+        }
     )
-    settings = TrainingSettings(
-        num_epochs=options.get("epochs", 10),
-        batch_size_train=options["batch"],
-        embedding_optimizer=options["optimizer"],
-        embedding_learning_rate=options["embedding_lr"],
-        early_stopping_patience=options.get("patience", 2),
-        log_every_steps=1000,
-    )
-    loaders = BatchLoader(train, options["batch"], shuffle=True), BatchLoader(validation, 16384)
-    result = Trainer(DLRM(config), settings, *loaders, torch.device("cpu"), run_dir).fit()
-    return {**result.best_metrics, "epoch": result.best_epoch, "settings": options}
+    checkpoint, _ = run_training(config, train, validation, metadata, vocabularies, "quality")
+    return {**checkpoint["best_validation"], "epoch": checkpoint["epoch"], "settings": options}
 
 
 def train_logistic(train_paths: list[Path], validation_paths: list[Path], options: dict) -> dict:

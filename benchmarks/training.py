@@ -14,7 +14,9 @@ and the machine's fp32 matmul rate, to print the share of the matmul-bound limit
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,8 +24,9 @@ from torch import nn
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
-from criteo_dlrm.engine.device import autocast, compile_model
-from criteo_dlrm.engine.loop import TrainingSettings, build_optimizers
+from criteo_dlrm.engine.config import BatchSize, TrainingConfig
+from criteo_dlrm.engine.device import compile_model
+from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.models import DLRM, DLRMConfig
 
 from seed_design import SeedDLRM, seed_loader
@@ -61,20 +64,12 @@ def spec_config(spec: dict) -> DLRMConfig:
     )
 
 
-def training_step(model: nn.Module, optimizers: dict, device: torch.device, precision: str):
-    """One optimisation step of the project's loop (forward, BCE with logits, backward, both optimisers)."""
-    loss_function = nn.BCEWithLogitsLoss()
-
-    def step(batch):
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-        with autocast(device, precision):
-            logits = model(batch.dense, batch.sparse)
-        loss_function(logits.float(), batch.labels).backward()
-        for opt in optimizers.values():
-            opt.step()
-
-    return step
+def training_step(model: nn.Module, config: TrainingConfig, device: torch.device, arrays: EncodedArrays):
+    """The project loop's own optimisation step (``Trainer.train_step``: learning-rate schedule, forward, BCE
+    with logits, backward, both optimisers), for a model already on ``device``."""
+    loader = BatchLoader(arrays, config.batch_size.train)
+    trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()))
+    return trainer.train_step
 
 
 def synthetic_arrays(rows: int, tables: list[int], seed: int = 0) -> EncodedArrays:
@@ -126,13 +121,16 @@ def train_rate(model: nn.Module, step, batches, warmup: int, steps: int, rows=le
 
 def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, compiled: bool, steps: int) -> float:
     torch.manual_seed(0)
-    settings = TrainingSettings(
-        embedding_optimizer=optimizer, embedding_learning_rate=0.01 if optimizer == "sgd" else 1e-3
+    settings = TrainingConfig(
+        embedding_optimizer=optimizer,
+        embedding_learning_rate=0.01 if optimizer == "sgd" else 1e-3,
+        precision=precision,
+        batch_size=BatchSize(train=spec["batch"]),
     )
     model = DLRM(spec_config(spec), sparse_gradients=settings.sparse_gradients)
     if compiled:
         compile_model(model)
-    step = training_step(model, build_optimizers(model, settings), torch.device("cpu"), precision)
+    step = training_step(model, settings, torch.device("cpu"), arrays)
     batches = _cycle(BatchLoader(arrays, spec["batch"], shuffle=True))
     return train_rate(model, step, batches, warmup=5 if compiled else 2, steps=steps)
 

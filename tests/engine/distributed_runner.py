@@ -24,5 +24,4 @@ if __name__ == "__main__":
             "v",
         )
     except UserError as error:
-        print(error)
-        sys.exit(1)
+        sys.exit(str(error))  # printed to stderr, exit code 1

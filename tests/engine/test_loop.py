@@ -8,13 +8,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine import loop
+from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.loop import (
     Trainer,
     TrainingDivergedError,
     build_optimizers,
     learning_rate_factor,
 )
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT, ProfilerSettings
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM, DLRMConfig

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -251,8 +251,9 @@ class Trainer:
                 timings["data"] += time.perf_counter() - tick
                 unchecked.append(self._train_step(batch, timings))
                 self.step += 1
-                interval_samples += len(batch)
-                self.samples_seen += len(batch)
+                rows = batch.global_rows or len(batch)  # every process's rows: the run's rate, not this process's
+                interval_samples += rows
+                self.samples_seen += rows
                 self.train_seconds += time.perf_counter() - tick
                 prof.step()
                 end_of_epoch = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
@@ -283,6 +284,12 @@ class Trainer:
         now = time.perf_counter()
         timings[name] += now - start
         return now
+
+    def train_step(self, batch: Batch) -> torch.Tensor:
+        """One optimisation step on ``batch`` (what ``fit`` does per step; the benchmarks time it)."""
+        loss = self._train_step(batch, dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0))
+        self.step += 1
+        return loss
 
     def _train_step(self, batch: Batch, timings: dict) -> torch.Tensor:
         self.model.train()

@@ -12,11 +12,11 @@ from kedro.runner import SequentialRunner
 
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
+from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
 from criteo_dlrm.pipelines.training import create_pipeline
-from criteo_dlrm.engine.config import TrainingConfig
 from tests.conftest import PROJECT_ROOT
 
 

@@ -1,0 +1,130 @@
+"""Data-parallel training throughput: 1..N processes on torch.distributed, in one run.
+
+    python benchmarks/distributed.py [--processes 1,2] [--device cpu] [--steps 40] [--rows 200000]
+    python benchmarks/distributed.py --processes 1,2,4,8 --device cuda --batch 16384   # on a GPU machine
+
+At the Kaggle-like configuration of ``benchmarks/training.py`` (26 tables sized like Kaggle's, capped at
+100,000 rows; 16-dim embeddings; MLPs 512-256-64-16 and 512-256; global batch 2048), each process count is
+launched through torch.distributed's elastic launcher (gloo on CPU, nccl on CUDA), and every process runs
+the project loop's own step (``Trainer.train_step`` under DistributedDataParallel) on its share of each
+global batch. For each count it prints:
+
+- samples/s: global batch rows per second (all processes together), the loader included;
+- step ms: one optimisation step, gradients all-reduced (dense and sparse embedding gradients);
+- step ms without sync: the same steps under DDP's ``no_sync()`` (no all-reduce at all);
+- communication share: 1 - (without sync / with sync), the part of a step spent on communication that
+  the backward pass does not hide. With 1 process there is nothing to all-reduce.
+
+On CPU every process gets cores / processes threads, so on a 2-core machine 2 processes split the same
+two cores: expect overhead, not speed-up. The figures that matter are from one GPU per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import open_encoded
+from criteo_dlrm.engine.config import BatchSize, TrainingConfig
+from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.models import DLRM
+
+from training import CONFIGURATIONS, spec_config, synthetic_arrays
+
+
+def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
+    """One process of a measurement (rank 0's result is kept)."""
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    cuda = device_kind == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    spec = CONFIGURATIONS["kaggle-like"]
+    model = DLRM(spec_config(spec)).to(device)
+    config = TrainingConfig(batch_size=BatchSize(train=batch), device=str(device))
+    arrays = open_encoded(Path(folder))
+    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=cuda, rank=rank, world_size=world)
+    trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()))
+    batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
+
+    def run(count: int, sync: bool) -> float:
+        for _ in range(3):  # warm-up
+            trainer.train_step(next(batches))
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(count):
+            if sync or world == 1:
+                trainer.train_step(next(batches))
+            else:
+                with trainer.train_model.no_sync():
+                    trainer.train_step(next(batches))
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        return (time.perf_counter() - start) / count
+
+    synced = run(steps, sync=True)
+    unsynced = run(steps, sync=False)
+    dist.destroy_process_group()
+    return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=CONFIGURATIONS["kaggle-like"]["batch"])
+    args = parser.parse_args()
+    spec = CONFIGURATIONS["kaggle-like"]
+    with tempfile.TemporaryDirectory() as tmp:
+        arrays = synthetic_arrays(args.rows, spec["tables"])
+        for name in ("labels", "dense", "sparse"):
+            np.save(Path(tmp) / f"{name}.npy", getattr(arrays, name))
+        results = {}
+        for processes in (int(p) for p in args.processes.split(",")):
+            launch = LaunchConfig(
+                min_nodes=1,
+                max_nodes=1,
+                nproc_per_node=processes,
+                run_id=uuid.uuid4().hex[:8],
+                rdzv_backend="c10d",
+                rdzv_endpoint="localhost:0",
+                max_restarts=0,
+                monitor_interval=0.5,
+                start_method="spawn",
+            )
+            results[processes] = elastic_launch(launch, _measure)(tmp, args.batch, args.steps, args.device)[0]
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
+    print(f"\nKaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
+    print("| processes | samples/s | x 1 process | step ms | step ms without sync | communication share |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = results[min(results)]["samples_per_second"]
+    for processes, result in results.items():
+        share = max(0.0, 1 - result["no_sync_ms"] / result["step_ms"]) if processes > 1 else 0.0
+        print(
+            f"| {processes} | {result['samples_per_second']:,.0f} | {result['samples_per_second'] / base:.2f}x | "
+            f"{result['step_ms']:.1f} | {result['no_sync_ms']:.1f} | {share:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
