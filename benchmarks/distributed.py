@@ -11,7 +11,8 @@ global batch. For each count it prints:
 
 - samples/s: global batch rows per second (all processes together), the loader included;
 - step ms: one optimisation step, gradients all-reduced (dense and sparse embedding gradients);
-- step ms without sync: the same steps under DDP's ``no_sync()`` (no all-reduce at all);
+- step ms without sync: the same steps with no gradient exchange at all (DDP's ``no_sync()`` for the dense
+  gradients, and no all-gather of the sparse embedding gradients);
 - communication share: 1 - (without sync / with sync), the part of a step spent on communication that
   the backward pass does not hide. With 1 process there is nothing to all-reduce.
 
@@ -70,11 +71,8 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
         dist.barrier()
         start = time.perf_counter()
         for _ in range(count):
-            if sync or world == 1:
-                trainer.train_step(next(batches))
-            else:
-                with trainer.train_model.no_sync():
-                    trainer.train_step(next(batches))
+            trainer.sync_gradients = sync
+            trainer.train_step(next(batches))
         if cuda:
             torch.cuda.synchronize()
         dist.barrier()

@@ -83,3 +83,15 @@ def test_a_run_with_a_misspelt_parameter_stops_before_any_node(project):
     ):
         session.run(pipeline_names=["ingestion"])
     assert not (project / "data/02_intermediate/ingestion_report.json").exists()
+
+
+def test_a_run_with_a_wrongly_typed_training_parameter_stops_before_any_node(project):
+    from criteo_dlrm.errors import ConfigError
+
+    bootstrap_project(project)
+    with (
+        pytest.raises(ConfigError, match=r"training.num_epochs must be an integer, got 'abc'"),
+        KedroSession.create(project_path=project, runtime_params={"training": {"num_epochs": "abc"}}) as session,
+    ):
+        session.run(pipeline_names=["ingestion"])
+    assert not list((project / "data/02_intermediate").rglob("*.parquet"))

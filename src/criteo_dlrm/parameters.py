@@ -74,6 +74,12 @@ def check_parameters(given: Mapping, schema: Mapping) -> None:
             "Missing parameter(s): " + ", ".join(missing) + ". A conf environment (conf/local) that sets a "
             "whole block must repeat every key of conf/base, or set only the keys it changes."
         )
+    if not problems and isinstance(given.get("training"), Mapping):
+        # Types and ranges of the training block too, so `training.num_epochs=abc` stops the run before
+        # ingestion and metadata have run, not when training starts.
+        from criteo_dlrm.engine.config import TrainingConfig
+
+        TrainingConfig.from_dict(given["training"], prefix="training.")
     if problems:
         raise ParameterError(
             " ".join(problems) + " The known ones, with their defaults and meanings, are in "

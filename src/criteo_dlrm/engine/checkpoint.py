@@ -6,15 +6,11 @@ import hashlib
 import json
 import os
 import platform
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from criteo_dlrm.engine.loop import TrainingResult
 
 CHECKPOINT_FORMAT = 1
 
@@ -32,42 +28,6 @@ def library_versions() -> dict[str, str]:
 def fingerprint(*parts: Any) -> str:
     """A short hash of JSON-able settings: two runs resume each other only when these agree."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def training_checkpoint(
-    result: TrainingResult,
-    model_config: dict,
-    parameters: dict,
-    metadata: dict,
-    encoder_state: dict,
-    run: dict,
-) -> dict[str, Any]:
-    """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
-
-    Args:
-        result: what ``Trainer.fit`` returned.
-        model_config: ``DLRMConfig.to_dict()``.
-        parameters: the training parameters as run (overrides included).
-        metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
-        encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
-        run: ``run_version`` and ``tensorboard_run``.
-    """
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model_state": result.best_model_state,
-        "optimizer_state": result.best_optimizer_state,
-        "step": result.best_step,
-        "epoch": result.best_epoch,
-        "model_config": model_config,
-        "training_parameters": parameters,
-        "metadata": metadata,
-        "encoder": encoder_state,
-        "best_validation": result.best_metrics,
-        "history": result.history,
-        **run,
-        "library_versions": library_versions(),
-        "created": datetime.now(UTC).isoformat(),
-    }
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:

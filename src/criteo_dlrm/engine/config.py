@@ -53,6 +53,7 @@ class Distributed:
     """Data-parallel training on torch.distributed (``nproc_per_node`` > 1, or launched by ``torchrun``)."""
 
     nproc_per_node: int = 1
+    nnodes: int = 1  # > 1: this run writes the job and waits while torchrun runs it on every node
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     max_restarts: int = 0  # elastic restarts of the whole group after a worker fails
     master_port: int | None = None  # null: a free port (single node)
@@ -126,7 +127,7 @@ class TrainingConfig:
         need(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}")
         need(self.distributed.backend in BACKENDS, "distributed.backend", f"must be one of {BACKENDS}")
         for name in ("num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
-                     "distributed.nproc_per_node", "early_stopping.patience"):  # fmt: skip
+                     "distributed.nproc_per_node", "distributed.nnodes", "early_stopping.patience"):  # fmt: skip
             need(_value(self, name) >= 1, name, "must be >= 1")
         for name in ("learning_rate", "embedding_learning_rate"):
             need(_value(self, name) > 0, name, "must be positive")

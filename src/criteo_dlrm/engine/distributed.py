@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -43,8 +45,10 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     folder = Path(job.config["in_progress_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     job_path, outcome_path = folder / f"job_{job.fingerprint}.pt", folder / f"outcome_{job.fingerprint}.pt"
-    torch.save(job, job_path)
     outcome_path.unlink(missing_ok=True)
+    torch.save(job, job_path)
+    if settings.nnodes > 1:
+        return _wait_for_nodes(job_path, outcome_path, settings)
     port = settings.master_port or 0  # 0: the c10d store picks a free port
     config = LaunchConfig(
         min_nodes=1,
@@ -68,6 +72,33 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     return outcome
 
 
+def torchrun_command(job_path: Path, outcome_path: Path, settings: Distributed, head: str = "HEAD_NODE") -> str:
+    """The command to start on every node of a multi-node run (``head``: a host every node can reach)."""
+    return (
+        f"torchrun --nnodes={settings.nnodes} --nproc-per-node={settings.nproc_per_node} --rdzv-backend=c10d "
+        f"--rdzv-endpoint={head}:{settings.master_port or 29400} --rdzv-id={job_path.stem} "
+        f"-m criteo_dlrm.engine.distributed {job_path} --outcome {outcome_path}"
+    )
+
+
+def _wait_for_nodes(job_path: Path, outcome_path: Path, settings: Distributed) -> TrainingOutcome:
+    """Multi-node: the job is written; torchrun runs it on every node; rank 0 writes the outcome file."""
+    logger.info(
+        "Multi-node training: start this on each of the {} nodes (paths on a filesystem they all see):\n  {}",
+        settings.nnodes, torchrun_command(job_path.resolve(), outcome_path.resolve(), settings),
+    )  # fmt: skip
+    waited = 0.0
+    while not outcome_path.exists():
+        time.sleep(1.0)
+        waited += 1.0
+        if waited % 300 == 0:
+            logger.info("still waiting for {} ({:.0f} min)", outcome_path, waited / 60)
+    outcome = torch.load(outcome_path, map_location="cpu", weights_only=False)["outcome"]
+    outcome_path.unlink(missing_ok=True)
+    job_path.unlink(missing_ok=True)
+    return outcome
+
+
 def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
     rank, failure = error.get_first_failure()
     if failure.exitcode is not None and failure.exitcode < 0:
@@ -81,7 +112,7 @@ def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
     how = (
         f"Run the same command again to resume from the last in-progress checkpoint ({resume})."
         if resume is not None
-        else "training.resume is false, so a rerun starts afresh."
+        else "resume is off, so a rerun starts afresh."
     )
     return f"Training process rank {rank} (pid {failure.pid}) failed: {cause}. {how}"
 
@@ -114,7 +145,7 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="One data-parallel training process (start it with torchrun).")
-    parser.add_argument("job", help="the job file a run wrote (in training.in_progress_dir: job_<fingerprint>.pt)")
+    parser.add_argument("job", help="the job file a run wrote (in the run's in_progress_dir: job_<fingerprint>.pt)")
     parser.add_argument("--outcome", help="where rank 0 writes its outcome (best weights, history)")
     args = parser.parse_args()
     worker(args.job, args.outcome)

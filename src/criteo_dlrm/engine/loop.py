@@ -32,7 +32,7 @@ from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import profiler
-from criteo_dlrm.engine.scoring import probabilities
+from criteo_dlrm.engine.scoring import predict
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
 from criteo_dlrm.errors import UserError
 from criteo_dlrm.models.dlrm import DLRM
@@ -79,20 +79,6 @@ def learning_rate_factor(step: int, total_steps: int, settings: TrainingConfig) 
     return 1.0 - progress if settings.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-@torch.no_grad()
-def predict(
-    model: nn.Module, loader: BatchLoader, device: torch.device, precision: str = "fp32", progress: bool | None = False
-) -> np.ndarray:
-    """Click probabilities for every row of ``loader``, in order: (N,) float64."""
-    model.eval()
-    outputs = []
-    with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
-        for batch in loader.batches():
-            outputs.append(probabilities(model, batch.dense, batch.sparse, device, precision))
-            bar.update(len(batch))
-    return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)
-
-
 class Trainer:
     """Trains a DLRM on one device, or data-parallel when a torch.distributed process group is initialised.
 
@@ -129,9 +115,16 @@ class Trainer:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
         self.is_main = self.rank == 0
-        # The forward pass that trains: under DDP, backward all-reduces the gradients (dense and sparse).
+        # The forward pass that trains: under DDP, backward all-reduces the dense gradients in buckets while
+        # it runs. Sparse embedding gradients are left out of DDP and all-gathered after backward
+        # (``_all_reduce_sparse``): DDP's own sparse path is gloo-only and crashed once in our tests.
         self.train_model: nn.Module = model
+        self.sparse_parameters = model.embedding_parameters() if settings.sparse_gradients else []
+        self.sync_gradients = True  # False: no gradient exchange at all (the distributed benchmark's baseline)
         if self.world_size > 1:
+            names = {id(p): name for name, p in model.named_parameters()}
+            ignored = [names[id(p)] for p in self.sparse_parameters]
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
             device_ids = [device.index] if device.type == "cuda" else None
             self.train_model = DistributedDataParallel(model, device_ids=device_ids)
         self.resume_path, self.fingerprint = resume_path, fingerprint
@@ -307,12 +300,46 @@ class Trainer:
         # DDP averages the processes' gradients: scaling by world_size makes that the global batch's mean.
         loss = self.loss_function(logits.float(), batch.labels) * (self.world_size / global_rows)
         start = self._phase(timings, "forward", start)
-        loss.backward()
+        if self.world_size > 1 and not self.sync_gradients:
+            with self.train_model.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+        if self.world_size > 1 and self.sync_gradients:
+            self._all_reduce_sparse()
         start = self._phase(timings, "backward", start)
         for optimizer in self.optimizers.values():
             optimizer.step()
         self._phase(timings, "optimizer", start)
         return loss.detach()
+
+    def _all_reduce_sparse(self) -> None:
+        """Average the sparse embedding gradients over the processes, as DDP averages the dense ones.
+
+        Each process's gradient (coalesced: one entry per touched row) is all-gathered as indices and
+        values, padded to the longest, so it works on gloo and nccl alike; the optimiser sums duplicates.
+        """
+        for parameter in self.sparse_parameters:
+            gradient = parameter.grad.coalesce()
+            indices, values = gradient.indices()[0], gradient.values()
+            count = torch.tensor([len(indices)], device=indices.device)
+            counts = [torch.empty_like(count) for _ in range(self.world_size)]
+            dist.all_gather(counts, count)
+            longest = int(max(counts))
+            padded_indices = indices.new_zeros(longest)
+            padded_indices[: len(indices)] = indices
+            padded_values = values.new_zeros((longest, *values.shape[1:]))
+            padded_values[: len(values)] = values
+            all_indices = [torch.empty_like(padded_indices) for _ in range(self.world_size)]
+            all_values = [torch.empty_like(padded_values) for _ in range(self.world_size)]
+            dist.all_gather(all_indices, padded_indices)
+            dist.all_gather(all_values, padded_values)
+            kept = [int(n) for n in counts]
+            parameter.grad = torch.sparse_coo_tensor(
+                torch.cat([i[:n] for i, n in zip(all_indices, kept, strict=True)]).unsqueeze(0),
+                torch.cat([v[:n] for v, n in zip(all_values, kept, strict=True)]) / self.world_size,
+                gradient.shape,
+            )
 
     def _kept(self) -> str:
         if self.resume_path and Path(self.resume_path).exists():
@@ -331,8 +358,8 @@ class Trainer:
             bad_step = self.step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
             raise TrainingDivergedError(
                 f"Training diverged: the loss is {values[~torch.isfinite(values)][0].item()} at step {bad_step:,}."
-                f"{self._kept()} Lower training.learning_rate / training.embedding_learning_rate, or add warm-up "
-                "(training.warmup_steps)."
+                f"{self._kept()} Lower learning_rate / embedding_learning_rate, or add warm-up "
+                "(warmup_steps)."
             )
         return values
 

@@ -59,7 +59,7 @@ def profiler(settings: ProfilerSettings, run_dir: Path, device: torch.device) ->
     try:
         table = prof.key_averages().table(sort_by=sort_by, row_limit=settings.row_limit)
     except (AssertionError, RuntimeError) as error:  # no profiled step (the run was shorter than wait + warmup)
-        logger.warning("profiler recorded no step ({}); increase the run or lower training.profiler.wait", error)
+        logger.warning("profiler recorded no step ({}); increase the run or lower profiler.wait", error)
         return
     (run_dir / TOP_OPS_REPORT).write_text(table)
     logger.info("profiler: traces and {} written to {}", TOP_OPS_REPORT, run_dir)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +21,7 @@ from loguru import logger
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder, open_encoded
-from criteo_dlrm.engine.checkpoint import fingerprint, save_atomically, training_checkpoint
+from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, save_atomically
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
 from criteo_dlrm.engine.loop import Trainer, TrainingResult
@@ -103,7 +105,8 @@ def run_training(
         fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
         run_version=run_version,
     )
-    if config.distributed.nproc_per_node > 1 and not dist.is_initialized():
+    several = config.distributed.nproc_per_node > 1 or config.distributed.nnodes > 1
+    if several and not dist.is_initialized():
         from criteo_dlrm.engine.distributed import launch
 
         outcome = launch(job, config.distributed)
@@ -134,6 +137,42 @@ def run_training(
         "source_days": metadata.get("source_days"),
     }
     return checkpoint, summary
+
+
+def training_checkpoint(
+    result: TrainingResult,
+    model_config: dict,
+    parameters: dict,
+    metadata: dict,
+    encoder_state: dict,
+    run: dict,
+) -> dict[str, Any]:
+    """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
+
+    Args:
+        result: what ``Trainer.fit`` returned.
+        model_config: ``DLRMConfig.to_dict()``.
+        parameters: the training parameters as run (overrides included).
+        metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
+        encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
+        run: ``run_version`` and ``tensorboard_run``.
+    """
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model_state": result.best_model_state,
+        "optimizer_state": result.best_optimizer_state,
+        "step": result.best_step,
+        "epoch": result.best_epoch,
+        "model_config": model_config,
+        "training_parameters": parameters,
+        "metadata": metadata,
+        "encoder": encoder_state,
+        "best_validation": result.best_metrics,
+        "history": result.history,
+        **run,
+        "library_versions": library_versions(),
+        "created": datetime.now(UTC).isoformat(),
+    }
 
 
 def _portable(arrays: EncodedArrays) -> EncodedArrays | str:

@@ -1,13 +1,15 @@
 """Scoring with a trained model and its own encoder: one home for turning rows into click probabilities.
 
-``probabilities`` is the only place a model's logits become probabilities; training's validation,
-evaluation (``score_days``) and batch scoring (``write_predictions``, streaming to Parquet) all call it.
+``probabilities`` is the only place a model's logits become probabilities; training's validation
+(``predict``, over encoded rows), evaluation (``score_days``) and batch scoring (``write_predictions``,
+streaming to Parquet) all call it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +23,9 @@ from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.errors import DataError
 from criteo_dlrm.progress import progress_bar
 from criteo_dlrm.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
+
+if TYPE_CHECKING:
+    from criteo_dlrm.data.batches import BatchLoader
 
 PREDICTION_COLUMN = "click_probability"
 # Rows per forward pass when scoring. On the CPU a DLRM scores about 2.5x faster in slices of a few thousand
@@ -170,3 +175,21 @@ def write_predictions(
                 bar.update(rows)
     all_scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
     return all_scores, (np.concatenate(labels) if labelled and labels else None)
+
+
+@torch.no_grad()
+def predict(
+    model: torch.nn.Module,
+    loader: BatchLoader,
+    device: torch.device,
+    precision: str = "fp32",
+    progress: bool | None = False,
+) -> np.ndarray:
+    """Click probabilities for every encoded row of ``loader``, in order: (N,) float64 (training's validation)."""
+    model.eval()
+    outputs = []
+    with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
+        for batch in loader.batches():
+            outputs.append(probabilities(model, batch.dense, batch.sparse, device, precision))
+            bar.update(len(batch))
+    return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)

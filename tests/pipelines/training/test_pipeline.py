@@ -195,3 +195,20 @@ def test_rows_encoded_from_other_days_or_vocabularies_are_refused(tiny_features,
             training_params(tmp_path),
             "r",
         )
+
+
+@pytest.mark.slow
+def test_training_pipeline_on_two_processes_reads_the_stored_rows_by_folder(tiny_features, tmp_path, monkeypatch):
+    from criteo_dlrm.engine import recipe
+
+    sent = []
+    original = recipe._portable
+    monkeypatch.setattr(recipe, "_portable", lambda arrays: sent.append(original(arrays)) or sent[-1])
+    params = training_params(tmp_path, distributed={**training_params(tmp_path)["distributed"], "nproc_per_node": 2})
+    catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
+    SequentialRunner().run(create_pipeline(), catalog)
+    assert sent == [str(tmp_path / "train_features"), str(tmp_path / "validation_features")], "folders, not bytes"
+    summary = catalog.load("training_summary")
+    assert summary["processes"] == 2 and summary["steps"] == 2 * 15
+    checkpoint = TorchCheckpointDataset(filepath=str(tmp_path / "ckpt.pt"), version=Version(None, None)).load()
+    assert checkpoint["training_parameters"]["distributed"]["nproc_per_node"] == 2

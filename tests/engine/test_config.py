@@ -1,0 +1,38 @@
+"""The typed training configuration: the project's defaults, every problem at once."""
+
+import pytest
+import yaml
+
+from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.errors import ConfigError
+from tests.conftest import PROJECT_ROOT
+
+
+def test_the_dataclass_defaults_are_the_projects_defaults():
+    base = yaml.safe_load((PROJECT_ROOT / "conf/base/parameters_training.yml").read_text())["training"]
+    assert TrainingConfig().to_dict() == base
+    assert TrainingConfig.from_dict(base, "training.") == TrainingConfig()
+
+
+def test_missing_keys_keep_their_defaults_and_lists_come_back_as_lists():
+    config = TrainingConfig.from_dict({"dense_mlp": {"hidden_layer_sizes": (32, 8)}, "learning_rate": 1})
+    assert config.dense_mlp.hidden_layer_sizes == [32, 8] and config.dense_mlp.output_size == 16
+    assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
+
+
+def test_wrong_types_are_all_reported_with_their_field_names():
+    with pytest.raises(ConfigError) as caught:
+        TrainingConfig.from_dict(
+            {"num_epochs": "abc", "batch_size": {"train": 1.5}, "distributed": {"nproc_per_node": 0}, "decay": "x"},
+            prefix="training.",
+        )
+    message = str(caught.value)
+    assert "training.num_epochs must be an integer, got 'abc'" in message
+    assert "training.batch_size.train must be an integer, got 1.5" in message
+    assert "training.distributed.nproc_per_node must be >= 1" in message
+    assert "training.decay must be one of" in message
+
+
+def test_unknown_keys_are_named_with_their_path():
+    with pytest.raises(ConfigError, match=r"training.early_stopping.patiense is not a training setting"):
+        TrainingConfig.from_dict({"early_stopping": {"patiense": 3}}, "training.")
