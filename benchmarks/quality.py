@@ -40,16 +40,9 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
     return EncodedArrays(encoded.labels, encoded.dense, hash_features(raw))
 
 
-# The DLRM settings of the learning curve: the project's defaults, with batch 512 for speed.
-CURVE_SETTINGS = {
-    "min_frequency": 3,
-    "dim": 16,
-    "batch": 512,
-    "optimizer": "sparse_adam",
-    "embedding_lr": 0.003,
-    "patience": 1,
-    "epochs": 4,
-}
+# The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
+CURVE_SETTINGS = {"min_frequency": 3, "dim": 16}
+INTERACTIONS = ("dot", "dcn")
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
 REAL_DLRM_GRID = [
@@ -67,23 +60,38 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
     dim = options["dim"]
+    defaults = TrainingConfig()
     config = TrainingConfig.from_dict(
         {
             "device": "cpu",
             "sparse_embedding_sizes": dim,
             "dense_mlp": {"hidden_layer_sizes": [64], "output_size": dim},
-            "num_epochs": options.get("epochs", 10),
-            "batch_size": {"train": options["batch"], "validation": 16384},
-            "embedding_optimizer": options["optimizer"],
-            "embedding_learning_rate": options["embedding_lr"],
-            "early_stopping": {"patience": options.get("patience", 2)},
+            "interaction": options.get("interaction", defaults.interaction),
+            "num_epochs": options.get("epochs", defaults.num_epochs),
+            "validations_per_epoch": options.get("validations_per_epoch", defaults.validations_per_epoch),
+            "batch_size": {"train": options.get("batch", defaults.batch_size.train), "validation": 16384},
+            "embedding_optimizer": options.get("optimizer", defaults.embedding_optimizer),
+            "embedding_learning_rate": options.get("embedding_lr", defaults.embedding_learning_rate),
+            "early_stopping": {"patience": options.get("patience", defaults.early_stopping.patience)},
             "log_every_steps": 1000,
             "resume": False,
             "tensorboard_dir": str(run_dir),
         }
     )
-    checkpoint, _ = run_training(config, train, validation, metadata, vocabularies, "quality")
-    return {**checkpoint["best_validation"], "epoch": checkpoint["epoch"], "settings": options}
+    checkpoint, summary = run_training(config, train, validation, metadata, vocabularies, "quality")
+    history = summary["history"]
+    best_record = next(h for h in history if h["step"] == checkpoint["step"])
+    # The first epoch's training time, when it ran to its end (the last validation of epoch 0 is at its end).
+    finished_first = any(h["epoch"] > 0 for h in history)
+    return {
+        **checkpoint["best_validation"],
+        "epoch": checkpoint["epoch"],
+        "step": checkpoint["step"],
+        "seconds_to_best": best_record["train_seconds"],
+        "seconds_first_epoch": [h for h in history if h["epoch"] == 0][-1]["train_seconds"] if finished_first else None,
+        "seconds_total": history[-1]["train_seconds"],
+        "settings": options,
+    }
 
 
 def train_logistic(train_paths: list[Path], validation_paths: list[Path], options: dict) -> dict:
@@ -101,7 +109,9 @@ def best(results: list[dict]) -> dict:
     return min(results, key=lambda r: r["log_loss"])
 
 
-def learning_curve(sizes: list[int], validation_rows: int, work: Path) -> list[dict]:
+def learning_curve(
+    sizes: list[int], validation_rows: int, work: Path, interactions: tuple[str, ...], overrides: dict
+) -> list[dict]:
     model = ClickModel(seed=0)
     days = -(-max(sizes) // DAY_ROWS)
     paths = []
@@ -117,21 +127,25 @@ def learning_curve(sizes: list[int], validation_rows: int, work: Path) -> list[d
     for size in sizes:
         started = time.perf_counter()
         train_paths = paths[: size // DAY_ROWS]
-        dlrm = train_dlrm(train_paths, [validation_path], CURVE_SETTINGS, work / "runs")
         logistic = train_logistic(train_paths, [validation_path], {})
-        results.append(
-            {
-                "rows": size,
-                "dlrm": dlrm,
-                "logistic": logistic,
-                "oracle": oracle,
-                "seconds": time.perf_counter() - started,
-            }
-        )
-        print(
-            f"  {size:>9,} rows: DLRM AUC {dlrm['auc']:.4f}, LR AUC {logistic['auc']:.4f}, oracle {oracle['auc']:.4f} ({results[-1]['seconds']:.0f}s)",
-            flush=True,
-        )
+        for interaction in interactions:
+            options = {**CURVE_SETTINGS, **overrides, "interaction": interaction}
+            dlrm = train_dlrm(train_paths, [validation_path], options, work / "runs")
+            results.append(
+                {
+                    "rows": size,
+                    "interaction": interaction,
+                    "dlrm": dlrm,
+                    "logistic": logistic,
+                    "oracle": oracle,
+                    "seconds": time.perf_counter() - started,
+                }
+            )
+            print(
+                f"  {size:>9,} rows, {interaction}: DLRM AUC {dlrm['auc']:.4f} at step {dlrm['step']} "
+                f"({dlrm['seconds_to_best']:.0f}s of training), LR AUC {logistic['auc']:.4f}, oracle {oracle['auc']:.4f}",
+                flush=True,
+            )
     return results
 
 
@@ -156,15 +170,16 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [r["rows"] for r in results]
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for key, label in (
-        ("dlrm", "DLRM (ours)"),
-        ("logistic", "hashed logistic regression"),
-        ("oracle", "oracle (true probabilities)"),
-    ):
-        left.plot(sizes, [r[key]["auc"] for r in results], marker="o", label=label)
-        right.plot(sizes, [r[key]["log_loss"] for r in results], marker="o", label=label)
+    interactions = list(dict.fromkeys(r["interaction"] for r in results))
+    first = [r for r in results if r["interaction"] == interactions[0]]
+    sizes = [r["rows"] for r in first]
+    curves = [(f"DLRM, {i}", [r["dlrm"] for r in results if r["interaction"] == i]) for i in interactions]
+    curves += [("hashed logistic regression", [r["logistic"] for r in first])]
+    curves += [("oracle (true probabilities)", [r["oracle"] for r in first])]
+    for label, points in curves:
+        left.plot(sizes, [p["auc"] for p in points], marker="o", label=label)
+        right.plot(sizes, [p["log_loss"] for p in points], marker="o", label=label)
     for axes, name in ((left, "validation AUC"), (right, "validation log loss")):
         axes.set(xscale="log", xlabel="training rows", ylabel=name, title=f"{name} by training size")
         axes.grid(alpha=0.3)
@@ -179,22 +194,31 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 300_000, 1_000_000, 3_000_000])
     parser.add_argument("--validation-rows", type=int, default=200_000)
     parser.add_argument("--plot", type=Path, default=Path("benchmarks/results/learning_curve.png"))
+    parser.add_argument("--interactions", nargs="+", default=list(INTERACTIONS))
+    parser.add_argument("--validations-per-epoch", type=int, help="default: conf/base's")
+    parser.add_argument("--skip-real", action="store_true")
     args = parser.parse_args()
     if any(size % DAY_ROWS for size in args.sizes):
         parser.error(f"sizes must be multiples of {DAY_ROWS:,}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print("generated data (planted click model):", flush=True)
-        results = learning_curve(sorted(args.sizes), args.validation_rows, work)
-        real = real_rows(work)
+        overrides = {"validations_per_epoch": args.validations_per_epoch} if args.validations_per_epoch else {}
+        results = learning_curve(sorted(args.sizes), args.validation_rows, work, tuple(args.interactions), overrides)
+        real = None if args.skip_real else real_rows(work)
     print(
-        "\n| training rows | DLRM AUC | LR AUC | oracle AUC | DLRM log loss | LR log loss | oracle log loss | DLRM gap to oracle (AUC) |"
+        "\n| training rows | interaction | DLRM AUC | LR AUC | oracle AUC | DLRM log loss | LR log loss | oracle log loss "
+        "| LR-to-oracle gap closed | best at step (epoch) | training s to best | first epoch s | training s in all |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         d, lr, o = r["dlrm"], r["logistic"], r["oracle"]
+        closed = (d["auc"] - lr["auc"]) / (o["auc"] - lr["auc"])
+        first = f"{d['seconds_first_epoch']:.0f}" if d["seconds_first_epoch"] is not None else "(stopped in it)"
         print(
-            f"| {r['rows']:,} | {d['auc']:.4f} | {lr['auc']:.4f} | {o['auc']:.4f} | {d['log_loss']:.4f} | {lr['log_loss']:.4f} | {o['log_loss']:.4f} | {o['auc'] - d['auc']:.4f} |"
+            f"| {r['rows']:,} | {r['interaction']} | {d['auc']:.4f} | {lr['auc']:.4f} | {o['auc']:.4f} | "
+            f"{d['log_loss']:.4f} | {lr['log_loss']:.4f} | {o['log_loss']:.4f} | {closed:.0%} | "
+            f"{d['step']:,} ({d['epoch']}) | {d['seconds_to_best']:.0f} | {first} | {d['seconds_total']:.0f} |"
         )
     if real is not None:
         dlrm, logistic = real

@@ -362,3 +362,29 @@ def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
         tmp_path / "run",
     )
     assert trainer.fit().best_metrics["auc"] > 0.6
+
+
+def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_epoch(
+    tiny_features, tmp_path, monkeypatch
+):
+    # 3,000 rows in batches of 200: 15 steps an epoch; 4 validations an epoch: after 4, 8, 12 and 15 steps.
+    result = _trainer(
+        tiny_features, tmp_path, _settings(num_epochs=2, validations_per_epoch=4, early_stopping_patience=9)
+    ).fit()
+    assert [h["step"] for h in result.history] == [4, 8, 12, 15, 19, 23, 27, 30]
+    assert all(
+        b["train_seconds"] > a["train_seconds"] > 0 for a, b in zip(result.history, result.history[1:], strict=False)
+    )
+
+    losses = iter([0.5, 0.4, 0.45, 0.46, 0.3])
+
+    def scripted(labels, probabilities):
+        return {"rows": len(labels), "ctr": 0.25, "auc": 0.7, "log_loss": next(losses), "normalized_entropy": 0.9,
+                "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
+
+    monkeypatch.setattr(loop, "binary_metrics", scripted)
+    stopped = _trainer(
+        tiny_features, tmp_path / "stop", _settings(num_epochs=3, validations_per_epoch=4, early_stopping_patience=1)
+    ).fit()
+    assert stopped.stopped_early and stopped.steps == 12, "stopped in the middle of the first epoch"
+    assert stopped.best_step == 8

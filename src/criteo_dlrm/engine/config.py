@@ -82,7 +82,8 @@ class TrainingConfig:
     batch_size: BatchSize = field(default_factory=BatchSize)
     num_epochs: int = 3
     max_steps: int | None = None
-    validate_every_steps: int = 0
+    validations_per_epoch: int = 1
+    validate_every_steps: int = 0  # > 0: overrides validations_per_epoch
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     log_every_steps: int = 20
     phase_timing: bool = True
@@ -126,7 +127,7 @@ class TrainingConfig:
         need(self.decay in DECAYS, "decay", f"must be one of {DECAYS}")
         need(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}")
         need(self.distributed.backend in BACKENDS, "distributed.backend", f"must be one of {BACKENDS}")
-        for name in ("num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
+        for name in ("num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps", "validations_per_epoch",
                      "distributed.nproc_per_node", "distributed.nnodes", "early_stopping.patience"):  # fmt: skip
             need(_value(self, name) >= 1, name, "must be >= 1")
         for name in ("learning_rate", "embedding_learning_rate"):

@@ -166,6 +166,7 @@ class Trainer:
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
         self.bad_validations, self.history = state["bad_validations"], state["history"]
         torch.set_rng_state(state["torch_rng_state"])
+        self.train_seconds, self.samples_seen = state.get("train_seconds", 0.0), state.get("samples_seen", 0)
         self.run_dir = Path(state.get("run_dir", self.run_dir))
         logger.info(
             "resumed from {} at step {:,} (best validation log loss {:.5f})",
@@ -195,6 +196,8 @@ class Trainer:
                 "bad_validations": self.bad_validations,
                 "history": self.history,
                 "torch_rng_state": torch.get_rng_state(),
+                "train_seconds": self.train_seconds,
+                "samples_seen": self.samples_seen,
             },
             self.resume_path,
         )
@@ -258,8 +261,7 @@ class Trainer:
                     timings = dict.fromkeys(timings, 0.0)
                     interval_start = time.perf_counter()
                 bar.update(1)
-                every = settings.validate_every_steps
-                validate = end_of_epoch or (every and self.step % every == 0)
+                validate = end_of_epoch or self._validation_due(epoch)
                 save = settings.checkpoint_every_steps and self.step % settings.checkpoint_every_steps == 0
                 if validate or save:
                     # Nothing is saved or validated after a non-finite loss, logged or not yet.
@@ -270,6 +272,13 @@ class Trainer:
                 elif save:
                     self._save_progress()
         return False
+
+    def _validation_due(self, epoch: int) -> bool:
+        """Every ``validate_every_steps`` steps, or ``validations_per_epoch`` times per epoch, evenly spaced."""
+        if self.settings.validate_every_steps:
+            return self.step % self.settings.validate_every_steps == 0
+        every = -(-self.steps_per_epoch // self.settings.validations_per_epoch)
+        return (self.step - epoch * self.steps_per_epoch) % every == 0
 
     def _phase(self, timings: dict, name: str, start: float) -> float:
         if self.settings.phase_timing and self.device.type == "cuda":
@@ -406,7 +415,13 @@ class Trainer:
         except MetricError as error:
             raise MetricError(f"Validation at step {self.step}: {error}") from error
         self.metric_logger.log_scalars({f"validation/{k}": v for k, v in metrics.items() if k != "rows"}, self.step)
-        record = {"step": self.step, "epoch": epoch, **metrics, "seconds": time.perf_counter() - started}
+        record = {
+            "step": self.step,
+            "epoch": epoch,
+            **metrics,
+            "seconds": time.perf_counter() - started,
+            "train_seconds": self.train_seconds,  # training time so far (validations excluded): time to this model
+        }
         self.history.append(record)
         improved = metrics["log_loss"] < self.best_loss - self.settings.early_stopping.min_delta
         if improved:
