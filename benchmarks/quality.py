@@ -72,6 +72,9 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
             "batch_size": {"train": options.get("batch", defaults.batch_size.train), "validation": 16384},
             "embedding_optimizer": options.get("optimizer", defaults.embedding_optimizer),
             "embedding_learning_rate": options.get("embedding_lr", defaults.embedding_learning_rate),
+            "learning_rate": options.get("lr", defaults.learning_rate),
+            "warmup_steps": options.get("warmup", defaults.warmup_steps),
+            "decay": options.get("decay", defaults.decay),
             "early_stopping": {"patience": options.get("patience", defaults.early_stopping.patience)},
             "log_every_steps": 1000,
             "resume": False,
@@ -103,6 +106,45 @@ def train_logistic(train_paths: list[Path], validation_paths: list[Path], option
         **train_logistic_regression(hashed(train_paths, train), hashed(validation_paths, validation), **options),
         "settings": options,
     }
+
+
+# Known remedies for the one-epoch overfitting, each against the defaults on the same data (``--remedies``).
+REMEDIES = {
+    "defaults": {},
+    "embedding learning rate 0.001": {"embedding_lr": 0.001},
+    "embedding learning rate 0.01": {"embedding_lr": 0.01},
+    "warm-up 500 steps": {"warmup": 500},
+    "1 epoch, cosine decay": {"epochs": 1, "decay": "cosine"},
+    "1 epoch, linear decay": {"epochs": 1, "decay": "linear"},
+    "batch 2048, learning rates x sqrt(8)": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8**0.5},
+    "batch 8192, learning rates x sqrt(32)": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 32**0.5},
+}
+
+
+def remedies(size: int, validation_rows: int, work: Path) -> None:
+    model = ClickModel(seed=0)
+    days = size // DAY_ROWS
+    paths = []
+    for day in range(days + 1):
+        write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
+        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
+    oracle = binary_metrics(
+        pq.read_table(paths[-1]).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
+    )
+    logistic = train_logistic(paths[:-1], paths[-1:], {})
+    print(f"\n{size:,} training rows, dot; LR AUC {logistic['auc']:.4f}, oracle AUC {oracle['auc']:.4f}\n")
+    print(
+        "| setting | AUC | log loss | LR-to-oracle gap closed | best at step (epoch) | training s to best | training s in all |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, change in REMEDIES.items():
+        d = train_dlrm(paths[:-1], paths[-1:], {**CURVE_SETTINGS, "validations_per_epoch": 4, **change}, work / "runs")
+        closed = (d["auc"] - logistic["auc"]) / (oracle["auc"] - logistic["auc"])
+        print(
+            f"| {name} | {d['auc']:.4f} | {d['log_loss']:.4f} | {closed:.0%} | {d['step']:,} ({d['epoch']}) | "
+            f"{d['seconds_to_best']:.0f} | {d['seconds_total']:.0f} |",
+            flush=True,
+        )
 
 
 def best(results: list[dict]) -> dict:
@@ -197,9 +239,14 @@ def main() -> None:
     parser.add_argument("--interactions", nargs="+", default=list(INTERACTIONS))
     parser.add_argument("--validations-per-epoch", type=int, help="default: conf/base's")
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--remedies", type=int, metavar="ROWS", help="only compare the remedies at this size")
     args = parser.parse_args()
     if any(size % DAY_ROWS for size in args.sizes):
         parser.error(f"sizes must be multiples of {DAY_ROWS:,}")
+    if args.remedies:
+        with tempfile.TemporaryDirectory() as tmp:
+            remedies(args.remedies, args.validation_rows, Path(tmp))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print("generated data (planted click model):", flush=True)

@@ -82,7 +82,7 @@ class TrainingConfig:
     batch_size: BatchSize = field(default_factory=BatchSize)
     num_epochs: int = 3
     max_steps: int | None = None
-    validations_per_epoch: int = 1
+    validations_per_epoch: int = 4
     validate_every_steps: int = 0  # > 0: overrides validations_per_epoch
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     log_every_steps: int = 20
