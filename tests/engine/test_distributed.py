@@ -31,6 +31,8 @@ def _config(tmp_path: Path, processes: int, **overrides) -> TrainingConfig:
         "sparse_embedding_sizes": 8,
         "prediction_hidden_sizes": [16],
         "log_every_steps": 4,
+        "validations_per_epoch": 1,
+        "early_stopping": {"patience": 10},
         "tensorboard_dir": str(tmp_path / "tb"),
         "in_progress_dir": str(tmp_path / "progress"),
         "distributed": {"nproc_per_node": processes},
@@ -67,7 +69,7 @@ def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tin
 def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path):
     checkpoint, summary = _run(
         tiny_features,
-        _config(tmp_path, 2, validate_every_steps=5, num_epochs=2, early_stopping={"patience": 10}),
+        _config(tmp_path, 2, validate_every_steps=5, num_epochs=2),
         "run",
     )
     assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]

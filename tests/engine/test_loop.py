@@ -42,7 +42,9 @@ def _trainer(features, tmp_path, settings: TrainingConfig, **kwargs) -> Trainer:
 
 def _settings(**overrides) -> TrainingConfig:
     """The test's configuration; ``early_stopping_patience=2`` sets ``early_stopping.patience``, and so on."""
+    # Validation at each epoch's end only, unless a test asks for more.
     values = {"num_epochs": 2, "batch_size": {"train": 200, "validation": 512}, "log_every_steps": 5}
+    values["validations_per_epoch"] = 1
     values["embedding_learning_rate"] = 0.01
     for name, value in overrides.items():
         block, _, key = name.partition("_")
