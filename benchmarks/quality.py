@@ -75,6 +75,7 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
             "learning_rate": options.get("lr", defaults.learning_rate),
             "warmup_steps": options.get("warmup", defaults.warmup_steps),
             "decay": options.get("decay", defaults.decay),
+            "prediction_dropout": options.get("dropout", defaults.prediction_dropout),
             "early_stopping": {"patience": options.get("patience", defaults.early_stopping.patience)},
             "log_every_steps": 1000,
             "resume": False,
@@ -114,6 +115,8 @@ REMEDIES = {
     "embedding learning rate 0.001": {"embedding_lr": 0.001},
     "embedding learning rate 0.01": {"embedding_lr": 0.01},
     "warm-up 500 steps": {"warmup": 500},
+    "top MLP dropout 0.1": {"dropout": 0.1},
+    "top MLP dropout 0.3": {"dropout": 0.3},
     "1 epoch, cosine decay": {"epochs": 1, "decay": "cosine"},
     "1 epoch, linear decay": {"epochs": 1, "decay": "linear"},
     "batch 2048, learning rates x sqrt(8)": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8**0.5},
@@ -121,7 +124,7 @@ REMEDIES = {
 }
 
 
-def remedies(size: int, validation_rows: int, work: Path) -> None:
+def remedies(size: int, validation_rows: int, work: Path, names: list[str] | None = None) -> None:
     model = ClickModel(seed=0)
     days = size // DAY_ROWS
     paths = []
@@ -138,6 +141,8 @@ def remedies(size: int, validation_rows: int, work: Path) -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, change in REMEDIES.items():
+        if names and name not in names:
+            continue
         d = train_dlrm(paths[:-1], paths[-1:], {**CURVE_SETTINGS, "validations_per_epoch": 4, **change}, work / "runs")
         closed = (d["auc"] - logistic["auc"]) / (oracle["auc"] - logistic["auc"])
         print(
@@ -240,12 +245,13 @@ def main() -> None:
     parser.add_argument("--validations-per-epoch", type=int, help="default: conf/base's")
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--remedies", type=int, metavar="ROWS", help="only compare the remedies at this size")
+    parser.add_argument("--only", nargs="+", help="with --remedies: these settings only (names as printed)")
     args = parser.parse_args()
     if any(size % DAY_ROWS for size in args.sizes):
         parser.error(f"sizes must be multiples of {DAY_ROWS:,}")
     if args.remedies:
         with tempfile.TemporaryDirectory() as tmp:
-            remedies(args.remedies, args.validation_rows, Path(tmp))
+            remedies(args.remedies, args.validation_rows, Path(tmp), args.only)
         return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

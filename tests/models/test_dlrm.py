@@ -171,3 +171,23 @@ def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
     dense, sparse = _inputs(batch=16, seed=5)
     logits = model(dense.double(), sparse)
     assert logits.tolist() == pytest.approx(_naive_dlrm_logits(model, dense, sparse, interaction), rel=1e-10, abs=1e-12)
+
+
+def test_prediction_dropout_acts_in_training_only_and_keeps_the_weights_layout():
+    torch.manual_seed(3)
+    plain = DLRM(_config())
+    torch.manual_seed(3)
+    dropped = DLRM(_config(prediction_dropout=0.5))
+    assert not any(isinstance(m, nn.Dropout) for m in plain.modules()), "no Dropout module at 0"
+    assert sum(isinstance(m, nn.Dropout) for m in dropped.top_mlp) == len(_config().prediction_hidden_sizes)
+    for (name, weight), (_, same) in zip(
+        plain.top_mlp.named_parameters(), dropped.top_mlp.named_parameters(), strict=True
+    ):
+        assert torch.equal(weight, same), name  # the same layers, initialised alike
+    dense, sparse = _inputs()
+    plain.eval(), dropped.eval()
+    torch.testing.assert_close(dropped(dense, sparse), plain(dense, sparse))
+    dropped.train()
+    assert not torch.allclose(dropped(dense, sparse), plain(dense, sparse))
+    with pytest.raises(ConfigError, match="prediction_dropout"):
+        _config(prediction_dropout=1.0)

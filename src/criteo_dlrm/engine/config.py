@@ -72,6 +72,7 @@ class TrainingConfig:
     dense_mlp: DenseMLP = field(default_factory=DenseMLP)
     sparse_embedding_sizes: int | list[int] = 16
     prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    prediction_dropout: float = 0.0
     interaction: str = "dot"
     dcn: DCN = field(default_factory=DCN)
     learning_rate: float = 0.001
@@ -156,6 +157,7 @@ class TrainingConfig:
             interaction=self.interaction,
             dcn_layers=self.dcn.num_layers,
             dcn_rank=self.dcn.low_rank,
+            prediction_dropout=self.prediction_dropout,
         )
 
 

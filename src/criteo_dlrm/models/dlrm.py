@@ -34,6 +34,8 @@ class DLRMConfig:
     # DCN-v2 cross network (``interaction: dcn``): number of low-rank cross layers and their rank.
     dcn_layers: int = 3
     dcn_rank: int = 64
+    # Dropout after each hidden layer of the top MLP while training (0: none, and no Dropout module at all).
+    prediction_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -57,6 +59,8 @@ class DLRMConfig:
             problems.append("every table needs at least one row (check feature_metadata)")
         if self.interaction == "dcn" and (self.dcn_layers < 1 or self.dcn_rank < 1):
             problems.append(f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn_layers}, {self.dcn_rank}")
+        if not 0.0 <= self.prediction_dropout < 1.0:
+            problems.append(f"prediction_dropout must be in [0, 1), got {self.prediction_dropout}")
         if problems:
             raise ConfigError("Invalid DLRM settings:\n  " + "\n  ".join(problems))
 
@@ -75,13 +79,16 @@ class DLRMConfig:
         return asdict(self)
 
 
-def mlp(sizes: list[int], final_activation: bool) -> nn.Sequential:
-    """Linear layers between consecutive ``sizes`` with ReLU in between (and after the last if asked)."""
+def mlp(sizes: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:
+    """Linear layers between consecutive ``sizes`` with ReLU in between (and after the last if asked), and
+    ``dropout`` after each hidden ReLU when it is above 0."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(sizes) - 2 or final_activation:
             layers.append(nn.ReLU())
+            if dropout > 0 and i < len(sizes) - 2:
+                layers.append(nn.Dropout(dropout))
     return nn.Sequential(*layers)
 
 
@@ -152,7 +159,11 @@ class DLRM(nn.Module):
         self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
         if config.interaction == "dcn":
             self.cross = LowRankCrossNet(config.interaction_size, config.dcn_layers, config.dcn_rank)
-        self.top_mlp = mlp([config.interaction_size, *config.prediction_hidden_sizes, 1], final_activation=False)
+        self.top_mlp = mlp(
+            [config.interaction_size, *config.prediction_hidden_sizes, 1],
+            final_activation=False,
+            dropout=config.prediction_dropout,
+        )
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group."""
