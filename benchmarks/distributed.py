@@ -26,17 +26,17 @@ import argparse
 import os
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import open_encoded
 from criteo_dlrm.engine.config import BatchSize, TrainingConfig
+from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.models import DLRM
 
@@ -99,17 +99,7 @@ def main() -> None:
             np.save(Path(tmp) / f"{name}.npy", getattr(arrays, name))
         results = {}
         for processes in (int(p) for p in args.processes.split(",")):
-            launch = LaunchConfig(
-                min_nodes=1,
-                max_nodes=1,
-                nproc_per_node=processes,
-                run_id=uuid.uuid4().hex[:8],
-                rdzv_backend="c10d",
-                rdzv_endpoint="localhost:0",
-                max_restarts=0,
-                monitor_interval=0.5,
-                start_method="spawn",
-            )
+            launch = launch_config(processes)
             results[processes] = elastic_launch(launch, _measure)(tmp, args.batch, args.steps, args.device)[0]
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print(f"\nKaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")

@@ -65,8 +65,9 @@ class PackedIndices:
 
     def __setitem__(self, rows: slice, indices: np.ndarray) -> None:
         indices = np.asarray(indices, dtype="<i4")
-        if len(indices) and ((indices < 0) | (indices >= self._limits)).any():
-            table = int(np.flatnonzero(((indices < 0) | (indices >= self._limits)).any(axis=0))[0])
+        too_wide = ((indices < 0) | (indices >= self._limits)).any(axis=0)
+        if too_wide.any():
+            table = int(np.flatnonzero(too_wide)[0])
             raise ValueError(f"SPARSE_{table}: an index does not fit in {self.widths[table]} bytes")
         self.packed[rows] = np.ascontiguousarray(indices).view(np.uint8)[:, self._kept]
 
@@ -147,19 +148,14 @@ class FeatureEncoder:
         self.dense_mean = np.asarray(dense_mean, dtype=np.float64)
         self.dense_std = np.asarray(dense_std, dtype=np.float64)
         self.vocabularies = vocabularies
-        self._indexes = (
-            None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
-        )
+        self._indexes = _hash_tables(vocabularies)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_indexes": None}  # workers rebuild the hash tables instead of unpickling copies
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        vocabularies = self.vocabularies
-        self._indexes = (
-            None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
-        )
+        self._indexes = _hash_tables(self.vocabularies)
 
     @property
     def use_modulus_hash(self) -> bool:
@@ -288,6 +284,11 @@ class FeatureEncoder:
             dense_std=state["dense_std"].numpy(),
             vocabularies=None if vocabularies is None else [v.numpy() for v in vocabularies],
         )
+
+
+def _hash_tables(vocabularies: list[np.ndarray] | None) -> list[pd.Index] | None:
+    """One pandas index per vocabulary (its hash table is built on the first lookup)."""
+    return None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
 
 
 # Per encoding worker: the vocabularies' hash tables (sent once per worker, built on its first day) and

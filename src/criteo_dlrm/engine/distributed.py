@@ -49,22 +49,31 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     torch.save(job, job_path)
     if settings.nnodes > 1:
         return _wait_for_nodes(job_path, outcome_path, settings)
-    port = settings.master_port or 0  # 0: the c10d store picks a free port
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=settings.nproc_per_node,
-        run_id=f"criteo-dlrm-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"localhost:{port}",
-        max_restarts=settings.max_restarts,
-        monitor_interval=0.5,
-        start_method="spawn",
-    )
+    config = launch_config(settings.nproc_per_node, settings.master_port, settings.max_restarts)
     try:
         elastic_launch(config, worker)(str(job_path), str(outcome_path))
     except ChildFailedError as error:
         raise TrainingWorkerError(_describe_failure(error, job)) from error
+    return _collect(job_path, outcome_path)
+
+
+def launch_config(processes: int, port: int | None = None, max_restarts: int = 0) -> LaunchConfig:
+    """``processes`` spawned processes on this machine, meeting at a c10d rendezvous on ``port`` (None: free)."""
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=processes,
+        run_id=f"criteo-dlrm-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"localhost:{port or 0}",  # 0: the c10d store picks a free port
+        max_restarts=max_restarts,
+        monitor_interval=0.5,
+        start_method="spawn",
+    )
+
+
+def _collect(job_path: Path, outcome_path: Path) -> TrainingOutcome:
+    """Rank 0's outcome, then both files are removed."""
     # Written by rank 0 of this run just now; our own file, so a full (not weights-only) load is safe.
     outcome = torch.load(outcome_path, map_location="cpu", weights_only=False)["outcome"]
     outcome_path.unlink(missing_ok=True)
@@ -93,10 +102,7 @@ def _wait_for_nodes(job_path: Path, outcome_path: Path, settings: Distributed) -
         waited += 1.0
         if waited % 300 == 0:
             logger.info("still waiting for {} ({:.0f} min)", outcome_path, waited / 60)
-    outcome = torch.load(outcome_path, map_location="cpu", weights_only=False)["outcome"]
-    outcome_path.unlink(missing_ok=True)
-    job_path.unlink(missing_ok=True)
-    return outcome
+    return _collect(job_path, outcome_path)
 
 
 def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:

@@ -5,14 +5,15 @@ per-step work in ``_train_step``. Validation runs over the whole validation set,
 watches validation log loss, and an in-progress checkpoint at each validation lets an interrupted
 run continue at the same step, with the same optimiser state and data order.
 
-In a torch.distributed process group (``engine.distributed``) the same loop runs data-parallel: the model
-under ``DistributedDataParallel`` (sparse embedding gradients are all-reduced as sparse tensors on gloo),
+In a torch.distributed process group (``engine.distributed``) the same loop runs data-parallel: the dense
+layers under ``DistributedDataParallel``, the sparse embedding gradients all-gathered after backward,
 each process on its share of every global batch, validation split across the processes and gathered, so
 every process takes the same early-stopping decisions; only rank 0 writes checkpoints and TensorBoard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -37,6 +38,8 @@ from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoard
 from criteo_dlrm.errors import UserError
 from criteo_dlrm.models.dlrm import DLRM
 from criteo_dlrm.progress import progress_bar
+
+PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
 
 
 class TrainingDivergedError(UserError, RuntimeError):
@@ -233,7 +236,7 @@ class Trainer:
     def _loop(self, bar, prof) -> bool:
         """Train until the last step or early stopping; returns True when early stopping ended it."""
         settings = self.settings
-        timings = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
+        timings = dict.fromkeys(PHASES, 0.0)
         unchecked: list[torch.Tensor] = []  # losses since the last finiteness check
         interval_start, interval_samples = time.perf_counter(), 0
         while self.step < self.total_steps:
@@ -289,7 +292,7 @@ class Trainer:
 
     def train_step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step on ``batch`` (what ``fit`` does per step; the benchmarks time it)."""
-        loss = self._train_step(batch, dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0))
+        loss = self._train_step(batch, dict.fromkeys(PHASES, 0.0))
         self.step += 1
         return loss
 
@@ -309,12 +312,10 @@ class Trainer:
         # DDP averages the processes' gradients: scaling by world_size makes that the global batch's mean.
         loss = self.loss_function(logits.float(), batch.labels) * (self.world_size / global_rows)
         start = self._phase(timings, "forward", start)
-        if self.world_size > 1 and not self.sync_gradients:
-            with self.train_model.no_sync():
-                loss.backward()
-        else:
+        exchange = self.world_size > 1 and self.sync_gradients
+        with contextlib.nullcontext() if exchange or self.world_size == 1 else self.train_model.no_sync():
             loss.backward()
-        if self.world_size > 1 and self.sync_gradients:
+        if exchange:
             self._all_reduce_sparse()
         start = self._phase(timings, "backward", start)
         for optimizer in self.optimizers.values():
@@ -330,26 +331,28 @@ class Trainer:
         """
         for parameter in self.sparse_parameters:
             gradient = parameter.grad.coalesce()
-            indices, values = gradient.indices()[0], gradient.values()
-            count = torch.tensor([len(indices)], device=indices.device)
-            counts = [torch.empty_like(count) for _ in range(self.world_size)]
-            dist.all_gather(counts, count)
-            longest = int(max(counts))
-            padded_indices = indices.new_zeros(longest)
-            padded_indices[: len(indices)] = indices
-            padded_values = values.new_zeros((longest, *values.shape[1:]))
-            padded_values[: len(values)] = values
-            all_indices = [torch.empty_like(padded_indices) for _ in range(self.world_size)]
-            all_values = [torch.empty_like(padded_values) for _ in range(self.world_size)]
-            dist.all_gather(all_indices, padded_indices)
-            dist.all_gather(all_values, padded_values)
-            kept = [int(n) for n in counts]
+            indices, values = self._all_gather_rows(gradient.indices()[0], gradient.values())
             parameter.grad = torch.sparse_coo_tensor(
-                torch.cat([i[:n] for i, n in zip(all_indices, kept, strict=True)]).unsqueeze(0),
-                torch.cat([v[:n] for v, n in zip(all_values, kept, strict=True)]) / self.world_size,
+                torch.cat(indices).unsqueeze(0),
+                torch.cat(values) / self.world_size,
                 gradient.shape,
                 check_invariants=False,  # built from valid indices just above
             )
+
+    def _all_gather_rows(self, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:
+        """Every process's ``tensors`` (each with the same number of rows, any number per process), in rank
+        order: the row counts are gathered first, then each tensor padded to the longest, trimmed again."""
+        count = torch.tensor([len(tensors[0])], device=tensors[0].device)
+        counts = [torch.empty_like(count) for _ in range(self.world_size)]
+        dist.all_gather(counts, count)
+        gathered = []
+        for tensor in tensors:
+            padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
+            padded[: len(tensor)] = tensor
+            parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(parts, padded)
+            gathered.append([part[: int(n)] for part, n in zip(parts, counts, strict=True)])
+        return gathered
 
     def _kept(self) -> str:
         if self.resume_path and Path(self.resume_path).exists():
@@ -464,14 +467,9 @@ class Trainer:
         bounds = [len(arrays) * rank // self.world_size for rank in range(self.world_size + 1)]
         mine = BatchLoader(arrays.rows(bounds[self.rank], bounds[self.rank + 1]), self.validation_loader.batch_size)
         local = torch.from_numpy(predict(self.model, mine, self.device, self.settings.precision))
-        longest = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
         gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        padded = torch.zeros(longest, dtype=torch.float64, device=gather_device)
-        padded[: len(local)] = local.to(gather_device)
-        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded)
-        pieces = [part[: b - a].cpu() for part, a, b in zip(parts, bounds, bounds[1:], strict=False)]
-        return torch.cat(pieces).numpy(), arrays.labels
+        (pieces,) = self._all_gather_rows(local.to(gather_device))
+        return torch.cat(pieces).cpu().numpy(), arrays.labels
 
 
 def _flat(values: dict, prefix: str = "") -> dict:

@@ -94,7 +94,7 @@ def run_training(
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
-    config.model_config(table_sizes)  # refuse impossible model sizes before any process starts
+    model_config = config.model_config(table_sizes).to_dict()  # impossible sizes fail before any process starts
     settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(
         config=config.to_dict(),
@@ -121,7 +121,6 @@ def run_training(
         "source_days": metadata.get("source_days"),
     }
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
-    model_config = config.model_config(table_sizes).to_dict()
     checkpoint = training_checkpoint(result, model_config, config.to_dict(), trained_with, encoder.state_dict(), run)
     summary = {
         **run,
