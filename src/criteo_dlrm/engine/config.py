@@ -18,7 +18,10 @@ from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models.dlrm import DLRMConfig
 from criteo_dlrm.schema import NUM_SPARSE
 
-EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam")
+EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
+EMBEDDING_BACKENDS = ("torch", "torchrec")
+# What TorchRec's planner may be forced to (row-wise and table-row-wise need CUDA).
+SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
 DECAYS = ("none", "linear", "cosine")
 PRECISIONS = ("fp32", "bf16")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -60,6 +63,14 @@ class Distributed:
 
 
 @dataclass
+class Sharding:
+    """Where the embedding tables live (``embedding_backend: torchrec`` shards them across the processes)."""
+
+    type: str | None = None  # torchrec: force one sharding type for every table; null: the planner chooses
+    memory_per_process_gb: float | None = None  # per-process budget for tables + optimiser state; null: the device's
+
+
+@dataclass
 class TrainingConfig:
     seed: int = 0
     device: str = "auto"
@@ -76,6 +87,8 @@ class TrainingConfig:
     interaction: str = "dot"
     dcn: DCN = field(default_factory=DCN)
     learning_rate: float = 0.001
+    embedding_backend: str = "torch"
+    sharding: Sharding = field(default_factory=Sharding)
     embedding_optimizer: str = "sparse_adam"
     embedding_learning_rate: float = 0.003
     warmup_steps: int = 0
@@ -126,6 +139,30 @@ class TrainingConfig:
             f"must be one of {EMBEDDING_OPTIMIZERS}",
         )
         need(self.decay in DECAYS, "decay", f"must be one of {DECAYS}")
+        need(self.embedding_backend in EMBEDDING_BACKENDS, "embedding_backend", f"must be one of {EMBEDDING_BACKENDS}")
+        need(
+            self.sharding.type is None or self.sharding.type in SHARDING_TYPES,
+            "sharding.type",
+            f"must be null or one of {SHARDING_TYPES}",
+        )
+        budget = self.sharding.memory_per_process_gb
+        need(budget is None or budget > 0, "sharding.memory_per_process_gb", "must be positive (or null)")
+        torchrec = self.embedding_backend == "torchrec"
+        need(
+            torchrec or self.embedding_optimizer != "rowwise_adagrad",
+            "embedding_optimizer",
+            "rowwise_adagrad is TorchRec's fused optimiser: use it with embedding_backend: torchrec (or use adagrad)",
+        )
+        need(
+            not torchrec or self.embedding_optimizer != "dense_adam",
+            "embedding_optimizer",
+            "dense_adam has no fused TorchRec kernel: use rowwise_adagrad with embedding_backend: torchrec",
+        )
+        need(
+            torchrec or self.sharding.type is None,
+            "sharding.type",
+            "only applies to embedding_backend: torchrec (the torch backend keeps every table in every process)",
+        )
         need(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}")
         need(self.distributed.backend in BACKENDS, "distributed.backend", f"must be one of {BACKENDS}")
         for name in ("num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps", "validations_per_epoch",
@@ -144,6 +181,11 @@ class TrainingConfig:
     @property
     def sparse_gradients(self) -> bool:
         return self.embedding_optimizer != "dense_adam"
+
+    @property
+    def launches_processes(self) -> bool:
+        """More than this process trains (the elastic launcher or torchrun starts them)."""
+        return self.distributed.nproc_per_node > 1 or self.distributed.nnodes > 1
 
     def model_config(self, table_sizes: list[int]) -> DLRMConfig:
         """The DLRM's sizes: table sizes from the feature metadata, everything else from here."""

@@ -9,6 +9,8 @@ In a torch.distributed process group (``engine.distributed``) the same loop runs
 layers under ``DistributedDataParallel``, the sparse embedding gradients all-gathered after backward,
 each process on its share of every global batch, validation split across the processes and gathered, so
 every process takes the same early-stopping decisions; only rank 0 writes checkpoints and TensorBoard.
+With TorchRec's sharded tables (``engine.sharding``) the tables are model-parallel instead: their fused
+optimiser runs inside backward, and checkpoint state is gathered to rank 0 in the torch backend's layout.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.profiling import profiler
 from criteo_dlrm.engine.scoring import predict
+from criteo_dlrm.engine.sharding import ShardedDLRM
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
 from criteo_dlrm.errors import UserError
 from criteo_dlrm.models.dlrm import DLRM
@@ -98,6 +101,7 @@ class Trainer:
         fingerprint: identifies the run's settings and data, so an unrelated checkpoint is never resumed.
         tensorboard: write scalars to ``run_dir`` (opened after resuming, dropping the events the
             interrupted run wrote after the step it resumes from).
+        sharded: the model's tables sharded by TorchRec (``model`` is then ``sharded.module``).
     """
 
     def __init__(
@@ -112,8 +116,10 @@ class Trainer:
         resume_path: Path | None = None,
         fingerprint: str = "",
         tensorboard: bool = False,
+        sharded: ShardedDLRM | None = None,
     ):
         self.model, self.settings, self.device, self.run_dir = model, settings, device, Path(run_dir)
+        self.sharded = sharded
         self.train_loader, self.validation_loader = train_loader, validation_loader
         distributed = dist.is_available() and dist.is_initialized()
         self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -121,10 +127,10 @@ class Trainer:
         # The forward pass that trains: under DDP, backward all-reduces the dense gradients in buckets while
         # it runs. Sparse embedding gradients are left out of DDP and all-gathered after backward
         # (``_all_reduce_sparse``): DDP's own sparse path is gloo-only and crashed once in our tests.
-        self.train_model: nn.Module = model
-        self.sparse_parameters = model.embedding_parameters() if settings.sparse_gradients else []
+        self.train_model: nn.Module = model if sharded is None else sharded.model
+        self.sparse_parameters = model.embedding_parameters() if settings.sparse_gradients and not sharded else []
         self.sync_gradients = True  # False: no gradient exchange at all (the distributed benchmark's baseline)
-        if self.world_size > 1:
+        if self.world_size > 1 and sharded is None:
             names = {id(p): name for name, p in model.named_parameters()}
             ignored = [names[id(p)] for p in self.sparse_parameters]
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
@@ -134,7 +140,10 @@ class Trainer:
         # Summed here and divided by the global batch's rows, so N processes' averaged gradients are one
         # process's gradient of the mean loss over the global batch, whatever each process's share.
         self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
-        self.optimizers = build_optimizers(model, settings)
+        if sharded is None:
+            self.optimizers = build_optimizers(model, settings)
+        else:  # the tables' optimiser is fused into backward (``ShardedDLRM.set_learning_rate``)
+            self.optimizers = {"dense": torch.optim.Adam(model.dense_parameters(), lr=settings.learning_rate)}
         self.steps_per_epoch = len(train_loader)
         self.total_steps = self.steps_per_epoch * settings.num_epochs
         if settings.max_steps is not None:
@@ -163,7 +172,11 @@ class Trainer:
         if state.get("fingerprint") != self.fingerprint:
             logger.warning("{} belongs to other settings or data; starting afresh", self.resume_path)
             return
-        self.model.load_state_dict(state["model_state"])
+        if self.sharded is None:
+            self.model.load_state_dict(state["model_state"])
+        else:
+            self.sharded.load_model_state(state["model_state"])
+            self.sharded.load_optimizer_state(state["optimizer_state"]["fused_embeddings"])
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizer_state"][name])
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
@@ -178,10 +191,22 @@ class Trainer:
             self.best_loss,
         )
 
-    def _save_progress(self) -> None:
-        if self.resume_path is None or not self.is_main:
+    def _snapshot(self) -> tuple[dict | None, dict | None]:
+        """The model's and the optimisers' state, copied to the CPU. A sharded run gathers it to rank 0 (every
+        process must call this; the others get None)."""
+        optimizers = {name: copy.deepcopy(optimizer.state_dict()) for name, optimizer in self.optimizers.items()}
+        if self.sharded is not None:
+            model_state, fused = self.sharded.model_state(), self.sharded.optimizer_state()
+            return (model_state, {**optimizers, "fused_embeddings": fused}) if self.is_main else (None, None)
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}, optimizers
+
+    def _save_progress(self, snapshot: tuple[dict | None, dict | None] | None = None) -> None:
+        """Write the in-progress checkpoint (``snapshot``: one ``_snapshot`` taken already at this step)."""
+        if self.resume_path is None or (not self.is_main and self.sharded is None):
             return
-        state = self.model.state_dict()
+        state, optimizer_state = snapshot or self._snapshot()
+        if not self.is_main:
+            return
         if not all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()):
             raise TrainingDivergedError(
                 f"Training diverged: the weights are NaN or infinite at step {self.step:,} although every loss "
@@ -191,7 +216,7 @@ class Trainer:
             {
                 "fingerprint": self.fingerprint,
                 "model_state": state,
-                "optimizer_state": {name: opt.state_dict() for name, opt in self.optimizers.items()},
+                "optimizer_state": optimizer_state,
                 "step": self.step,
                 "run_dir": str(self.run_dir),
                 "best_loss": self.best_loss,
@@ -306,16 +331,26 @@ class Trainer:
             for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
                 group["lr"] = base * factor
             optimizer.zero_grad(set_to_none=True)
+        if self.sharded is not None:
+            self.sharded.set_learning_rate(self.settings.embedding_learning_rate * factor)
         start = self._phase(timings, "data", start)
         with autocast(self.device, self.settings.precision):
             logits = self.train_model(batch.dense, batch.sparse)
         # DDP averages the processes' gradients: scaling by world_size makes that the global batch's mean.
-        loss = self.loss_function(logits.float(), batch.labels) * (self.world_size / global_rows)
+        # TorchRec's all-to-all backward sums the sharded tables' gradients instead: a sharded run scales the
+        # loss for them and multiplies the DDP-averaged dense gradients by world_size after backward.
+        scale = 1 if self.sharded is not None else self.world_size
+        loss = self.loss_function(logits.float(), batch.labels) * (scale / global_rows)
         start = self._phase(timings, "forward", start)
         exchange = self.world_size > 1 and self.sync_gradients
-        with contextlib.nullcontext() if exchange or self.world_size == 1 else self.train_model.no_sync():
+        alone = exchange or self.world_size == 1 or self.sharded is not None
+        with contextlib.nullcontext() if alone else self.train_model.no_sync():
             loss.backward()
-        if exchange:
+        if self.sharded is not None and self.world_size > 1:
+            for parameter in self.optimizers["dense"].param_groups[0]["params"]:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(self.world_size)
+        elif exchange:
             self._all_reduce_sparse()
         start = self._phase(timings, "backward", start)
         for optimizer in self.optimizers.values():
@@ -389,6 +424,8 @@ class Trainer:
         }
         if "embeddings" in self.optimizers:
             scalars["train/embedding_learning_rate"] = self.optimizers["embeddings"].param_groups[0]["lr"]
+        elif self.sharded is not None:
+            scalars["train/embedding_learning_rate"] = self.sharded.model.fused_optimizer.param_groups[0]["lr"]
         self.metric_logger.log_scalars(scalars, self.step)
         return loss
 
@@ -428,11 +465,12 @@ class Trainer:
         }
         self.history.append(record)
         improved = metrics["log_loss"] < self.best_loss - self.settings.early_stopping.min_delta
+        snapshot = self._snapshot() if improved or self.resume_path is not None else None
         if improved:
             self.best_loss, self.bad_validations = metrics["log_loss"], 0
             self.best = {
-                "model_state": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-                "optimizer_state": copy.deepcopy({n: o.state_dict() for n, o in self.optimizers.items()}),
+                "model_state": snapshot[0],
+                "optimizer_state": snapshot[1],
                 "step": self.step,
                 "epoch": epoch,
                 "metrics": metrics,
@@ -441,7 +479,7 @@ class Trainer:
             self.bad_validations += 1
         if self.is_main:
             self._log_validation(metrics, epoch, improved)
-        self._save_progress()
+        self._save_progress(snapshot)
         return self.bad_validations >= self.settings.early_stopping.patience
 
     def _log_validation(self, metrics: dict, epoch: int, improved: bool) -> None:
@@ -459,17 +497,31 @@ class Trainer:
         )
 
     def _validation_predictions(self) -> tuple[np.ndarray, np.ndarray]:
-        """Probabilities for every validation row, in order. With N processes each scores a contiguous
-        N-th of the rows and all gather them: the same array, so the same metrics, as one process."""
+        """Probabilities for every validation row, in order. With N processes each scores its share of every
+        global batch of N x ``batch_size.validation`` rows, so all run the same number of forward passes (a
+        sharded model's all-to-all needs every process), and the gathered shares are put back in row order:
+        the same array, so the same metrics, as one process."""
         arrays = self.validation_loader.arrays
         if self.world_size == 1:
             return predict(self.model, self.validation_loader, self.device, self.settings.precision), arrays.labels
-        bounds = [len(arrays) * rank // self.world_size for rank in range(self.world_size + 1)]
-        mine = BatchLoader(arrays.rows(bounds[self.rank], bounds[self.rank + 1]), self.validation_loader.batch_size)
+        batch_size = self.validation_loader.batch_size * self.world_size
+        mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
         local = torch.from_numpy(predict(self.model, mine, self.device, self.settings.precision))
         gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         (pieces,) = self._all_gather_rows(local.to(gather_device))
-        return torch.cat(pieces).cpu().numpy(), arrays.labels
+        return _row_order([p.cpu().numpy() for p in pieces], len(arrays), batch_size), arrays.labels
+
+
+def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarray:
+    """Undo ``BatchLoader``'s split: ``shares[r]`` holds rank r's part (``np.array_split``) of each batch in turn."""
+    parts, cursors = [], [0] * len(shares)
+    for begin in range(0, rows, batch_size):
+        size = min(batch_size, rows - begin)
+        for rank, share in enumerate(shares):
+            count = size // len(shares) + (rank < size % len(shares))
+            parts.append(share[cursors[rank] : cursors[rank] + count])
+            cursors[rank] += count
+    return np.concatenate(parts)
 
 
 def _flat(values: dict, prefix: str = "") -> dict:

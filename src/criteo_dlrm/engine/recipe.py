@@ -25,6 +25,13 @@ from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, librar
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.device import compile_model, configure_backends, resolve_device
 from criteo_dlrm.engine.loop import Trainer, TrainingResult
+from criteo_dlrm.engine.sharding import (
+    check_replicated_memory,
+    embedding_bytes,
+    log_plan,
+    require_torchrec,
+    shard_model,
+)
 from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.schema import SPARSE_COLUMNS
@@ -66,6 +73,7 @@ class TrainingOutcome:
     device: str
     backends: dict
     processes: int
+    embeddings: dict  # where the tables lived: the backend, and TorchRec's plan
 
 
 def run_training(
@@ -94,7 +102,10 @@ def run_training(
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
-    model_config = config.model_config(table_sizes).to_dict()  # impossible sizes fail before any process starts
+    model_config = config.model_config(table_sizes)  # impossible sizes fail before any process starts
+    check_replicated_memory(config, model_config)
+    if config.embedding_backend == "torchrec":
+        require_torchrec()
     settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(
         config=config.to_dict(),
@@ -105,8 +116,7 @@ def run_training(
         fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
         run_version=run_version,
     )
-    several = config.distributed.nproc_per_node > 1 or config.distributed.nnodes > 1
-    if several and not dist.is_initialized():
+    if config.launches_processes and not dist.is_initialized():
         from criteo_dlrm.engine.distributed import launch
 
         outcome = launch(job, config.distributed)
@@ -121,11 +131,14 @@ def run_training(
         "source_days": metadata.get("source_days"),
     }
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
-    checkpoint = training_checkpoint(result, model_config, config.to_dict(), trained_with, encoder.state_dict(), run)
+    checkpoint = training_checkpoint(
+        result, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
+    )
     summary = {
         **run,
         "device": outcome.device,
         "processes": outcome.processes,
+        "embeddings": outcome.embeddings,
         "steps": result.steps,
         "best_step": result.best_step,
         "stopped_early": result.stopped_early,
@@ -185,11 +198,33 @@ def _rows(source: EncodedArrays | str) -> EncodedArrays:
 def train_process(job: TrainingJob, device: torch.device | None = None) -> TrainingOutcome:
     """One process's part of a run: all of it alone, or its rank's share in a process group."""
     config = TrainingConfig.from_dict(job.config)
-    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     device = device or resolve_device(config.device, "device")
+    # TorchRec shards over a process group, even a group of one.
+    own_group = config.embedding_backend == "torchrec" and not dist.is_initialized()
+    if own_group:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return _train(job, config, device)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _train(job: TrainingJob, config: TrainingConfig, device: torch.device) -> TrainingOutcome:
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     backends = configure_backends(device, config.allow_tf32, config.num_threads)
     torch.manual_seed(config.seed)  # the same initial weights in every process
-    model = DLRM(config.model_config(job.table_sizes), sparse_gradients=config.sparse_gradients).to(device)
+    model_config = config.model_config(job.table_sizes)
+    sharded = None
+    if config.embedding_backend == "torchrec":
+        sharded = shard_model(model_config, config, device, SPARSE_COLUMNS)
+        model = sharded.module
+        embeddings = sharded.summary()
+    else:
+        model = DLRM(model_config, sparse_gradients=config.sparse_gradients).to(device)
+        replicated = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+        embeddings = {"backend": "torch", "bytes_per_process": replicated}
     if config.compile:
         compile_model(model, config.compile_mode)
     pin = device.type == "cuda"
@@ -214,16 +249,24 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
         resume_path=job.resume_path,
         fingerprint=job.fingerprint,
         tensorboard=True,
+        sharded=sharded,
     )
     if trainer.is_main:
+        if sharded is not None:
+            log_plan(sharded)
         logger.info(
             "training on {} ({}), {} process(es), {:,} parameters, run folder {}",
-            device, backends, world_size, sum(p.numel() for p in model.parameters()), trainer.run_dir,
+            device, backends, world_size, _parameter_count(model, model_config), trainer.run_dir,
         )  # fmt: skip
     result = trainer.fit()
     if job.resume_path is not None and trainer.is_main:
         job.resume_path.unlink(missing_ok=True)  # finished: nothing left to resume
-    return TrainingOutcome(result, str(trainer.run_dir), str(device), backends, world_size)
+    return TrainingOutcome(result, str(trainer.run_dir), str(device), backends, world_size, embeddings)
+
+
+def _parameter_count(model: DLRM, model_config) -> int:
+    tables = sum(rows * dim for rows, dim in zip(model_config.table_sizes, model_config.embedding_dims, strict=True))
+    return tables + sum(p.numel() for p in model.dense_parameters())
 
 
 def save_outcome(outcome: TrainingOutcome, path: Path) -> None:

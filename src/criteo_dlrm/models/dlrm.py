@@ -131,28 +131,46 @@ class FusedEmbedding(nn.Module):
         return self.weight(indices + self.offsets)
 
 
+def embedding_groups(config: DLRMConfig) -> list[list[int]]:
+    """Features grouped by embedding size (sizes ascending, features in order within a group). 'dot' needs one
+    size, so its single group keeps feature order; for 'cat'/'dcn' the grouped order is a fixed permutation of
+    the MLP's inputs. Every embedding backend returns its vectors in this order."""
+    dims = sorted(set(config.embedding_dims))
+    return [[f for f, d in enumerate(config.embedding_dims) if d == dim] for dim in dims]
+
+
+class GroupedTables(nn.ModuleList):
+    """The ``torch`` embedding backend: one ``FusedEmbedding`` per embedding size (one lookup per size)."""
+
+    def __init__(self, config: DLRMConfig, sparse_gradients: bool):
+        self.groups = embedding_groups(config)
+        super().__init__(
+            FusedEmbedding([config.table_sizes[f] for f in group], config.embedding_dims[group[0]], sparse_gradients)
+            for group in self.groups
+        )
+
+    def forward(self, sparse: torch.Tensor) -> list[torch.Tensor]:
+        """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per group of ``embedding_groups``."""
+        return [table(sparse[:, group]) for table, group in zip(self, self.groups, strict=True)]
+
+
 class DLRM(nn.Module):
     """The paper's DLRM; ``forward(dense, sparse)`` returns logits.
 
     Args:
         config: sizes and interaction.
         sparse_gradients: embeddings produce sparse gradients (for SparseAdam, Adagrad, SGD).
+        embeddings: another embedding backend (``TorchRecEmbeddings``), any module mapping (B, 26) indices
+            to one (B, T_g, dim_g) tensor per group of ``embedding_groups``; None: ``GroupedTables``.
     """
 
-    def __init__(self, config: DLRMConfig, sparse_gradients: bool = True):
+    def __init__(self, config: DLRMConfig, sparse_gradients: bool = True, embeddings: nn.Module | None = None):
         super().__init__()
         self.config = config
         self.bottom_mlp = mlp(
             [config.dense_in_features, *config.dense_hidden_sizes, config.dense_output_size], final_activation=True
         )
-        # One fused table per distinct embedding size. 'dot' needs one size, so its single group keeps
-        # feature order; for 'cat' the grouped order is just a fixed permutation of the MLP's inputs.
-        dims = sorted(set(config.embedding_dims))
-        self.groups = [[f for f, d in enumerate(config.embedding_dims) if d == dim] for dim in dims]
-        self.embeddings = nn.ModuleList(
-            FusedEmbedding([config.table_sizes[f] for f in group], dim, sparse_gradients)
-            for dim, group in zip(dims, self.groups, strict=True)
-        )
+        self.embeddings = GroupedTables(config, sparse_gradients) if embeddings is None else embeddings
         # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
         # index_select is cheaper forward and backward than indexing rows and columns separately.
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
@@ -167,7 +185,7 @@ class DLRM(nn.Module):
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group."""
-        return [table(sparse[:, group]) for table, group in zip(self.embeddings, self.groups, strict=True)]
+        return self.embeddings(sparse)
 
     def interact(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
         """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""
@@ -186,8 +204,7 @@ class DLRM(nn.Module):
         return self.top_mlp(self.interact(x, self.embed(sparse))).squeeze(1)  # (B,)
 
     def embedding_parameters(self) -> list[nn.Parameter]:
-        return [table.weight.weight for table in self.embeddings]
+        return list(self.embeddings.parameters())
 
     def dense_parameters(self) -> list[nn.Parameter]:
-        embedding = {id(p) for p in self.embedding_parameters()}
-        return [p for p in self.parameters() if id(p) not in embedding]
+        return [p for name, p in self.named_parameters() if not name.startswith("embeddings.")]

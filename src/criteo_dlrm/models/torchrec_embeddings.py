@@ -1,0 +1,91 @@
+"""The ``torchrec`` embedding backend: the DLRM's 26 tables as one TorchRec ``EmbeddingBagCollection``.
+
+Each Criteo row has exactly one index per feature, so a bag of one with sum pooling is a plain lookup and
+the model's maths is the ``torch`` backend's. The collection is what ``DistributedModelParallel`` shards
+(``engine.sharding``). TorchRec is an optional extra: it is imported only when this module is used.
+
+Checkpoints always hold the ``torch`` backend's layout (one fused table per embedding size), so evaluation,
+scoring and export never need TorchRec; ``grouped_tables`` and ``split_tables`` convert between the two.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from criteo_dlrm.models.dlrm import DLRMConfig, embedding_groups
+
+TABLE_PREFIX = "embeddings.collection.embedding_bags."  # then the table's name and ".weight"
+
+
+class TorchRecEmbeddings(nn.Module):
+    """One TorchRec table per feature, looked up and returned in ``embedding_groups`` order.
+
+    Args:
+        config: the model's sizes.
+        names: one table name per feature (shown in the sharding plan).
+        device: where the tables live; ``meta`` lets ``DistributedModelParallel`` allocate each process's shards only.
+    """
+
+    def __init__(self, config: DLRMConfig, names: list[str], device: torch.device | str = "meta"):
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+
+        self.groups = embedding_groups(config)
+        self.dims = [config.embedding_dims[group[0]] for group in self.groups]
+        self.order = [f for group in self.groups for f in group]  # features in the order of the output
+        self.names = list(names)
+        self.register_buffer("columns", torch.tensor(self.order), persistent=False)
+        # Tables initialise uniformly in +-1/sqrt(rows), as the torch backend's (TorchRec's default bounds).
+        self.collection = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=names[f],
+                    embedding_dim=config.embedding_dims[f],
+                    num_embeddings=config.table_sizes[f],
+                    feature_names=[names[f]],
+                    pooling=PoolingType.SUM,
+                )
+                for f in self.order
+            ],
+            device=torch.device(device),
+        )
+
+    def forward(self, sparse: torch.Tensor) -> list[torch.Tensor]:
+        """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per group of ``embedding_groups``."""
+        from torchrec import KeyedJaggedTensor
+
+        batch = sparse.shape[0]
+        features = KeyedJaggedTensor(
+            keys=[self.names[f] for f in self.order],
+            values=sparse.index_select(1, self.columns.to(sparse.device)).t().reshape(-1),  # (26 * B,) key-major
+            lengths=torch.ones(len(self.order) * batch, dtype=torch.int32, device=sparse.device),
+        )
+        pooled = self.collection(features).values()  # (B, sum of dims), in key order
+        widths = [len(group) * dim for group, dim in zip(self.groups, self.dims, strict=True)]
+        return [
+            part.reshape(batch, len(group), dim)
+            for part, group, dim in zip(pooled.split(widths, dim=1), self.groups, self.dims, strict=True)
+        ]
+
+
+def table_key(name: str) -> str:
+    """The state-dict key of a table in a ``DLRM`` with ``TorchRecEmbeddings``."""
+    return f"{TABLE_PREFIX}{name}.weight"
+
+
+def grouped_tables(tables: dict[int, torch.Tensor], config: DLRMConfig) -> dict[str, torch.Tensor]:
+    """Per-feature tables ``{feature: (rows, dim)}`` -> the torch backend's state entries (one per size)."""
+    return {
+        f"embeddings.{g}.weight.weight": torch.cat([tables[f] for f in group])
+        for g, group in enumerate(embedding_groups(config))
+    }
+
+
+def split_tables(state: dict[str, torch.Tensor], config: DLRMConfig) -> dict[int, torch.Tensor]:
+    """The torch backend's state entries -> per-feature tables ``{feature: (rows, dim)}`` (views)."""
+    tables = {}
+    for g, group in enumerate(embedding_groups(config)):
+        parts = state[f"embeddings.{g}.weight.weight"].split([config.table_sizes[f] for f in group])
+        tables.update(zip(group, parts, strict=True))
+    return tables
