@@ -36,3 +36,27 @@ def test_wrong_types_are_all_reported_with_their_field_names():
 def test_unknown_keys_are_named_with_their_path():
     with pytest.raises(ConfigError, match=r"training.early_stopping.patiense is not a training setting"):
         TrainingConfig.from_dict({"early_stopping": {"patiense": 3}}, "training.")
+
+
+def test_embedding_settings_that_only_one_backend_has_are_refused_naming_the_other():
+    with pytest.raises(ConfigError) as caught:
+        TrainingConfig.from_dict(
+            {"embedding_optimizer": "rowwise_adagrad", "sharding": {"type": "table_wise"}}, prefix="training."
+        )
+    message = str(caught.value)
+    assert "training.embedding_optimizer rowwise_adagrad is TorchRec's fused optimiser" in message
+    assert "training.sharding.type only applies to embedding_backend: torchrec" in message
+    with pytest.raises(ConfigError) as caught:
+        TrainingConfig.from_dict(
+            {"embedding_backend": "torchrec", "embedding_optimizer": "dense_adam", "sharding": {"type": "diagonal"}},
+            prefix="training.",
+        )
+    message = str(caught.value)
+    assert (
+        "dense_adam has no fused TorchRec kernel" in message
+        and "training.sharding.type must be null or one of" in message
+    )
+    config = TrainingConfig.from_dict(
+        {"embedding_backend": "torchrec", "embedding_optimizer": "rowwise_adagrad", "sharding": {"type": "column_wise"}}
+    )
+    assert config.sharding.type == "column_wise"

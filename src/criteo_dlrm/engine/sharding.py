@@ -177,7 +177,8 @@ def shard_model(
             f"TorchRec's planner found no placement of the tables on {world_size} process(es)"
             f"{'' if budget is None else f' within sharding.memory_per_process_gb {budget} GB'}"
             f"{'' if forced is None else f' with sharding.type {forced[0]}'}: raise the budget, add processes, "
-            f"or allow another sharding type.\n{str(error).strip().splitlines()[0]}"
+            f"or allow another sharding type. TorchRec says:\n  "
+            + "\n  ".join(line.strip() for line in str(error).splitlines()[:8] if line.strip())
         ) from error
     model = DistributedModelParallel(module, device=device, plan=plan, sharders=sharders)
     tables, bytes_per_rank = _describe_plan(plan, model_config, names, world_size, config.embedding_optimizer)

@@ -61,7 +61,9 @@ class TorchRecEmbeddings(nn.Module):
             values=sparse.index_select(1, self.columns.to(sparse.device)).t().reshape(-1),  # (26 * B,) key-major
             lengths=torch.ones(len(self.order) * batch, dtype=torch.int32, device=sparse.device),
         )
-        pooled = self.collection(features).values()  # (B, sum of dims), in key order
+        # A sharded collection returns its keys grouped by sharding, not in input order: select them by name.
+        by_name = self.collection(features).to_dict()
+        pooled = torch.cat([by_name[self.names[f]] for f in self.order], dim=1)  # (B, sum of dims), input order
         widths = [len(group) * dim for group, dim in zip(self.groups, self.dims, strict=True)]
         return [
             part.reshape(batch, len(group), dim)

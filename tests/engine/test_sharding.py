@@ -1,0 +1,226 @@
+"""Sharded embedding tables through TorchRec (needs the torchrec extra; CI installs it, so these never skip there)."""
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.scoring import probabilities
+from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
+from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.models.dlrm import DLRM
+from criteo_dlrm.schema import SPARSE_COLUMNS
+
+pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
+
+
+def _config(tmp_path: Path, **overrides) -> TrainingConfig:
+    values = {
+        "num_epochs": 2,
+        "batch_size": {"train": 64, "validation": 300},
+        "learning_rate": 0.003,
+        "dense_mlp": {"hidden_layer_sizes": [16], "output_size": 8},
+        "sparse_embedding_sizes": 8,
+        "prediction_hidden_sizes": [16],
+        "log_every_steps": 10,
+        "validations_per_epoch": 2,
+        "early_stopping": {"patience": 10},
+        "embedding_backend": "torchrec",
+        "embedding_optimizer": "rowwise_adagrad",
+        "embedding_learning_rate": 0.05,
+        "tensorboard_dir": str(tmp_path / "tb"),
+        "in_progress_dir": str(tmp_path / "progress"),
+        **overrides,
+    }
+    return TrainingConfig.from_dict(values)
+
+
+@pytest.fixture
+def one_process_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _table_sizes(features) -> list[int]:
+    return [features["metadata"]["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+
+
+def _inputs(model_config, rows: int = 50):
+    generator = torch.Generator().manual_seed(3)
+    dense = torch.randn(rows, 13, generator=generator)
+    sparse = torch.stack([torch.randint(0, n, (rows,), generator=generator) for n in model_config.table_sizes], 1)
+    return dense, sparse
+
+
+def test_sharded_state_round_trips_through_the_torch_layout(tiny_features, tmp_path, one_process_group):
+    config = _config(tmp_path)
+    model_config = config.model_config(_table_sizes(tiny_features))
+    torch.manual_seed(5)
+    reference = DLRM(model_config).eval()
+    sharded = shard_model(model_config, config, torch.device("cpu"), SPARSE_COLUMNS)
+    sharded.load_model_state(reference.state_dict())
+    dense, sparse = _inputs(model_config)
+    sharded.module.eval()
+    torch.testing.assert_close(sharded.module(dense, sparse), reference(dense, sparse), rtol=1e-5, atol=1e-6)
+    gathered = sharded.model_state()
+    assert set(gathered) == set(reference.state_dict())
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(gathered[name], tensor, rtol=0, atol=0, msg=name)
+    assert [t["sharding_type"] for t in sharded.plan] == ["table_wise"] * 26
+    assert sharded.bytes_per_rank == [embedding_bytes(model_config.table_sizes, [8] * 26, "rowwise_adagrad")]
+
+
+class _Crash(Exception):
+    pass
+
+
+def _trainer(features, config: TrainingConfig, folder: Path, resume_path: Path) -> Trainer:
+    torch.manual_seed(config.seed)
+    sharded = shard_model(config.model_config(_table_sizes(features)), config, torch.device("cpu"), SPARSE_COLUMNS)
+    return Trainer(
+        sharded.module,
+        config,
+        BatchLoader(features["train"], config.batch_size.train, shuffle=True, seed=config.seed),
+        BatchLoader(features["validation"], config.batch_size.validation),
+        torch.device("cpu"),
+        folder,
+        resume_path=resume_path,
+        fingerprint="x",
+        sharded=sharded,
+    )
+
+
+def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, tmp_path, one_process_group):
+    config = _config(tmp_path, warmup_steps=30, decay="linear")  # the fused optimiser's rate changes every step
+    reference = _trainer(tiny_features, config, tmp_path / "whole", tmp_path / "unused.pt")
+    reference_result = reference.fit()
+    resume_path = tmp_path / "progress.pt"
+    crashing = _trainer(tiny_features, config, tmp_path / "crash", resume_path)
+    original_step = crashing._train_step
+
+    def step_then_crash(batch, timings):
+        if crashing.step == 60:  # 13 steps after the validation at step 47
+            raise _Crash
+        return original_step(batch, timings)
+
+    crashing._train_step = step_then_crash
+    with pytest.raises(_Crash):
+        crashing.fit()
+    resumed = _trainer(tiny_features, config, tmp_path / "resumed", resume_path)
+    assert resumed.step == 47
+    result = resumed.fit()
+    assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
+    for name, tensor in reference_result.best_model_state.items():
+        torch.testing.assert_close(result.best_model_state[name], tensor, rtol=0, atol=0, msg=name)
+    fused = reference_result.best_optimizer_state["fused_embeddings"]
+    assert len(fused) == 26 and all(key.endswith("momentum1") for key in fused)
+    for key, state in fused.items():
+        torch.testing.assert_close(result.best_optimizer_state["fused_embeddings"][key], state, msg=key)
+    # Without the optimiser state the resumed run would differ: row-wise Adagrad's sums are not zero by then.
+    assert any(state.abs().sum() > 0 for state in fused.values())
+
+
+def test_the_torch_backend_refuses_tables_over_the_memory_budget_and_names_torchrec(tiny_features, tmp_path):
+    sizes = [1_000_000] + [10] * 25
+    config = _config(tmp_path, embedding_backend="torch", embedding_optimizer="sparse_adam")
+    model_config = config.model_config(sizes)
+    # Hand count: 1,000,250 rows x 8 floats x 4 bytes, x3 for the weights and Adam's two moments.
+    assert embedding_bytes(sizes, [8] * 26, "sparse_adam") == 1_000_250 * 8 * 4 * 3
+    assert embedding_bytes(sizes, [8] * 26, "rowwise_adagrad") == 1_000_250 * 4 * (8 + 1)
+
+    def budget(gb: float) -> TrainingConfig:
+        return _config(tmp_path, embedding_backend="torch", embedding_optimizer="sparse_adam",
+                       sharding={"memory_per_process_gb": gb})  # fmt: skip
+
+    check_replicated_memory(budget(0.1), model_config)
+    with pytest.raises(ConfigError, match=r"need 0\.10 GB in every process .* Use embedding_backend: torchrec"):
+        check_replicated_memory(budget(0.05), model_config)
+
+
+def test_an_optimiser_without_a_fused_cpu_kernel_is_refused_naming_the_ones_that_work(
+    tiny_features, tmp_path, one_process_group
+):
+    config = _config(tmp_path, embedding_optimizer="sparse_adam")
+    with pytest.raises(ConfigError, match=r"'sparse_adam' has no fused TorchRec kernel on cpu: use one of .*rowwise"):
+        shard_model(config.model_config(_table_sizes(tiny_features)), config, torch.device("cpu"), SPARSE_COLUMNS)
+
+
+def _run(features, config: TrainingConfig, name: str, metadata: dict | None = None):
+    return run_training(
+        config,
+        features["train"],
+        features["validation"],
+        metadata or features["metadata"],
+        features["vocabularies"].arrays,
+        name,
+        "v",
+    )
+
+
+def _evaluate_alone(checkpoint: dict, features) -> dict:
+    validation = features["validation"]
+    predicted = probabilities(
+        model_from_checkpoint(checkpoint),
+        torch.from_numpy(validation.dense),
+        torch.from_numpy(validation.sparse.astype(np.int64)),
+        torch.device("cpu"),
+    )
+    return binary_metrics(validation.labels, predicted.double().numpy())
+
+
+@pytest.mark.slow
+def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates_alone(tiny_features, tmp_path):
+    torch_run, torch_summary = _run(
+        tiny_features, _config(tmp_path / "torch", embedding_backend="torch", embedding_optimizer="adagrad"), "torch"
+    )
+    config = _config(tmp_path / "rec", sharding={"type": "table_wise"}, distributed={"nproc_per_node": 2})
+    checkpoint, summary = _run(tiny_features, config, "rec")
+    assert summary["processes"] == 2 and summary["embeddings"]["backend"] == "torchrec"
+    tables = summary["embeddings"]["tables"]
+    assert {t["sharding_type"] for t in tables} == {"table_wise"} and {r for t in tables for r in t["ranks"]} == {0, 1}
+    # Same data, seed and schedule; other initial table values and row-wise (not element-wise) Adagrad:
+    # measured 0.6182 vs 0.6191 AUC, 0.5493 vs 0.5481 log loss. Untrained tables would reach about 0.55.
+    best, reference = summary["best_validation"], torch_summary["best_validation"]
+    assert best["auc"] > 0.6 and abs(best["auc"] - reference["auc"]) < 0.01
+    assert abs(best["log_loss"] - reference["log_loss"]) < 0.005
+    # The checkpoint is an ordinary one: the torch backend's layout, evaluated in this process.
+    assert set(checkpoint["model_state"]) == set(torch_run["model_state"])
+    alone = _evaluate_alone(checkpoint, tiny_features)
+    for name in ("log_loss", "auc", "calibration"):
+        assert alone[name] == pytest.approx(best[name], abs=1e-6), name
+
+
+@pytest.mark.slow
+def test_a_table_over_the_per_process_budget_is_sharded_across_processes(tiny_features, tmp_path):
+    # SPARSE_0 with 400,000 rows x 8: 12.8 MB of weights + 1.6 MB of row-wise Adagrad state, over a 12 MB
+    # budget per process (of which the planner keeps 15% and 2 MB of input buffers). The torch backend
+    # refuses; TorchRec's planner splits the table's columns over both processes and the run trains.
+    metadata = copy.deepcopy(tiny_features["metadata"])
+    metadata["sparse"]["SPARSE_0"]["table_size"] = 400_000
+    budget = {"memory_per_process_gb": 0.012}
+    with pytest.raises(ConfigError, match="Use embedding_backend: torchrec"):
+        _run(tiny_features, _config(tmp_path, embedding_backend="torch", embedding_optimizer="adagrad",
+                                    sharding=budget), "torch", metadata)  # fmt: skip
+    config = _config(tmp_path, num_epochs=1, sharding=budget, distributed={"nproc_per_node": 2})
+    checkpoint, summary = _run(tiny_features, config, "rec", metadata)
+    big = summary["embeddings"]["tables"][0]
+    assert big["table"] == "SPARSE_0" and big["ranks"] == [0, 1], big
+    assert sum(shard["sizes"][0] * shard["sizes"][1] for shard in big["shards"]) == 400_000 * 8
+    assert max(summary["embeddings"]["bytes_per_rank"]) < 0.012e9
+    assert checkpoint["model_state"]["embeddings.0.weight.weight"].shape == (sum(metadata_sizes(metadata)), 8)
+    alone = _evaluate_alone(checkpoint, tiny_features)
+    assert alone["log_loss"] == pytest.approx(summary["best_validation"]["log_loss"], abs=1e-6)
+
+
+def metadata_sizes(metadata: dict) -> list[int]:
+    return [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
