@@ -57,7 +57,7 @@ def test_grouped_and_split_tables_are_inverse():
     state = DLRM(config).state_dict()
     tables = split_tables(state, config)
     assert [tables[f].shape for f in range(26)] == [
-        (rows, dim) for rows, dim in zip(config.table_sizes, config.embedding_dims)
+        (rows, dim) for rows, dim in zip(config.table_sizes, config.embedding_dims, strict=True)
     ]
     regrouped = grouped_tables(tables, config)
     for key, tensor in regrouped.items():
