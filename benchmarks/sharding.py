@@ -1,0 +1,198 @@
+"""Embedding backends compared: ``torch`` (every process holds every table) vs ``torchrec`` (sharded), in one run.
+
+    python benchmarks/sharding.py [--processes 1,2] [--device cpu] [--steps 30] [--rows 200000]
+    python benchmarks/sharding.py --device cuda --processes 1 --sharding row_wise   # on a GPU machine
+
+Part 1, throughput at the Kaggle-like configuration of ``benchmarks/training.py`` (26 tables sized like
+Kaggle's, capped at 100,000 rows; 16-dim embeddings; MLPs 512-256-64-16 and 512-256; global batch 2048): each
+backend on 1 and 2 processes, launched by torch.distributed's elastic launcher (gloo on CPU, nccl on CUDA),
+each process running the project loop's own step (``Trainer.train_step``) with the backend's usual embedding
+optimiser (torch: sparse_adam, the project default; torchrec: FBGEMM's fused row-wise Adagrad). Prints
+samples/s, step time, the planner's sharding types, the table + optimiser memory per process and the
+process's peak RSS.
+
+Part 2, a table larger than the memory budget: the same model with one table of ``--big-rows`` rows and a
+``--budget-gb`` per-process budget (``sharding.memory_per_process_gb``). The torch backend refuses (it would
+replicate the table in every process); TorchRec's planner splits it across the processes and trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.launcher.api import elastic_launch
+
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import open_encoded
+from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.engine.distributed import launch_config
+from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
+from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.models import DLRM
+from criteo_dlrm.schema import SPARSE_COLUMNS
+
+from training import CONFIGURATIONS, spec_config, synthetic_arrays
+
+OPTIMIZERS = {"torch": "sparse_adam", "torchrec": "rowwise_adagrad"}
+
+
+def _config(backend: str, batch: int, device: str, sharding: dict) -> TrainingConfig:
+    return TrainingConfig.from_dict(
+        {
+            "embedding_backend": backend,
+            "embedding_optimizer": OPTIMIZERS[backend],
+            "embedding_learning_rate": 0.003 if backend == "torch" else 0.02,
+            "batch_size": {"train": batch},
+            "device": device,
+            "sharding": sharding
+            if backend == "torchrec"
+            else {"memory_per_process_gb": sharding.get("memory_per_process_gb")},
+        }
+    )
+
+
+def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: int, device_kind: str, sharding: dict):
+    """One process of a measurement (rank 0's result is kept)."""
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    cuda = device_kind == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    config = _config(backend, batch, str(device), sharding)
+    model_config = spec_config({**CONFIGURATIONS["kaggle-like"], "tables": tables})
+    torch.manual_seed(0)
+    sharded = None
+    if backend == "torchrec":
+        sharded = shard_model(model_config, config, device, SPARSE_COLUMNS)
+        model = sharded.module
+        memory = max(sharded.bytes_per_rank)
+        types = sorted({t["sharding_type"] for t in sharded.plan})
+    else:
+        model = DLRM(model_config).to(device)
+        memory = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+        types = ["replicated"]
+    arrays = open_encoded(Path(folder))
+    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=cuda, rank=rank, world_size=world)
+    trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()), sharded=sharded)
+    batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
+    for _ in range(3):  # warm-up
+        trainer.train_step(next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    seconds = (time.perf_counter() - start) / steps
+    dist.destroy_process_group()
+    return {
+        "samples_per_second": batch / seconds,
+        "step_ms": 1000 * seconds,
+        "types": types,
+        "memory": memory,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def _run(folder: str, tables: list[int], backend: str, processes: int, args, sharding: dict) -> dict | str:
+    """Rank 0's measurement, or why the run could not start."""
+    if backend == "torch":
+        config = _config(backend, args.batch, args.device, sharding)
+        try:
+            check_replicated_memory(config, spec_config({**CONFIGURATIONS["kaggle-like"], "tables": tables}))
+        except ConfigError as error:
+            return "refused: " + str(error).split(" in every process")[0].split("need ")[-1] + " per process"
+    try:
+        launch = launch_config(processes)
+        measure = elastic_launch(launch, _measure)
+        return measure(folder, tables, backend, args.batch, args.steps, args.device, sharding)[0]
+    except Exception as error:  # noqa: BLE001 - a planner refusal inside a worker: report it in the table
+        return f"failed: {'no plan fits the budget' if 'planner' in str(error).lower() else type(error).__name__}"
+
+
+def _row(backend: str, processes: int, result: dict | str, base: float | None) -> str:
+    if isinstance(result, str):
+        return f"| {backend} | {processes} | {result} | | | | | |"
+    ratio = f"{result['samples_per_second'] / base:.2f}x" if base else ""
+    return (
+        f"| {backend} | {processes} | {result['samples_per_second']:,.0f} | {ratio} | {result['step_ms']:.1f} | "
+        f"{', '.join(result['types'])} | {result['memory'] / 1e6:,.0f} | {result['peak_rss'] / 1e6:,.0f} |"
+    )
+
+
+HEADER = (
+    "| backend | processes | samples/s | x torch, 1 process | step ms | sharding | tables + optimiser MB per process "
+    "| peak RSS MB (rank 0) |\n| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=CONFIGURATIONS["kaggle-like"]["batch"])
+    parser.add_argument("--sharding", default=None, help="force a sharding type for torchrec (e.g. row_wise on CUDA)")
+    parser.add_argument("--big-rows", type=int, default=10_000_000)
+    parser.add_argument("--budget-gb", type=float, default=0.5)
+    parser.add_argument("--skip-budget", action="store_true")
+    args = parser.parse_args()
+    counts = [int(p) for p in args.processes.split(",")]
+    tables = CONFIGURATIONS["kaggle-like"]["tables"]
+    big_tables = [args.big_rows, *tables[1:]]
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
+    forced = {"type": args.sharding} if args.sharding else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sizes in (("kaggle", tables), ("big", big_tables)):
+            folder = Path(tmp) / name
+            folder.mkdir()
+            arrays = synthetic_arrays(args.rows, sizes)
+            for column in ("labels", "dense", "sparse"):
+                np.save(folder / f"{column}.npy", getattr(arrays, column))
+        results = {
+            (backend, processes): _run(str(Path(tmp) / "kaggle"), tables, backend, processes, args, forced)
+            for backend in ("torch", "torchrec")
+            for processes in counts
+        }
+        print(f"\nKaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
+        print(HEADER)
+        base = results[("torch", counts[0])]
+        base_rate = base["samples_per_second"] if isinstance(base, dict) else None
+        for (backend, processes), result in results.items():
+            print(_row(backend, processes, result, base_rate))
+        if args.skip_budget:
+            return
+        budget = {**forced, "memory_per_process_gb": args.budget_gb}
+        big = {
+            (backend, processes): _run(str(Path(tmp) / "big"), big_tables, backend, processes, args, budget)
+            for backend in ("torch", "torchrec")
+            for processes in counts
+        }
+        print(
+            f"\nOne table of {args.big_rows:,} rows x 16 ({args.big_rows * 64 / 1e9:.2f} GB of fp32 weights), "
+            f"budget {args.budget_gb} GB per process (sharding.memory_per_process_gb)\n"
+        )
+        print(HEADER)
+        for (backend, processes), result in big.items():
+            print(_row(backend, processes, result, None))
+
+
+if __name__ == "__main__":
+    main()
