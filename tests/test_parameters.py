@@ -95,3 +95,15 @@ def test_a_run_with_a_wrongly_typed_training_parameter_stops_before_any_node(pro
     ):
         session.run(pipeline_names=["ingestion"])
     assert not list((project / "data/02_intermediate").rglob("*.parquet"))
+
+
+def test_the_torchrec_backend_without_torchrec_installed_stops_naming_the_install_command(schema, monkeypatch):
+    from criteo_dlrm.errors import ConfigError
+
+    monkeypatch.setitem(__import__("sys").modules, "torchrec", None)  # as if the extra were not installed
+    given = copy.deepcopy(schema)
+    given["training"]["embedding_backend"] = "torchrec"
+    given["training"]["embedding_optimizer"] = "rowwise_adagrad"
+    with pytest.raises(ConfigError, match=r"needs TorchRec and FBGEMM .*pip install fbgemm-gpu-cpu==1\.8\.0"):
+        check_parameters(given, schema)
+    check_parameters(schema, schema)  # the default torch backend needs nothing extra

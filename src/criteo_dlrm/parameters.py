@@ -79,7 +79,11 @@ def check_parameters(given: Mapping, schema: Mapping) -> None:
         # ingestion and metadata have run, not when training starts.
         from criteo_dlrm.engine.config import TrainingConfig
 
-        TrainingConfig.from_dict(given["training"], prefix="training.")
+        config = TrainingConfig.from_dict(given["training"], prefix="training.")
+        if config.embedding_backend == "torchrec":  # a missing extra, before hours of preprocessing
+            from criteo_dlrm.engine.sharding import require_torchrec
+
+            require_torchrec()
     if problems:
         raise ParameterError(
             " ".join(problems) + " The known ones, with their defaults and meanings, are in "
