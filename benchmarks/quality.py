@@ -5,6 +5,8 @@ several training sizes; and on the real Criteo rows in ../shared/data/criteo_rea
 first 10k, validate on the Kaggle random 4,584) when that folder exists.
 
     python benchmarks/quality.py [--sizes 100000 300000 1000000 3000000] [--plot benchmarks/results/learning_curve.png]
+    python benchmarks/quality.py --remedies 1000000                                 # known remedies at one size
+    python benchmarks/quality.py --min-frequencies 3 10 20 40 80 --sizes 100000 1000000   # small-data settings
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
     config = TrainingConfig.from_dict(
         {
             "device": "cpu",
+            "seed": options.get("seed", defaults.seed),
             "sparse_embedding_sizes": dim,
             "dense_mlp": {"hidden_layer_sizes": [64], "output_size": dim},
             "interaction": options.get("interaction", defaults.interaction),
@@ -211,6 +214,56 @@ def real_rows(work: Path) -> tuple[dict, dict] | None:
     return dlrm, logistic
 
 
+def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_rows: int) -> None:
+    """``metadata.min_frequency`` with the other defaults: on the real rows (3 seeds each, against the logistic
+    regression's best of 4) and on generated data of ``sizes`` rows (one seed)."""
+    import statistics
+
+    if REAL_DATA.is_dir():
+        train = [
+            Path(convert_day(REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "t.parquet", progress=False).parquet)
+        ]
+        validation = [
+            Path(convert_day(REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "v.parquet", progress=False).parquet)
+        ]
+        logistic = best([train_logistic(train, validation, options) for options in REAL_LOGISTIC_GRID])
+        print(f"\nreal rows (Kaggle first 10k -> random 4,584); LR AUC {logistic['auc']:.4f}, "
+              f"log loss {logistic['log_loss']:.4f}; DLRM with the defaults but min_frequency, seeds 0-2\n")  # fmt: skip
+        print(
+            "| min_frequency | AUC (mean +- sd) | log loss (mean +- sd) | log loss - LR's |\n| ---: | ---: | ---: | ---: |"
+        )
+        for frequency in frequencies:
+            runs = [
+                train_dlrm(train, validation, {**CURVE_SETTINGS, "min_frequency": frequency, "seed": seed}, work / "r")
+                for seed in range(3)
+            ]
+            auc, loss = [r["auc"] for r in runs], [r["log_loss"] for r in runs]
+            print(
+                f"| {frequency} | {statistics.mean(auc):.4f} +- {statistics.stdev(auc):.4f} | "
+                f"{statistics.mean(loss):.4f} +- {statistics.stdev(loss):.4f} | "
+                f"{statistics.mean(loss) - logistic['log_loss']:+.4f} |",
+                flush=True,
+            )
+    model, days, paths = ClickModel(seed=0), max(sizes) // DAY_ROWS, []
+    for day in range(days + 1):
+        write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
+        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
+    print("\ngenerated data, DLRM with the defaults but min_frequency\n")
+    print(
+        "| training rows | min_frequency | AUC | log loss | LR AUC | LR log loss |\n| ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
+    for size in sizes:
+        logistic = train_logistic(paths[: size // DAY_ROWS], paths[-1:], {})
+        for frequency in frequencies:
+            options = {**CURVE_SETTINGS, "min_frequency": frequency}
+            d = train_dlrm(paths[: size // DAY_ROWS], paths[-1:], options, work / "runs")
+            print(
+                f"| {size:,} | {frequency} | {d['auc']:.4f} | {d['log_loss']:.4f} | {logistic['auc']:.4f} | "
+                f"{logistic['log_loss']:.4f} |",
+                flush=True,
+            )
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -246,9 +299,14 @@ def main() -> None:
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--remedies", type=int, metavar="ROWS", help="only compare the remedies at this size")
     parser.add_argument("--only", nargs="+", help="with --remedies: these settings only (names as printed)")
+    parser.add_argument("--min-frequencies", type=int, nargs="+", help="only compare these metadata.min_frequency")
     args = parser.parse_args()
     if any(size % DAY_ROWS for size in args.sizes):
         parser.error(f"sizes must be multiples of {DAY_ROWS:,}")
+    if args.min_frequencies:
+        with tempfile.TemporaryDirectory() as tmp:
+            small_data(Path(tmp), args.min_frequencies, sorted(args.sizes), args.validation_rows)
+        return
     if args.remedies:
         with tempfile.TemporaryDirectory() as tmp:
             remedies(args.remedies, args.validation_rows, Path(tmp), args.only)
