@@ -59,7 +59,10 @@ def test_kedro_run_then_catalog_driven_reruns_and_pinned_evaluation(project):
     _run(
         project,
         pipeline_names=["metadata", "training"],
-        runtime_params={"metadata": {"min_frequency": 1}, "training": {"num_epochs": 1, "seed": 3}},
+        runtime_params={
+            "metadata": {"min_frequency": 1, "small_data_rows": 0},
+            "training": {"num_epochs": 1, "seed": 3},
+        },
     )
     assert parquet.stat().st_mtime_ns == converted, "no re-ingestion"
     checkpoints = _versions(project, "data/06_models/dlrm_checkpoint.pt")

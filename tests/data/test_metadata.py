@@ -33,7 +33,7 @@ def _expected_vocabulary(series: pd.Series, min_frequency: int, cap: int) -> lis
     return frame.sort_values(["count", "value"], ascending=[False, True])["value"].head(cap).tolist()
 
 
-def _check_against_pandas(paths, settings):
+def _check_against_pandas(paths, settings, threshold: int | None = None):
     metadata, vocabularies = compute_feature_metadata(paths, settings)
     frame = pd.concat([pd.read_parquet(path) for path in paths], ignore_index=True)
     assert metadata["label"] == {
@@ -45,7 +45,7 @@ def _check_against_pandas(paths, settings):
         column, stats = frame[name], metadata["sparse"][name]
         assert stats["missing"] == column.isna().sum()
         assert stats["distinct"] == column.nunique()
-        expected = _expected_vocabulary(column, settings.min_frequency, settings.cap(name))
+        expected = _expected_vocabulary(column, threshold or settings.min_frequency, settings.cap(name))
         assert vocabularies[name].tolist() == expected, name
         assert stats["table_size"] == len(expected) + 1
     for name in DENSE_COLUMNS:
@@ -240,6 +240,7 @@ def test_empty_training_set_is_refused(tmp_path):
         ({"vocabulary_size_overrides": {"SPARSE_99": 3}}, "unknown feature 'SPARSE_99'"),
         ({"modulus_hash_size": 1}, "modulus_hash_size must be >= 2"),
         ({"features_per_pass": 0}, "features_per_pass must be 1 to 26"),
+        ({"small_data_rows": -1}, "small_data_rows must be >= 0"),
     ],
 )
 def test_nonsense_parameters_are_refused(settings, message):
@@ -282,3 +283,22 @@ def test_parallel_workers_count_exactly_what_one_process_counts(tmp_path):
     for metadata, vocabularies in (two, small_groups):
         assert metadata == one[0]
         assert all(np.array_equal(vocabularies[name], one[1][name]) for name in SPARSE_COLUMNS)
+
+
+def test_the_small_data_rule_raises_min_frequency_by_training_rows():
+    rule = MetadataSettings(min_frequency=3, small_data_rows=400_000)
+    assert [rule.effective_min_frequency(rows) for rows in (10_000, 40_000, 100_000, 133_334, 10**6)] == [
+        40, 10, 4, 3, 3,
+    ]  # fmt: skip
+    assert MetadataSettings(min_frequency=3).effective_min_frequency(10_000) == 3, "0: off"
+
+
+def test_metadata_on_small_data_applies_and_records_the_raised_threshold(generated_days):
+    # 12,000 training rows: 240,000 / 12,000 = 20 times at least, against pandas' own counts.
+    metadata, vocabularies = _check_against_pandas(
+        generated_days, MetadataSettings(min_frequency=2, small_data_rows=240_000, max_vocabulary_size=10**6), 20
+    )
+    assert metadata["min_frequency"] == 20
+    plain, plain_vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    assert plain["min_frequency"] == 2
+    assert sum(map(len, vocabularies.values())) < sum(map(len, plain_vocabularies.values()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,8 @@ class MetadataSettings:
     """How vocabularies are built (``parameters_metadata.yml``)."""
 
     min_frequency: int = 1
+    # Small data: the threshold becomes small_data_rows / training rows when that is larger (0: off).
+    small_data_rows: int = 0
     max_vocabulary_size: int = 1_000_000
     vocabulary_size_overrides: dict[str, int] = field(default_factory=dict)
     use_modulus_hash: bool = False
@@ -42,6 +44,8 @@ class MetadataSettings:
         problems = []
         if self.min_frequency < 1:
             problems.append(f"metadata.min_frequency must be >= 1, got {self.min_frequency}")
+        if self.small_data_rows < 0:
+            problems.append(f"metadata.small_data_rows must be >= 0 (0: off), got {self.small_data_rows}")
         if self.max_vocabulary_size < 1:
             problems.append(f"metadata.max_vocabulary_size must be >= 1, got {self.max_vocabulary_size}")
         for name, size in self.vocabulary_size_overrides.items():
@@ -61,6 +65,14 @@ class MetadataSettings:
             problems.append(f"metadata.modulus_hash_size must be >= 2 (or null), got {self.modulus_hash_size}")
         if problems:
             raise ConfigError("Invalid metadata parameters:\n  " + "\n  ".join(problems))
+
+    def effective_min_frequency(self, training_rows: int) -> int:
+        """The vocabulary threshold for ``training_rows`` rows: ``min_frequency``, raised on small data to
+        ``small_data_rows / training_rows`` (rounded), since with few rows most values are rare and their
+        embeddings mostly noise (measured: README, model quality)."""
+        if not self.small_data_rows or training_rows <= 0:
+            return self.min_frequency
+        return max(self.min_frequency, round(self.small_data_rows / training_rows))
 
     def cap(self, feature: str) -> int:
         return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))
@@ -247,6 +259,13 @@ def compute_feature_metadata(
     total_rows = count_rows(train_paths)
     if total_rows == 0:
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
+    min_frequency = settings.effective_min_frequency(total_rows)
+    if min_frequency != settings.min_frequency:
+        logger.info(
+            "small data ({:,} training rows): min_frequency {} instead of {} (metadata.small_data_rows {:,} / rows)",
+            total_rows, min_frequency, settings.min_frequency, settings.small_data_rows,
+        )  # fmt: skip
+        settings = replace(settings, min_frequency=min_frequency)
     workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
     groups = feature_groups(settings.features_per_pass, workers)
     # The label and dense features first: they cost about as much as half the sparse features, so the
@@ -268,6 +287,7 @@ def compute_feature_metadata(
         "format": METADATA_FORMAT,
         "encoding": "modulus_hash" if settings.use_modulus_hash else "vocabulary",
         "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
+        "min_frequency": settings.min_frequency,  # the threshold applied (after the small-data rule)
         "dense": {name: stats.summary() for name, stats in dense.items()},
         "sparse": {name: sparse[name] for name in SPARSE_COLUMNS},
         "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),

@@ -17,6 +17,7 @@ PARAMS = {
     "validation_days": None,
     "train_days": None,
     "min_frequency": 2,
+    "small_data_rows": 0,
     "max_vocabulary_size": 1000,
     "vocabulary_size_overrides": {},
     "use_modulus_hash": False,

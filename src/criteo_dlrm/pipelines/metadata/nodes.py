@@ -41,6 +41,7 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
     """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days."""
     settings = MetadataSettings(
         min_frequency=metadata["min_frequency"],
+        small_data_rows=metadata["small_data_rows"],
         max_vocabulary_size=metadata["max_vocabulary_size"],
         vocabulary_size_overrides=dict(metadata.get("vocabulary_size_overrides") or {}),
         use_modulus_hash=metadata["use_modulus_hash"],
