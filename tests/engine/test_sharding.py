@@ -217,10 +217,9 @@ def test_a_table_over_the_per_process_budget_is_sharded_across_processes(tiny_fe
     assert big["table"] == "SPARSE_0" and big["ranks"] == [0, 1], big
     assert sum(shard["sizes"][0] * shard["sizes"][1] for shard in big["shards"]) == 400_000 * 8
     assert max(summary["embeddings"]["bytes_per_rank"]) < 0.012e9
-    assert checkpoint["model_state"]["embeddings.0.weight.weight"].shape == (sum(metadata_sizes(metadata)), 8)
+    assert checkpoint["model_state"]["embeddings.0.weight.weight"].shape == (
+        sum(_table_sizes({"metadata": metadata})),
+        8,
+    )
     alone = _evaluate_alone(checkpoint, tiny_features)
     assert alone["log_loss"] == pytest.approx(summary["best_validation"]["log_loss"], abs=1e-6)
-
-
-def metadata_sizes(metadata: dict) -> list[int]:
-    return [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
