@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
@@ -390,3 +391,21 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
     ).fit()
     assert stopped.stopped_early and stopped.steps == 12, "stopped in the middle of the first epoch"
     assert stopped.best_step == 8
+
+
+def test_embedding_weight_decay_adds_the_squares_of_the_looked_up_rows_to_the_loss(tiny_features, tmp_path):
+    from criteo_dlrm.models.torchrec_embeddings import split_tables
+
+    trainer = _trainer(tiny_features, tmp_path, _settings(embedding_weight_decay=0.01, embedding_optimizer="sgd"))
+    batch = next(trainer.train_loader.batches())
+    model = trainer.model
+    with torch.no_grad():
+        bce = nn.functional.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
+        tables = {f: t.clone() for f, t in split_tables(model.state_dict(), model.config).items()}
+    # A naive count: every looked-up value squared, per row of the batch (a row looked up twice counts twice).
+    squares = sum(float(tables[f][int(index)].square().sum()) for row in batch.sparse for f, index in enumerate(row))
+    loss = trainer.train_step(batch)
+    assert float(loss) == pytest.approx(float(bce) + 0.01 * squares / len(batch), rel=1e-5)
+    after = split_tables(model.state_dict(), model.config)
+    untouched = sorted(set(range(len(tables[0]))) - set(batch.sparse[:, 0].tolist()))
+    torch.testing.assert_close(after[0][untouched], tables[0][untouched], rtol=0, atol=0)

@@ -91,6 +91,7 @@ class TrainingConfig:
     sharding: Sharding = field(default_factory=Sharding)
     embedding_optimizer: str = "sparse_adam"
     embedding_learning_rate: float = 0.003
+    embedding_weight_decay: float = 0.0
     warmup_steps: int = 0
     decay: str = "none"
     batch_size: BatchSize = field(default_factory=BatchSize)
@@ -170,6 +171,7 @@ class TrainingConfig:
             need(_value(self, name) >= 1, name, "must be >= 1")
         for name in ("learning_rate", "embedding_learning_rate"):
             need(_value(self, name) > 0, name, "must be positive")
+        need(self.embedding_weight_decay >= 0, "embedding_weight_decay", "must be >= 0 (0: off)")
         for name in ("warmup_steps", "validate_every_steps", "checkpoint_every_steps", "distributed.max_restarts"):
             need(_value(self, name) >= 0, name, "must be >= 0 (0: off)")
         for name in ("max_steps", "num_threads", "encoding_workers"):

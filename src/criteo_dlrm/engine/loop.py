@@ -334,13 +334,20 @@ class Trainer:
         if self.sharded is not None:
             self.sharded.set_learning_rate(self.settings.embedding_learning_rate * factor)
         start = self._phase(timings, "data", start)
+        decay = self.settings.embedding_weight_decay
         with autocast(self.device, self.settings.precision):
-            logits = self.train_model(batch.dense, batch.sparse)
+            if decay:
+                logits, squares = self.train_model(batch.dense, batch.sparse, embedding_squares=True)
+            else:
+                logits = self.train_model(batch.dense, batch.sparse)
         # DDP averages the processes' gradients: scaling by world_size makes that the global batch's mean.
         # TorchRec's all-to-all backward sums the sharded tables' gradients instead: a sharded run scales the
         # loss for them and multiplies the DDP-averaged dense gradients by world_size after backward.
         scale = 1 if self.sharded is not None else self.world_size
-        loss = self.loss_function(logits.float(), batch.labels) * (scale / global_rows)
+        loss = self.loss_function(logits.float(), batch.labels)
+        if decay:
+            loss = loss + decay * squares
+        loss = loss * (scale / global_rows)
         start = self._phase(timings, "forward", start)
         exchange = self.world_size > 1 and self.sync_gradients
         alone = exchange or self.world_size == 1 or self.sharded is not None

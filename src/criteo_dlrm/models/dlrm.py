@@ -198,10 +198,17 @@ class DLRM(nn.Module):
         pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal
         return torch.cat([x, pairs], dim=1)  # (B, D + 351)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,)."""
+    def forward(
+        self, dense: torch.Tensor, sparse: torch.Tensor, embedding_squares: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,); with ``embedding_squares`` also the sum of
+        the squared embedding values the batch looked up, () (for an L2 penalty that reaches only those rows)."""
         x = self.bottom_mlp(dense)  # (B, D)
-        return self.top_mlp(self.interact(x, self.embed(sparse))).squeeze(1)  # (B,)
+        embedded = self.embed(sparse)
+        logits = self.top_mlp(self.interact(x, embedded)).squeeze(1)  # (B,)
+        if not embedding_squares:
+            return logits
+        return logits, sum(e.float().square().sum() for e in embedded)
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         return list(self.embeddings.parameters())
