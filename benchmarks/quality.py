@@ -128,6 +128,23 @@ REMEDIES = {
     "1 epoch, linear decay": {"epochs": 1, "decay": "linear"},
     "batch 2048, learning rates x sqrt(8)": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8**0.5},
     "batch 8192, learning rates x sqrt(32)": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 32**0.5},
+    "batch 8192, learning rates x sqrt(32), warm-up 30 steps": {
+        "batch": 8192,
+        "lr": 0.001 * 32**0.5,
+        "embedding_lr": 0.003 * 32**0.5,
+        "warmup": 30,
+    },
+    "batch 2048, dense x sqrt(8), embeddings x 8": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8},
+    "batch 8192, dense x sqrt(32), embeddings x 32": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 32},
+    "batch 8192, dense x sqrt(32), embeddings x 8": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 8},
+    "batch 8192, dense x 8, embeddings x sqrt(32)": {"batch": 8192, "lr": 0.001 * 8, "embedding_lr": 0.003 * 32**0.5},
+    "batch 8192, dense x sqrt(32), embeddings x 32, 6 validations/epoch, patience 4": {
+        "batch": 8192,
+        "lr": 0.001 * 32**0.5,
+        "embedding_lr": 0.003 * 32,
+        "validations_per_epoch": 6,
+        "patience": 4,
+    },
 }
 
 
