@@ -26,6 +26,7 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import elastic_launch
 
-from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.encoding import open_encoded
 from criteo_dlrm.engine.config import BatchSize, TrainingConfig
 from criteo_dlrm.engine.distributed import launch_config
@@ -43,8 +44,9 @@ from criteo_dlrm.models import DLRM
 from training import CONFIGURATIONS, spec_config, synthetic_arrays
 
 
-def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
-    """One process of a measurement (rank 0's result is kept)."""
+def join_process_group(device_kind: str) -> torch.device:
+    """In a process the elastic launcher started: its device (one GPU each on CUDA, else its share of the
+    cores) and the process group joined (nccl on CUDA, gloo on CPU)."""
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     cuda = device_kind == "cuda"
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -52,34 +54,42 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    return device
+
+
+def seconds_per_step(trainer: Trainer, batches: Iterator[Batch], steps: int) -> float:
+    """``Trainer.train_step`` timed over ``steps`` steps after 3 warm-up steps, every process in step."""
+    cuda = trainer.device.type == "cuda"
+    for _ in range(3):
+        trainer.train_step(next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step(next(batches))
+    if cuda:
+        torch.cuda.synchronize()
+    dist.barrier()
+    return (time.perf_counter() - start) / steps
+
+
+def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
+    """One process of a measurement (rank 0's result is kept)."""
+    device = join_process_group(device_kind)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     spec = CONFIGURATIONS["kaggle-like"]
     model = DLRM(spec_config(spec)).to(device)
     config = TrainingConfig(batch_size=BatchSize(train=batch), device=str(device))
     arrays = open_encoded(Path(folder))
-    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=cuda, rank=rank, world_size=world)
+    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()))
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-
-    def run(count: int, sync: bool) -> float:
-        for _ in range(3):  # warm-up
-            trainer.train_step(next(batches))
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(count):
-            trainer.sync_gradients = sync
-            trainer.train_step(next(batches))
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        return (time.perf_counter() - start) / count
-
-    synced = run(steps, sync=True)
-    unsynced = run(steps, sync=False)
+    synced = seconds_per_step(trainer, batches, steps)
+    trainer.sync_gradients = False
+    unsynced = seconds_per_step(trainer, batches, steps)
     dist.destroy_process_group()
     return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}
 

@@ -22,12 +22,12 @@ import argparse
 import os
 import resource
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from distributed import join_process_group, seconds_per_step
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.data.batches import BatchLoader
@@ -62,14 +62,7 @@ def _config(backend: str, batch: int, device: str, sharding: dict) -> TrainingCo
 
 def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: int, device_kind: str, sharding: dict):
     """One process of a measurement (rank 0's result is kept)."""
-    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    cuda = device_kind == "cuda"
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    device = join_process_group(device_kind)
     rank, world = dist.get_rank(), dist.get_world_size()
     config = _config(backend, batch, str(device), sharding)
     model_config = spec_config({**CONFIGURATIONS["kaggle-like"], "tables": tables})
@@ -85,21 +78,10 @@ def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: in
         memory = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
         types = ["replicated"]
     arrays = open_encoded(Path(folder))
-    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=cuda, rank=rank, world_size=world)
+    loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()), sharded=sharded)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-    for _ in range(3):  # warm-up
-        trainer.train_step(next(batches))
-    if cuda:
-        torch.cuda.synchronize()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        trainer.train_step(next(batches))
-    if cuda:
-        torch.cuda.synchronize()
-    dist.barrier()
-    seconds = (time.perf_counter() - start) / steps
+    seconds = seconds_per_step(trainer, batches, steps)
     dist.destroy_process_group()
     return {
         "samples_per_second": batch / seconds,

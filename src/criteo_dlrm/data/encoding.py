@@ -97,17 +97,6 @@ class EncodedArrays:
     def __len__(self) -> int:
         return len(self.dense)
 
-    def rows(self, begin: int, end: int) -> EncodedArrays:
-        """Rows ``begin:end`` as views (memory maps stay memory maps; nothing is read)."""
-        sparse = self.sparse
-        sparse = (
-            PackedIndices(sparse.packed[begin:end], sparse.widths)
-            if isinstance(sparse, PackedIndices)
-            else sparse[begin:end]
-        )
-        labels = None if self.labels is None else self.labels[begin:end]
-        return EncodedArrays(labels, self.dense[begin:end], sparse, self.lineage)
-
     @property
     def folder(self) -> Path | None:
         """The folder of stored rows (memory-mapped ``.npy`` files), None for rows in memory."""
