@@ -43,7 +43,7 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
 
 
 # The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
-CURVE_SETTINGS = {"min_frequency": 3, "dim": 16}
+CURVE_SETTINGS = {"min_frequency": 3, "small_data_rows": 400_000, "dim": 16}
 INTERACTIONS = ("dot", "dcn")
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
@@ -57,7 +57,9 @@ REAL_LOGISTIC_GRID = [{"lr": lr} for lr in (0.01, 0.02, 0.05, 0.1)]
 
 def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: dict, run_dir: Path) -> dict:
     metadata, vocabularies = compute_feature_metadata(
-        train_paths, MetadataSettings(min_frequency=options["min_frequency"]), progress=False
+        train_paths,
+        MetadataSettings(options["min_frequency"], small_data_rows=options.get("small_data_rows", 0)),
+        progress=False,
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
@@ -70,6 +72,7 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
             "sparse_embedding_sizes": dim,
             "dense_mlp": {"hidden_layer_sizes": [64], "output_size": dim},
             "interaction": options.get("interaction", defaults.interaction),
+            "prediction_hidden_sizes": options.get("top", defaults.prediction_hidden_sizes),
             "num_epochs": options.get("epochs", defaults.num_epochs),
             "validations_per_epoch": options.get("validations_per_epoch", defaults.validations_per_epoch),
             "batch_size": {"train": options.get("batch", defaults.batch_size.train), "validation": 16384},
@@ -122,6 +125,13 @@ REMEDIES = {
     "embedding L2 0.00001": {"embedding_l2": 1e-5},
     "embedding L2 0.0001": {"embedding_l2": 1e-4},
     "embedding L2 0.001": {"embedding_l2": 1e-3},
+    "embedding learning rate 0.03": {"embedding_lr": 0.03},
+    "embedding optimizer adagrad 0.1": {"optimizer": "adagrad", "embedding_lr": 0.1},
+    "dense learning rate 0.003": {"lr": 0.003},
+    "embedding size 8": {"dim": 8},
+    "embedding size 32": {"dim": 32},
+    "top MLP 512-256": {"top": [512, 256]},
+    "embedding size 32, learning rates 0.003 / 0.01": {"dim": 32, "lr": 0.003, "embedding_lr": 0.01},
     "top MLP dropout 0.1": {"dropout": 0.1},
     "top MLP dropout 0.3": {"dropout": 0.3},
     "1 epoch, cosine decay": {"epochs": 1, "decay": "cosine"},
@@ -255,7 +265,12 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
         )
         for frequency in frequencies:
             runs = [
-                train_dlrm(train, validation, {**CURVE_SETTINGS, "min_frequency": frequency, "seed": seed}, work / "r")
+                train_dlrm(
+                    train,
+                    validation,
+                    {**CURVE_SETTINGS, "min_frequency": frequency, "small_data_rows": 0, "seed": seed},
+                    work / "r",
+                )
                 for seed in range(3)
             ]
             auc, loss = [r["auc"] for r in runs], [r["log_loss"] for r in runs]
@@ -276,7 +291,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
     for size in sizes:
         logistic = train_logistic(paths[: size // DAY_ROWS], paths[-1:], {})
         for frequency in frequencies:
-            options = {**CURVE_SETTINGS, "min_frequency": frequency}
+            options = {**CURVE_SETTINGS, "min_frequency": frequency, "small_data_rows": 0}
             d = train_dlrm(paths[: size // DAY_ROWS], paths[-1:], options, work / "runs")
             print(
                 f"| {size:,} | {frequency} | {d['auc']:.4f} | {d['log_loss']:.4f} | {logistic['auc']:.4f} | "
