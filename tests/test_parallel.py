@@ -1,6 +1,8 @@
 """Worker processes: how many are started, and what each task sees."""
 
 import os
+import time
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,23 @@ def test_shared_object_reaches_every_task_in_workers_and_in_process():
 def test_first_failure_is_raised_with_its_own_message():
     with pytest.raises(RuntimeError, match="task 3 failed"):
         list(run_parallel(_fail_on_three, [(value,) for value in range(6)], 2))
+
+
+def _wait_for(path: str) -> str:
+    for _ in range(300):  # at most 30 s, so that a regression fails instead of hanging
+        if Path(path).exists():
+            return "released"
+        time.sleep(0.1)
+    return "timed out"
+
+
+def test_results_arrive_as_tasks_finish_not_when_all_have(tmp_path):
+    # Task 1 waits for a file that the consumer writes only after it has received task 0's result: the
+    # progress bars (days done, passes done) depend on results arriving one by one.
+    present, release = tmp_path / "present", tmp_path / "release"
+    present.touch()
+    results = {}
+    for index, result in run_parallel(_wait_for, [(str(present),), (str(release),)], 2):
+        results[index] = result
+        release.touch()
+    assert results[1] == "released"

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import resource
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 _PRELOAD = ["criteo_dlrm.data.raw", "criteo_dlrm.data.metadata", "criteo_dlrm.data.encoding"]
@@ -97,7 +97,7 @@ def run_parallel(
         futures: dict[Future, int] = {pool.submit(function, *task): index for index, task in enumerate(tasks)}
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
             failed = [future for future in done if future.exception() is not None]
             if failed:
                 for future in pending:

@@ -285,6 +285,19 @@ def test_parallel_workers_count_exactly_what_one_process_counts(tmp_path):
         assert all(np.array_equal(vocabularies[name], one[1][name]) for name in SPARSE_COLUMNS)
 
 
+@pytest.mark.parametrize(("features_per_pass", "workers", "passes"), [(26, 1, 1), (4, 1, 7), (26, 2, 4), (4, 16, 26)])
+def test_feature_groups_cover_every_column_once_with_two_passes_per_worker(features_per_pass, workers, passes):
+    groups = metadata_module.feature_groups(features_per_pass, workers)
+    assert len(groups) == passes
+    sparse = [name for group, _ in groups for name in group]
+    dense = [name for _, dense_group in groups for name in dense_group]
+    assert sorted(sparse) == sorted(SPARSE_COLUMNS) and sorted(dense) == sorted(DENSE_COLUMNS)
+    assert max(len(group) for group, _ in groups) <= features_per_pass
+    # Balanced: with two workers, no pass holds more than a quarter of the columns (plus rounding).
+    if workers == 2:
+        assert max(len(group) + len(dense_group) for group, dense_group in groups) <= 11
+
+
 def test_the_small_data_rule_raises_min_frequency_by_training_rows():
     rule = MetadataSettings(min_frequency=3, small_data_rows=400_000)
     assert [rule.effective_min_frequency(rows) for rows in (10_000, 40_000, 100_000, 133_334, 10**6)] == [

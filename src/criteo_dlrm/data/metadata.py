@@ -193,24 +193,25 @@ def _sparse_summary(
     return summary, vocabulary
 
 
-def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense: bool) -> dict:
-    """One pass over the training days reading only ``group``'s columns (or, with ``with_dense``, the label
-    and dense features): exact value counts per feature, missing counts, dense statistics, positives.
+def count_group(train_paths: Sequence[str | Path], group: list[str], dense_group: list[str], with_label: bool) -> dict:
+    """One pass over the training days reading only ``group``'s categorical columns, ``dense_group``'s dense
+    ones and, ``with_label``, the label: exact value counts and missing counts per categorical feature, dense
+    statistics, positives.
 
     Returns a picklable dict, so a worker process can count a group while others count theirs.
     """
     counters = {name: ValueCounter() for name in group}
     missing = dict.fromkeys(group, 0)
-    dense = {name: DenseStatistics() for name in DENSE_COLUMNS} if with_dense else {}
+    dense = {name: DenseStatistics() for name in dense_group}
     positives = 0
-    columns = [LABEL_COLUMN, *DENSE_COLUMNS, *group] if with_dense else group
+    columns = [LABEL_COLUMN] * with_label + [*dense_group, *group]
     if not columns:
-        raise ValueError("count_group needs a group of features or with_dense")
+        raise ValueError("count_group needs at least one column")
     for batch in iter_batches(train_paths, columns):
-        if with_dense:
+        if with_label:
             positives += int(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int64).sum())
-            for name in DENSE_COLUMNS:
-                dense[name].add(*dense_values(batch.column(name)))
+        for name in dense_group:
+            dense[name].add(*dense_values(batch.column(name)))
         for name in group:
             values = sparse_values(batch.column(name))
             present = values[values >= 0]
@@ -225,14 +226,18 @@ def count_group(train_paths: Sequence[str | Path], group: list[str], with_dense:
     }
 
 
-def feature_groups(features_per_pass: int, workers: int) -> list[list[str]]:
-    """The 26 features in groups of at most ``features_per_pass``, and at least one group per worker (the
-    label and dense features are a task of their own).
+def feature_groups(features_per_pass: int, workers: int) -> list[tuple[list[str], list[str]]]:
+    """``(categorical, dense)`` columns of each pass: the 26 categorical features in groups of at most
+    ``features_per_pass``, and with several workers two groups per worker, so that a worker finishing early
+    takes another (one group each left the slowest worker with half the job); the dense features are dealt
+    over the same groups (a dense column costs about as much to read and summarise as a categorical one).
 
     Features are dealt round-robin so that every group mixes large and small vocabularies.
     """
-    count = max(-(-len(SPARSE_COLUMNS) // features_per_pass), min(workers, len(SPARSE_COLUMNS)))
-    return [SPARSE_COLUMNS[start::count] for start in range(count)]
+    count = -(-len(SPARSE_COLUMNS) // features_per_pass)
+    if workers > 1:
+        count = max(count, min(2 * workers, len(SPARSE_COLUMNS)))
+    return [(list(SPARSE_COLUMNS[start::count]), list(DENSE_COLUMNS[start::count])) for start in range(count)]
 
 
 # Per worker: the exact counts of its group (16 bytes per distinct value) and their merge; a guess for
@@ -267,16 +272,14 @@ def compute_feature_metadata(
         )  # fmt: skip
         settings = replace(settings, min_frequency=min_frequency)
     workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
-    groups = feature_groups(settings.features_per_pass, workers)
-    # The label and dense features first: they cost about as much as half the sparse features, so the
-    # workers that finish the sparse groups early balance the load.
     paths = list(map(str, train_paths))
-    tasks = [(paths, [], True)] + [(paths, group, False) for group in groups]
-    sparse, vocabularies, peaks = {}, {}, []
+    groups = feature_groups(settings.features_per_pass, workers)
+    tasks = [(paths, group, dense_group, index == 0) for index, (group, dense_group) in enumerate(groups)]
+    sparse, vocabularies, dense, positives, peaks = {}, {}, {}, 0, []
     with progress_bar(len(tasks), f"feature metadata ({workers} workers)", "pass", progress) as bar:
-        for index, counted in run_parallel(count_group, tasks, min(workers, len(tasks))):
-            if index == 0:
-                positives, dense = counted["positives"], counted["dense"]
+        for _, counted in run_parallel(count_group, tasks, min(workers, len(tasks))):
+            positives += counted["positives"]
+            dense.update(counted["dense"])
             for name, (values, counts) in counted["counts"].items():
                 sparse[name], vocabularies[name] = _sparse_summary(
                     name, values, counts, counted["missing"][name], total_rows, settings
@@ -288,7 +291,7 @@ def compute_feature_metadata(
         "encoding": "modulus_hash" if settings.use_modulus_hash else "vocabulary",
         "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
         "min_frequency": settings.min_frequency,  # the threshold applied (after the small-data rule)
-        "dense": {name: stats.summary() for name, stats in dense.items()},
+        "dense": {name: dense[name].summary() for name in DENSE_COLUMNS},
         "sparse": {name: sparse[name] for name in SPARSE_COLUMNS},
         "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),
     }
