@@ -7,9 +7,9 @@ process (``--repeats`` interleaved runs, the fastest kept), and prints rows/s, C
 machine's busy share of all cores during the stage, from /proc/stat: run it on a quiet machine) and peak
 RSS of the largest process and of the whole process tree (sampled every 50 ms), with the speed-up of 2
 workers over 1, and this machine's ceiling for that speed-up (two single-threaded processes against one,
-for pure computation and for memory streaming). Then it counts one feature with ``--distinct`` distinct
-values (as Criteo 1TB's largest features have tens of millions) to measure the metadata pass's memory
-per distinct value.
+for pure computation, an in-cache vectorised sort and memory streaming). Then it counts one feature with
+``--distinct`` distinct values (as Criteo 1TB's largest features have tens of millions) to measure the
+metadata pass's memory per distinct value.
 """
 
 from __future__ import annotations
@@ -215,8 +215,8 @@ def kernel(kind: str, start: float) -> dict:
 
 
 def machine_ceiling(repeats: int = 3) -> dict:
-    """How much faster two single-threaded processes do twice the work than one process does it once, for pure
-    computation and for memory streaming (best of ``repeats``): the most two workers can gain on this machine
+    """How much faster two single-threaded processes do twice the work than one process does it once, for each
+    ``kernel`` (best of ``repeats``): the most two workers can gain on this machine
     (2.0 on two free, independent cores; less when the cores are hyperthreads of one, shared with other
     guests, or short of memory bandwidth)."""
     ceiling = {}
@@ -279,7 +279,7 @@ def main() -> None:
                 runs[(stage, workers)].append(_child("--measure", stage, str(workers), tmp))
         results = {key: min(measured, key=lambda r: r["wall"]) for key, measured in runs.items()}
         loading = _child("--loader", tmp)
-    ceiling = machine_ceiling()
+    ceiling = machine_ceiling(args.repeats)
     cores = os.cpu_count()
     print(f"\n{args.days} days of {args.rows_per_day:,} rows (gzip), {cores} cores\n")
     print(
@@ -298,8 +298,8 @@ def main() -> None:
                 f"{max(r['wall'] for r in runs[(stage, workers)]) / result['wall']:.2f} |"
             )
     print(
-        f"\nthis machine's ceiling for 2 single-threaded processes over 1 (same work each, best of 3): pure computation "
-        f"{ceiling['compute']:.2f}x, vectorised sort in cache {ceiling['sort']:.2f}x, memory streaming "
+        f"\nthis machine's ceiling for 2 single-threaded processes over 1 (same work each, best of {args.repeats}): "
+        f"pure computation {ceiling['compute']:.2f}x, vectorised sort in cache {ceiling['sort']:.2f}x, memory streaming "
         f"{ceiling['memory']:.2f}x (one process alone: slowest run {ceiling['compute_spread']:.2f}x / "
         f"{ceiling['sort_spread']:.2f}x / {ceiling['memory_spread']:.2f}x the fastest)"
     )

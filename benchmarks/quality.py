@@ -116,6 +116,28 @@ def train_logistic(train_paths: list[Path], validation_paths: list[Path], option
     }
 
 
+def generated_days(work: Path, days: int, validation_rows: int) -> tuple[list[Path], dict]:
+    """``days`` training days of ``DAY_ROWS`` rows and one validation day of ``validation_rows`` from the
+    planted click model, as Parquet; and the oracle's metrics on the validation day (the true probabilities)."""
+    model, paths = ClickModel(seed=0), []
+    for day in range(days + 1):
+        write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
+        paths.append(Path(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet))
+    oracle = binary_metrics(
+        pq.read_table(paths[-1]).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
+    )
+    return paths, oracle
+
+
+def real_days(work: Path) -> tuple[list[Path], list[Path]]:
+    """The real Criteo rows as Parquet: the Kaggle first 10k to train, the Kaggle random 4,584 to validate."""
+    train = convert_day(REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "real_train.parquet", progress=False)
+    validation = convert_day(
+        REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "real_validation.parquet", progress=False
+    )
+    return [Path(train.parquet)], [Path(validation.parquet)]
+
+
 # Known remedies for the one-epoch overfitting, each against the defaults on the same data (``--remedies``).
 REMEDIES = {
     "defaults": {},
@@ -159,15 +181,7 @@ REMEDIES = {
 
 
 def remedies(size: int, validation_rows: int, work: Path, names: list[str] | None = None) -> None:
-    model = ClickModel(seed=0)
-    days = size // DAY_ROWS
-    paths = []
-    for day in range(days + 1):
-        write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
-        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
-    oracle = binary_metrics(
-        pq.read_table(paths[-1]).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
-    )
+    paths, oracle = generated_days(work, size // DAY_ROWS, validation_rows)
     logistic = train_logistic(paths[:-1], paths[-1:], {})
     print(f"\n{size:,} training rows, dot; LR AUC {logistic['auc']:.4f}, oracle AUC {oracle['auc']:.4f}\n")
     print(
@@ -193,17 +207,8 @@ def best(results: list[dict]) -> dict:
 def learning_curve(
     sizes: list[int], validation_rows: int, work: Path, interactions: tuple[str, ...], overrides: dict
 ) -> list[dict]:
-    model = ClickModel(seed=0)
-    days = -(-max(sizes) // DAY_ROWS)
-    paths = []
-    for day in range(days + 1):
-        rows = validation_rows if day == days else DAY_ROWS
-        write_day(work / f"day_{day}", rows, day=day, model=model)
-        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
+    paths, oracle = generated_days(work, -(-max(sizes) // DAY_ROWS), validation_rows)
     validation_path = paths[-1]
-    oracle = binary_metrics(
-        pq.read_table(validation_path).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
-    )
     results = []
     for size in sizes:
         started = time.perf_counter()
@@ -233,13 +238,7 @@ def learning_curve(
 def real_rows(work: Path) -> tuple[dict, dict] | None:
     if not REAL_DATA.is_dir():
         return None
-    train = convert_day(
-        REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "real_train.parquet", progress=False
-    ).parquet
-    validation = convert_day(
-        REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "real_validation.parquet", progress=False
-    ).parquet
-    train_paths, validation_paths = [Path(train)], [Path(validation)]
+    train_paths, validation_paths = real_days(work)
     dlrm = best([train_dlrm(train_paths, validation_paths, options, work / "runs") for options in REAL_DLRM_GRID])
     logistic = best([train_logistic(train_paths, validation_paths, options) for options in REAL_LOGISTIC_GRID])
     return dlrm, logistic
@@ -251,12 +250,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
     import statistics
 
     if REAL_DATA.is_dir():
-        train = [
-            Path(convert_day(REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "t.parquet", progress=False).parquet)
-        ]
-        validation = [
-            Path(convert_day(REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "v.parquet", progress=False).parquet)
-        ]
+        train, validation = real_days(work)
         logistic = best([train_logistic(train, validation, options) for options in REAL_LOGISTIC_GRID])
         print(f"\nreal rows (Kaggle first 10k -> random 4,584); LR AUC {logistic['auc']:.4f}, "
               f"log loss {logistic['log_loss']:.4f}; DLRM with the defaults but min_frequency, seeds 0-2\n")  # fmt: skip
@@ -280,10 +274,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
                 f"{statistics.mean(loss) - logistic['log_loss']:+.4f} |",
                 flush=True,
             )
-    model, days, paths = ClickModel(seed=0), max(sizes) // DAY_ROWS, []
-    for day in range(days + 1):
-        write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
-        paths.append(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet)
+    paths, _ = generated_days(work, max(sizes) // DAY_ROWS, validation_rows)
     print("\ngenerated data, DLRM with the defaults but min_frequency\n")
     print(
         "| training rows | min_frequency | AUC | log loss | LR AUC | LR log loss |\n| ---: | ---: | ---: | ---: | ---: | ---: |"

@@ -204,7 +204,7 @@ def count_group(train_paths: Sequence[str | Path], group: list[str], dense_group
     missing = dict.fromkeys(group, 0)
     dense = {name: DenseStatistics() for name in dense_group}
     positives = 0
-    columns = [LABEL_COLUMN] * with_label + [*dense_group, *group]
+    columns = ([LABEL_COLUMN] if with_label else []) + [*dense_group, *group]
     if not columns:
         raise ValueError("count_group needs at least one column")
     for batch in iter_batches(train_paths, columns):
