@@ -1,4 +1,8 @@
-"""A hashed logistic regression: the classic CTR baseline our DLRM must beat on the same rows."""
+"""Reference models for benchmarks/quality.py.
+
+A hashed logistic regression: the classic CTR baseline our DLRM must beat on the same rows. The planted click
+model's own form with learned parameters: how far a learner that knows the truth's structure gets on them.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +48,23 @@ def train_logistic_regression(
     torch.manual_seed(seed)
     model = HashedLogisticRegression()
     sparse_opt = torch.optim.Adagrad(model.weights.parameters(), lr=lr)
-    dense_opt = torch.optim.Adam(model.dense.parameters(), lr=1e-2)
+    return best_epoch(
+        model, sparse_opt, torch.optim.Adam(model.dense.parameters(), lr=1e-2), train, validation, epochs, batch, seed
+    )
+
+
+def best_epoch(
+    model: nn.Module,
+    sparse_opt: torch.optim.Optimizer,
+    dense_opt: torch.optim.Optimizer,
+    train: EncodedArrays,
+    validation: EncodedArrays,
+    epochs: int,
+    batch: int,
+    seed: int,
+) -> dict:
+    """Train up to ``epochs`` epochs; the validation metrics of the best epoch by log loss (training stops at
+    the first worse one)."""
     loss_function = nn.BCEWithLogitsLoss()
     loader = BatchLoader(train, batch, shuffle=True, seed=seed)
     best = None
@@ -62,3 +82,51 @@ def train_logistic_regression(
         else:
             break
     return best
+
+
+class PlantedFormModel(nn.Module):
+    """The planted click model's own form with learned parameters: the most a learner can know in advance.
+
+    ``logit = w . dense + b + sum of one effect per (feature, value) + <u_a, v_b> for each planted pair (a, b)``,
+    the factors of rank ``rank``; the tables indexed like the DLRM's (out-of-vocabulary values share row 0).
+    """
+
+    def __init__(self, table_sizes: list[int], pairs: list[tuple[int, int]], rank: int = 4):
+        super().__init__()
+        self.register_buffer("offsets", torch.tensor(np.cumsum([0, *table_sizes[:-1]]), dtype=torch.long))
+        self.effects = nn.Embedding(sum(table_sizes), 1, sparse=True)
+        nn.init.zeros_(self.effects.weight)
+        self.factors = nn.Embedding(sum(table_sizes), rank, sparse=True)
+        nn.init.normal_(self.factors.weight, 0.0, 0.01)
+        self.dense = nn.Linear(13, 1)
+        self.left, self.right = (list(side) for side in zip(*pairs, strict=True))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        rows = sparse.long() + self.offsets
+        factors = self.factors(rows)
+        crosses = (factors[:, self.left] * factors[:, self.right]).sum(dim=(1, 2))
+        return self.dense(dense).squeeze(1) + self.effects(rows).sum(dim=(1, 2)) + crosses
+
+
+def train_planted_form(
+    train: EncodedArrays,
+    validation: EncodedArrays,
+    table_sizes: list[int],
+    pairs: list[tuple[int, int]],
+    optimizer: str = "sparse_adam",
+    lr: float = 0.003,
+    epochs: int = 6,
+    batch: int = 256,
+    seed: int = 0,
+) -> dict:
+    """Adam 0.001 on the dense weights and ``optimizer`` (sparse_adam or adagrad) at ``lr`` on the tables, as
+    the DLRM trains; the best epoch by validation log loss."""
+    torch.manual_seed(seed)
+    model = PlantedFormModel(table_sizes, pairs)
+    tables = [model.effects.weight, model.factors.weight]
+    sparse_opt = (
+        torch.optim.SparseAdam(tables, lr=lr) if optimizer == "sparse_adam" else torch.optim.Adagrad(tables, lr=lr)
+    )
+    return best_epoch(
+        model, sparse_opt, torch.optim.Adam(model.dense.parameters(), lr=1e-3), train, validation, epochs, batch, seed
+    )

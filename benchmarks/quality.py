@@ -6,6 +6,7 @@ first 10k, validate on the Kaggle random 4,584) when that folder exists.
 
     python benchmarks/quality.py [--sizes 100000 300000 1000000 3000000] [--plot benchmarks/results/learning_curve.png]
     python benchmarks/quality.py --remedies 1000000                                 # known remedies at one size
+    python benchmarks/quality.py --reference 2000000       # against the planted model's own form, learned
     python benchmarks/quality.py --min-frequencies 3 10 20 40 80 --sizes 100000 1000000   # small-data settings
 """
 
@@ -29,9 +30,10 @@ from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.schema import SPARSE_COLUMNS
 
-from baselines import hash_features, train_logistic_regression
+from baselines import hash_features, train_logistic_regression, train_planted_form
 
 DAY_ROWS = 100_000
+WORLD_SEED = 0  # the planted click model's
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_real"
 
 
@@ -119,7 +121,7 @@ def train_logistic(train_paths: list[Path], validation_paths: list[Path], option
 def generated_days(work: Path, days: int, validation_rows: int) -> tuple[list[Path], dict]:
     """``days`` training days of ``DAY_ROWS`` rows and one validation day of ``validation_rows`` from the
     planted click model, as Parquet; and the oracle's metrics on the validation day (the true probabilities)."""
-    model, paths = ClickModel(seed=0), []
+    model, paths = ClickModel(WORLD_SEED), []
     for day in range(days + 1):
         write_day(work / f"day_{day}", validation_rows if day == days else DAY_ROWS, day=day, model=model)
         paths.append(Path(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet))
@@ -198,6 +200,36 @@ def remedies(size: int, validation_rows: int, work: Path, names: list[str] | Non
             f"{d['seconds_to_best']:.0f} | {d['seconds_total']:.0f} |",
             flush=True,
         )
+
+
+# The planted model's own form, learned (``--reference``): the DLRM's table optimiser at three rates, and Adagrad.
+PLANTED_FORM_GRID = [("sparse_adam", 0.001), ("sparse_adam", 0.003), ("sparse_adam", 0.01), ("adagrad", 0.05)]
+
+
+def reference(size: int, validation_rows: int, work: Path) -> None:
+    """The DLRM's defaults against a model of the planted click model's own form (which features act alone,
+    which pairs interact and at what rank), learned from the same rows and encoded the same way."""
+    paths, oracle = generated_days(work, size // DAY_ROWS, validation_rows)
+    logistic = train_logistic(paths[:-1], paths[-1:], {})
+    print(f"\n{size:,} training rows; LR AUC {logistic['auc']:.4f}, oracle AUC {oracle['auc']:.4f}\n")
+    print("| model | AUC | log loss | LR-to-oracle gap closed | best epoch |\n| --- | ---: | ---: | ---: | ---: |")
+
+    def row(name: str, result: dict) -> None:
+        closed = (result["auc"] - logistic["auc"]) / (oracle["auc"] - logistic["auc"])
+        print(
+            f"| {name} | {result['auc']:.4f} | {result['log_loss']:.4f} | {closed:.0%} | {result['epoch']} |",
+            flush=True,
+        )
+
+    row("DLRM, defaults", train_dlrm(paths[:-1], paths[-1:], CURVE_SETTINGS, work / "runs"))
+    settings = MetadataSettings(CURVE_SETTINGS["min_frequency"], small_data_rows=CURVE_SETTINGS["small_data_rows"])
+    metadata, vocabularies = compute_feature_metadata(paths[:-1], settings, progress=False)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    train, validation = encoder.encode_days(paths[:-1]), encoder.encode_days(paths[-1:])
+    table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    for optimizer, lr in PLANTED_FORM_GRID:
+        result = train_planted_form(train, validation, table_sizes, ClickModel(WORLD_SEED).pairs, optimizer, lr)
+        row(f"planted form, {optimizer} {lr}", result)
 
 
 def best(results: list[dict]) -> dict:
@@ -325,6 +357,9 @@ def main() -> None:
     parser.add_argument("--validations-per-epoch", type=int, help="default: conf/base's")
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--remedies", type=int, metavar="ROWS", help="only compare the remedies at this size")
+    parser.add_argument(
+        "--reference", type=int, metavar="ROWS", help="only compare the defaults with the planted form, learned"
+    )
     parser.add_argument("--only", nargs="+", help="with --remedies: these settings only (names as printed)")
     parser.add_argument("--min-frequencies", type=int, nargs="+", help="only compare these metadata.min_frequency")
     args = parser.parse_args()
@@ -333,6 +368,10 @@ def main() -> None:
     if args.min_frequencies:
         with tempfile.TemporaryDirectory() as tmp:
             small_data(Path(tmp), args.min_frequencies, sorted(args.sizes), args.validation_rows)
+        return
+    if args.reference:
+        with tempfile.TemporaryDirectory() as tmp:
+            reference(args.reference, args.validation_rows, Path(tmp))
         return
     if args.remedies:
         with tempfile.TemporaryDirectory() as tmp:
