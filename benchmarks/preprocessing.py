@@ -1,15 +1,18 @@
-"""Preprocessing benchmark: ingestion, metadata and encoding with 1 and 2 worker processes, in one run.
+"""Preprocessing benchmark: ingestion, metadata and encoding with 1 and more worker processes, in one run.
 
-    python benchmarks/preprocessing.py [--days 4] [--rows-per-day 500000] [--distinct 20000000] [--repeats 3]
+    python benchmarks/preprocessing.py [--days 4] [--rows-per-day 500000] [--workers 1 2] [--distinct 20000000]
+                                       [--repeats 3]
 
-Generates D gzip days, then runs each stage with 1 and with 2 workers, each measurement in a fresh
-process (``--repeats`` interleaved runs, the fastest kept), and prints rows/s, CPU utilisation (the
-machine's busy share of all cores during the stage, from /proc/stat: run it on a quiet machine) and peak
-RSS of the largest process and of the whole process tree (sampled every 50 ms), with the speed-up of 2
-workers over 1, and this machine's ceiling for that speed-up (two single-threaded processes against one,
-for pure computation, an in-cache vectorised sort and memory streaming). Then it counts one feature with
-``--distinct`` distinct values (as Criteo 1TB's largest features have tens of millions) to measure the
-metadata pass's memory per distinct value.
+Generates D gzip days, then runs each stage with each number of ``--workers`` (1, the baseline, always
+included), each measurement in a fresh process (``--repeats`` interleaved runs, the fastest kept), and
+prints rows/s, CPU utilisation (the machine's busy share of all cores during the stage, from /proc/stat:
+run it on a quiet machine) and peak RSS of the largest process and of the whole process tree (sampled
+every 50 ms), with the speed-up over 1 worker, and this machine's ceiling for the largest count's speed-up
+(that many single-threaded processes against one, for pure computation, an in-cache vectorised sort and
+memory streaming). Then it counts one feature with ``--distinct`` distinct values (as Criteo 1TB's largest
+features have tens of millions) to measure the metadata pass's memory per distinct value. Ingestion and
+encoding give each worker whole days: use at least as many ``--days`` as workers (on 16 cores:
+``--days 16 --workers 1 2 4 8 16``).
 """
 
 from __future__ import annotations
@@ -153,20 +156,20 @@ CRITEO_1TB_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 385
                      11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]  # fmt: skip
 
 
-def project(results: dict, per_value: float, cores: int, target_cores: int = 16) -> list[str]:
-    """Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with 2 workers, so
-    the interference between workers is in it) and memory per distinct value."""
+def project(results: dict, per_value: float, cores: int, workers: int, target_cores: int = 16) -> list[str]:
+    """Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with ``workers``
+    workers, the most measured, so the interference between workers is in it) and memory per distinct value."""
     from criteo_dlrm.data.encoding import index_widths
     from criteo_dlrm.data.metadata import feature_groups
 
     lines = [
-        f"| stage | rows/s per busy core (2 workers, measured) | {target_cores} cores (projected rows/s) | "
+        f"| stage | rows/s per busy core ({workers} workers, measured) | {target_cores} cores (projected rows/s) | "
         "Criteo 1TB (hours) |",
         "| --- | ---: | ---: | ---: |",
     ]
     hours = {}
     for stage in STAGES:
-        result = results[(stage, 2)]
+        result = results[(stage, workers)]
         per_core = result["rows"] / result["wall"] / max(result["busy"] * cores, 1e-9)
         hours[stage] = CRITEO_1TB_ROWS / (per_core * target_cores) / 3600
         lines.append(f"| {stage} | {per_core:,.0f} | {per_core * target_cores:,.0f} | {hours[stage]:.2f} |")
@@ -214,23 +217,23 @@ def kernel(kind: str, start: float) -> dict:
     return {"wall": time.perf_counter() - started}
 
 
-def machine_ceiling(repeats: int = 3) -> dict:
-    """How much faster two single-threaded processes do twice the work than one process does it once, for each
-    ``kernel`` (best of ``repeats``): the most two workers can gain on this machine
-    (2.0 on two free, independent cores; less when the cores are hyperthreads of one, shared with other
-    guests, or short of memory bandwidth)."""
+def machine_ceiling(repeats: int = 3, processes: int = 2) -> dict:
+    """How much faster ``processes`` single-threaded processes do that many times the work than one process
+    does it once, for each ``kernel`` (best of ``repeats``): the most that many workers can gain on this
+    machine (``processes`` on free, independent cores; less when the cores are hyperthreads, shared with
+    other guests, or short of memory bandwidth)."""
     ceiling = {}
     for kind in ("compute", "sort", "memory"):
-        walls = {1: [], 2: []}
+        walls = {1: [], processes: []}
         for _ in range(repeats):
-            for processes in (1, 2):
+            for count in walls:
                 start = str(time.time() + 1.0)
                 runs = [
                     subprocess.Popen([sys.executable, __file__, "--kernel", kind, start], stdout=subprocess.PIPE)
-                    for _ in range(processes)
+                    for _ in range(count)
                 ]
-                walls[processes].append(max(json.loads(run.communicate()[0])["wall"] for run in runs))
-        ceiling[kind] = 2 * min(walls[1]) / min(walls[2])
+                walls[count].append(max(json.loads(run.communicate()[0])["wall"] for run in runs))
+        ceiling[kind] = processes * min(walls[1]) / min(walls[processes])
         ceiling[f"{kind}_spread"] = max(walls[1]) / min(walls[1])
     return ceiling
 
@@ -244,6 +247,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=500_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure (1 added)")
     parser.add_argument("--distinct", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the fastest is kept")
     parser.add_argument("--measure", nargs=3, metavar=("STAGE", "WORKERS", "DATA"), help=argparse.SUPPRESS)
@@ -267,19 +271,23 @@ def main() -> None:
     from criteo_dlrm.data.raw import convert_days
     from criteo_dlrm.data.synthetic import write_days
 
+    counts = sorted({1, *args.workers})
+    if counts[0] < 1:
+        parser.error("--workers must be >= 1")
+
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
         write_days(data / "raw", days=args.days, rows_per_day=args.rows_per_day, seed=0)
         raw = sorted((data / "raw").glob("day_*.gz"))
         convert_days([(path, data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet") for path in raw])
         # Interleaved repeats, the fastest of each kept: on a shared machine the slow runs measure the neighbours.
-        runs = {(stage, workers): [] for stage in STAGES for workers in (1, 2)}
+        runs = {(stage, workers): [] for stage in STAGES for workers in counts}
         for _ in range(args.repeats):
             for stage, workers in runs:
                 runs[(stage, workers)].append(_child("--measure", stage, str(workers), tmp))
         results = {key: min(measured, key=lambda r: r["wall"]) for key, measured in runs.items()}
         loading = _child("--loader", tmp)
-    ceiling = machine_ceiling(args.repeats)
+    ceiling = machine_ceiling(args.repeats, counts[-1])
     cores = os.cpu_count()
     print(f"\n{args.days} days of {args.rows_per_day:,} rows (gzip), {cores} cores\n")
     print(
@@ -288,7 +296,7 @@ def main() -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for stage in STAGES:
-        for workers in (1, 2):
+        for workers in counts:
             result = results[(stage, workers)]
             rate = result["rows"] / result["wall"]
             speedup = results[(stage, 1)]["wall"] / result["wall"]
@@ -298,7 +306,7 @@ def main() -> None:
                 f"{max(r['wall'] for r in runs[(stage, workers)]) / result['wall']:.2f} |"
             )
     print(
-        f"\nthis machine's ceiling for 2 single-threaded processes over 1 (same work each, best of {args.repeats}): "
+        f"\nthis machine's ceiling for {counts[-1]} single-threaded processes over 1 (same work each, best of {args.repeats}): "
         f"pure computation {ceiling['compute']:.2f}x, vectorised sort in cache {ceiling['sort']:.2f}x, memory streaming "
         f"{ceiling['memory']:.2f}x (one process alone: slowest run {ceiling['compute_spread']:.2f}x / "
         f"{ceiling['sort_spread']:.2f}x / {ceiling['memory_spread']:.2f}x the fastest)"
@@ -318,7 +326,7 @@ def main() -> None:
         f"{counted['baseline_rss'] >> 20:,} MB interpreter)"
     )
     print("\nProjection for Criteo 1TB on 16 cores:\n")
-    print("\n".join(project(results, per_value, cores)))
+    print("\n".join(project(results, per_value, cores, counts[-1])))
 
 
 if __name__ == "__main__":
