@@ -88,7 +88,8 @@ class PlantedFormModel(nn.Module):
     """The planted click model's own form with learned parameters: the most a learner can know in advance.
 
     ``logit = w . dense + b + sum of one effect per (feature, value) + <u_a, v_b> for each planted pair (a, b)``,
-    the factors of rank ``rank``; the tables indexed like the DLRM's (out-of-vocabulary values share row 0).
+    the factors of rank ``rank``; the tables indexed like the DLRM's (missing and out-of-vocabulary values share
+    row 0, where the truth gives missing values an effect of their own).
     """
 
     def __init__(self, table_sizes: list[int], pairs: list[tuple[int, int]], rank: int = 4):
