@@ -57,14 +57,25 @@ REAL_DLRM_GRID = [
 REAL_LOGISTIC_GRID = [{"lr": lr} for lr in (0.01, 0.02, 0.05, 0.1)]
 
 
-def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: dict, run_dir: Path) -> dict:
+def encode(train_paths: list[Path], validation_paths: list[Path], options: dict) -> tuple:
+    """``(metadata, vocabularies, train, validation)``: the metadata pass over the training days with the
+    options' ``min_frequency`` (and ``small_data_rows``), and both sides encoded with it."""
     metadata, vocabularies = compute_feature_metadata(
         train_paths,
         MetadataSettings(options["min_frequency"], small_data_rows=options.get("small_data_rows", 0)),
         progress=False,
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
-    train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
+    return metadata, vocabularies, encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
+
+
+def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: dict, run_dir: Path) -> dict:
+    return fit_dlrm(encode(train_paths, validation_paths, options), options, run_dir)
+
+
+def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
+    """Train the DLRM on ``encode``'s output with the options (the project's defaults for the rest)."""
+    metadata, vocabularies, train, validation = encoded
     dim = options["dim"]
     defaults = TrainingConfig()
     config = TrainingConfig.from_dict(
@@ -221,15 +232,13 @@ def reference(size: int, validation_rows: int, work: Path) -> None:
             flush=True,
         )
 
-    row("DLRM, defaults", train_dlrm(paths[:-1], paths[-1:], CURVE_SETTINGS, work / "runs"))
-    settings = MetadataSettings(CURVE_SETTINGS["min_frequency"], small_data_rows=CURVE_SETTINGS["small_data_rows"])
-    metadata, vocabularies = compute_feature_metadata(paths[:-1], settings, progress=False)
-    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
-    train, validation = encoder.encode_days(paths[:-1]), encoder.encode_days(paths[-1:])
+    encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
+    row("DLRM, defaults", fit_dlrm(encoded, CURVE_SETTINGS, work / "runs"))
+    metadata, _, train, validation = encoded
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    pairs = ClickModel(WORLD_SEED).pairs
     for optimizer, lr in PLANTED_FORM_GRID:
-        result = train_planted_form(train, validation, table_sizes, ClickModel(WORLD_SEED).pairs, optimizer, lr)
-        row(f"planted form, {optimizer} {lr}", result)
+        row(f"planted form, {optimizer} {lr}", train_planted_form(train, validation, table_sizes, pairs, optimizer, lr))
 
 
 def best(results: list[dict]) -> dict:
