@@ -14,7 +14,7 @@ from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import predict
-from criteo_dlrm.schema import NUM_SPARSE
+from criteo_dlrm.common.schema import NUM_SPARSE
 
 HASH_BUCKETS = 1 << 22
 

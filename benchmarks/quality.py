@@ -28,7 +28,7 @@ from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
-from criteo_dlrm.schema import SPARSE_COLUMNS
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 
 from baselines import hash_features, train_logistic_regression, train_planted_form
 

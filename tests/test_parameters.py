@@ -86,7 +86,7 @@ def test_a_run_with_a_misspelt_parameter_stops_before_any_node(project):
 
 
 def test_a_run_with_a_wrongly_typed_training_parameter_stops_before_any_node(project):
-    from criteo_dlrm.errors import ConfigError
+    from criteo_dlrm.common.errors import ConfigError
 
     bootstrap_project(project)
     with (
@@ -98,7 +98,7 @@ def test_a_run_with_a_wrongly_typed_training_parameter_stops_before_any_node(pro
 
 
 def test_the_torchrec_backend_without_torchrec_installed_stops_naming_the_install_command(schema, monkeypatch):
-    from criteo_dlrm.errors import ConfigError
+    from criteo_dlrm.common.errors import ConfigError
 
     monkeypatch.setitem(__import__("sys").modules, "torchrec", None)  # as if the extra were not installed
     given = copy.deepcopy(schema)

@@ -2,7 +2,7 @@
 
 - ``--params`` takes list values: commas inside brackets do not split
   (``--params="training.dense_mlp.hidden_layer_sizes=[128,64],training.seed=3"``).
-- A user error (``criteo_dlrm.errors.UserError``: missing inputs, bad parameters, bad raw data, a
+- A user error (``criteo_dlrm.common.errors.UserError``: missing inputs, bad parameters, bad raw data, a
   version that does not exist) ends the run with its message and fix as the last lines and exit
   code 1, without a traceback; ``--verbose`` shows the full traceback.
 - A run that finishes prints its summary (what was written, the final metrics) as one block.
@@ -19,7 +19,7 @@ import click
 from kedro.framework.cli.project import run as kedro_run
 from omegaconf import OmegaConf
 
-from criteo_dlrm.errors import UserError
+from criteo_dlrm.common.errors import UserError
 
 
 def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
-from criteo_dlrm.errors import UserError
+from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.parameters import check_parameters, load_schema
 from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
 

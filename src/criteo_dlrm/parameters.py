@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError
 
 # Set on the command line only (the catalog reads them through ``runtime_params``).
 RUNTIME_ONLY = {"ingestion": {"raw_dir": None}}

@@ -7,19 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import (
-    IngestionError,
-    _csv_reader,
-    _LineTracker,
-    _read_ahead,
-    _WriteBehind,
-    convert_day,
-    find_day_files,
-    parse_hex,
-    parse_integers,
-)
+from criteo_dlrm.data.raw import IngestionError, convert_day, find_day_files, parse_hex, parse_integers
+from criteo_dlrm.data.raw.reader import LineTracker, csv_reader
+from criteo_dlrm.data.raw.threads import WriteBehind, read_ahead
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.schema import COLUMNS, PARQUET_SCHEMA
+from criteo_dlrm.common.schema import COLUMNS, PARQUET_SCHEMA
 from tests.conftest import naive_parse_line
 
 
@@ -193,7 +185,7 @@ class _FailingWriter:
 
 def test_a_failed_parquet_write_is_raised_instead_of_hanging():
     writer = _FailingWriter()
-    behind = _WriteBehind(writer)
+    behind = WriteBehind(writer)
     finished = threading.Event()
 
     def write_many():
@@ -213,7 +205,7 @@ def test_stopping_early_stops_the_reader_thread(tmp_path):
     source.write_text("\n".join(_good_line(seed) for seed in range(3000)) + "\n")
     before = threading.active_count()
     with pa.OSFile(str(source), "rb") as stream:
-        batches = _read_ahead(_csv_reader(stream, 16 << 10, _LineTracker(), COLUMNS))
+        batches = read_ahead(csv_reader(stream, 16 << 10, LineTracker(), COLUMNS))
         next(batches)
         batches.close()  # the consumer gives up after one batch, as on a parse error
     assert threading.active_count() == before
@@ -295,7 +287,7 @@ def test_two_files_for_one_day_are_refused(tmp_path, names):
 
 def test_unlabelled_rows_keep_their_line_numbers_past_bad_lines(tmp_path):
     from criteo_dlrm.data.raw import is_labelled
-    from criteo_dlrm.schema import FEATURE_COLUMNS, RawLayout
+    from criteo_dlrm.common.schema import FEATURE_COLUMNS, RawLayout
 
     lines = [_good_line(seed).split("\t", 1)[1] for seed in range(2000)]  # 39 fields: no label
     for number in (3, 1200):

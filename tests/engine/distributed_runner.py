@@ -8,7 +8,7 @@ import sys
 
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.recipe import run_training
-from criteo_dlrm.errors import UserError
+from criteo_dlrm.common.errors import UserError
 
 if __name__ == "__main__":
     with open(sys.argv[1], "rb") as handle:

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from criteo_dlrm.engine.config import TrainingConfig
-from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError
 from tests.conftest import PROJECT_ROOT
 
 

@@ -15,10 +15,10 @@ import pandas as pd
 import pyarrow as pa
 from loguru import logger
 
+from criteo_dlrm.common.parallel import choose_workers, run_parallel
+from criteo_dlrm.common.progress import progress_bar
+from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
-from criteo_dlrm.parallel import choose_workers, run_parallel
-from criteo_dlrm.progress import progress_bar
-from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
 
 def index_widths(table_sizes: list[int]) -> list[int]:

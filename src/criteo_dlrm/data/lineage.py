@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from criteo_dlrm.errors import DataError
+from criteo_dlrm.common.errors import DataError
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
+# Stored in a day's Parquet metadata: 2 = page checksums and a fingerprint sidecar (``data.parquet``). Days
+# without it (made before, or by another tool) are converted again by ingestion.
+FORMAT_KEY = "criteo_dlrm.parquet_format"
+PARQUET_FORMAT = 2
 
 
 class LineageError(DataError):
@@ -42,6 +46,7 @@ def source_metadata(source: Path) -> dict[str, str]:
     """Parquet key-value metadata naming the raw file a day is converted from (path, size, mtime)."""
     stat = source.stat()
     return {
+        FORMAT_KEY: str(PARQUET_FORMAT),
         "criteo_dlrm.source": str(source.resolve()),
         "criteo_dlrm.source_size": str(stat.st_size),
         "criteo_dlrm.source_mtime_ns": str(stat.st_mtime_ns),

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 from loguru import logger
 
+from criteo_dlrm.common.errors import ConfigError, DataError
+from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_parallel
+from criteo_dlrm.common.progress import progress_bar
+from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
-from criteo_dlrm.errors import ConfigError, DataError
-from criteo_dlrm.parallel import choose_workers, peak_rss_bytes, run_parallel
-from criteo_dlrm.progress import progress_bar
-from criteo_dlrm.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 
 METADATA_FORMAT = 1
 # Buffered (value, count) pairs per feature before a merge: at most max(distinct values, this) pairs.

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from criteo_dlrm.schema import NUM_DENSE, NUM_SPARSE
+from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE
 
 # Cardinalities shaped like Criteo Kaggle's (from 3 to hundreds of thousands, capped at 300k).
 VOCABULARY_SIZES = (

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.engine.profiling import ProfilerSettings
-from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models.dlrm import DLRMConfig
-from criteo_dlrm.schema import NUM_SPARSE
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
 EMBEDDING_BACKENDS = ("torch", "torchrec")

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16")
 

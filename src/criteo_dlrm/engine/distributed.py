@@ -26,9 +26,9 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.engine.config import Distributed, TrainingConfig
 from criteo_dlrm.engine.recipe import TrainingJob, TrainingOutcome, save_outcome, train_process
-from criteo_dlrm.errors import UserError
 
 
 class TrainingWorkerError(UserError, RuntimeError):

@@ -21,9 +21,9 @@ import torch
 from loguru import logger
 from torch import nn
 
+from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.errors import UserError
-from criteo_dlrm.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 
 INPUT_NAMES = ["dense", "sparse"]
 OUTPUT_NAMES = ["probability"]

@@ -29,6 +29,8 @@ from loguru import logger
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.engine.checkpoint import load_checkpoint, remove_stale_partials, save_atomically
 from criteo_dlrm.engine.config import TrainingConfig
@@ -38,9 +40,7 @@ from criteo_dlrm.engine.profiling import profiler
 from criteo_dlrm.engine.scoring import predict
 from criteo_dlrm.engine.sharding import ShardedDLRM
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
-from criteo_dlrm.errors import UserError
 from criteo_dlrm.models.dlrm import DLRM
-from criteo_dlrm.progress import progress_bar
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
 

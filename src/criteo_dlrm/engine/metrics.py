@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from criteo_dlrm.errors import DataError
+from criteo_dlrm.common.errors import DataError
 
 EPSILON = 1e-7
 

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder, open_encoded
 from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, save_atomically
@@ -32,9 +34,7 @@ from criteo_dlrm.engine.sharding import (
     require_torchrec,
     shard_model,
 )
-from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models import DLRM
-from criteo_dlrm.schema import SPARSE_COLUMNS
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).

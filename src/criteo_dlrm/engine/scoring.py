@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.progress import progress_bar
+from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import count_rows, iter_batches, open_day
 from criteo_dlrm.engine.device import autocast
-from criteo_dlrm.errors import DataError
-from criteo_dlrm.progress import progress_bar
-from criteo_dlrm.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
 
 if TYPE_CHECKING:
     from criteo_dlrm.data.batches import BatchLoader

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.engine.config import TrainingConfig
-from criteo_dlrm.errors import ConfigError
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import TABLE_PREFIX, TorchRecEmbeddings, grouped_tables, split_tables
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from criteo_dlrm.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError
 
 __all__ = ["DLRM", "ConfigError", "DLRMConfig"]
 

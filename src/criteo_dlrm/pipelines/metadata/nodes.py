@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from loguru import logger
 
+from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.data.lineage import check_days, day_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
-from criteo_dlrm.errors import ConfigError
 
 
 def split_days(

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from loguru import logger
 
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import (
@@ -23,8 +25,6 @@ from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.export import ENCODER_FORMAT, check_onnx, export_onnx, export_program, serving_encoder
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
-from criteo_dlrm.errors import ConfigError
-from criteo_dlrm.schema import RawLayout
 
 
 def input_days(scoring: dict) -> list[dict]:
@@ -45,6 +45,7 @@ def input_days(scoring: dict) -> list[dict]:
         layouts=[RawLayout(labelled=is_labelled(source), line_numbers=True) for source in sources],
         max_reject_fraction=float(scoring["max_reject_fraction"]),
         block_size=int(scoring["block_size_mb"] * (1 << 20)),
+        parameters="scoring",
     )
     days = [day_lineage(day_name(source), report.parquet) for source, report in zip(sources, reports, strict=True)]
     return days

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-_PRELOAD = ["criteo_dlrm.data.raw", "criteo_dlrm.data.metadata", "criteo_dlrm.data.encoding"]
+_PRELOAD = ["criteo_dlrm.data.raw.days", "criteo_dlrm.data.metadata", "criteo_dlrm.data.encoding"]
 
 
 def available_cores() -> int:

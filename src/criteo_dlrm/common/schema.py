@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from criteo_dlrm.errors import DataError
+from criteo_dlrm.common.errors import DataError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

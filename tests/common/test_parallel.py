@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from criteo_dlrm import parallel
-from criteo_dlrm.parallel import ROWS_PER_WORKER, choose_workers, run_parallel
+from criteo_dlrm.common.parallel import ROWS_PER_WORKER, choose_workers, run_parallel
 
 
 def test_default_workers_follow_cores_tasks_memory_and_data_size(monkeypatch):

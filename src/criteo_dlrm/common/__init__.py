@@ -1,0 +1,1 @@
+"""Helpers the core and the Kedro adapters share: the Criteo layout, errors, worker processes, progress, files."""

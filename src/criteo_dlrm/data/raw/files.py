@@ -1,0 +1,162 @@
+"""Which files of a raw folder are Criteo days, what each day is called, and where its Parquet goes.
+
+Nothing in a raw folder is skipped without a word: every file that is not a day is listed with the reason,
+and a file that looks like a day but cannot be read as one (a FIFO, a broken link, a name with spaces) stops
+ingestion with what to do, instead of training on the other days as if it were not there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from loguru import logger
+
+from criteo_dlrm.common.schema import NUM_RAW_FIELDS
+from criteo_dlrm.data.raw.rejects import IngestionError
+from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
+
+# day_<N>[.gz], or <name>.txt / <name>.tsv [.gz] where <name> is letters (any script), digits, '_', '.', '-'.
+_DAY_FILE = re.compile(r"^(day_\d+|[\w.-]+\.(txt|tsv))(\.gz)?$")
+_LOOKS_LIKE_A_DAY = re.compile(r"(^day)|(\.(txt|tsv|gz)$)", re.IGNORECASE)
+NAMING = "day_<N>, day_<N>.gz, <name>.txt[.gz] or <name>.tsv[.gz]"
+
+
+@dataclass
+class RawFolder:
+    """A raw folder's day files (in day order) and every other entry with the reason it is not used."""
+
+    folder: Path
+    days: list[Path]
+    ignored: dict[str, str] = field(default_factory=dict)
+
+
+def day_name(path: Path) -> str:
+    """``day_3.gz`` -> ``day_3``; ``train.txt`` -> ``train``."""
+    name = path.name.removesuffix(".gz")
+    return name.removesuffix(".txt").removesuffix(".tsv")
+
+
+def day_sort_key(name: str) -> tuple[int, str]:
+    """Sort ``day_2`` before ``day_10``; other names after the numbered days, alphabetically."""
+    match = re.fullmatch(r"day_(\d+)", name)
+    return (int(match.group(1)), name) if match else (1 << 30, name)
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a day file (None: it can)."""
+    try:
+        mode = path.stat().st_mode  # follows links
+    except OSError as error:  # a broken link, a link loop, no permission on the target
+        return f"cannot be opened ({error.strerror or error})"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        return f"is {kind}, not a regular file"
+    if not os.access(path, os.R_OK):
+        return "is not readable (permissions)"
+    return None
+
+
+def _why_ignored(path: Path) -> str | None:
+    """Why an entry that is not a day name is not used, or None when it looks like a day (refused instead)."""
+    name = path.name
+    if name.endswith(SIDECAR_SUFFIX):
+        return "true click probabilities of a generated day (read by evaluation, not converted)"
+    if name.startswith("."):
+        return "hidden file"
+    if _LOOKS_LIKE_A_DAY.search(name):
+        return None
+    return f"not a day file name ({NAMING})"
+
+
+def scan_raw_folder(raw_dir: str | os.PathLike) -> RawFolder:
+    """The day files of ``raw_dir`` and what else is there.
+
+    Raises:
+        IngestionError: the folder is missing or holds no day file, two files claim one day, or an entry
+            looks like a day but cannot be read (listing every such entry and its fix at once).
+    """
+    folder = Path(raw_dir)
+    if not folder.is_dir():
+        raise IngestionError(
+            f"Raw data folder {folder} does not exist. Put Criteo day files ({NAMING}) there, or point "
+            "ingestion at your folder: kedro run --pipelines=ingestion --params=ingestion.raw_dir=/path/to/criteo"
+        )
+    days, ignored, problems = [], {}, []
+    for path in sorted(folder.iterdir()):
+        if _DAY_FILE.match(path.name):
+            why = _unreadable(path)
+            if why is None:
+                days.append(path)
+            else:
+                problems.append(f"{path.name}: {why}; remove it or replace it with the day's file")
+        elif (reason := _why_ignored(path)) is not None:
+            ignored[path.name] = reason
+        else:
+            problems.append(
+                f"{path.name!r}: looks like a day file but its name is not one ({NAMING}, names without "
+                "spaces): rename it, or move it out of the folder"
+            )
+    if problems:
+        raise IngestionError(f"Raw data folder {folder}:\n  " + "\n  ".join(problems))
+    if not days:
+        raise IngestionError(
+            f"Raw data folder {folder} holds no Criteo day file (expected {NAMING}). Point ingestion at your "
+            "folder with --params=ingestion.raw_dir=/path/to/criteo"
+        )
+    _refuse_two_files_for_one_day(folder, days)
+    for name, reason in ignored.items():
+        logger.info("{}: not used: {}", folder / name, reason)
+    return RawFolder(folder, sorted(days, key=lambda p: day_sort_key(day_name(p))), ignored)
+
+
+def _refuse_two_files_for_one_day(folder: Path, days: list[Path]) -> None:
+    by_day: dict[str, list[str]] = {}
+    for path in days:
+        by_day.setdefault(day_name(path), []).append(path.name)
+    duplicates = {day: sorted(names) for day, names in by_day.items() if len(names) > 1}
+    if duplicates:
+        listed = "; ".join(f"{' and '.join(names)} are both {day}" for day, names in sorted(duplicates.items()))
+        raise IngestionError(
+            f"Raw data folder {folder} holds two files for one day ({listed}): one would overwrite the other's "
+            "Parquet and the other day would be trained on twice. Keep one file per day (move the other away)."
+        )
+
+
+def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
+    """The raw day files in ``raw_dir``, in day order (``scan_raw_folder``'s days)."""
+    return scan_raw_folder(raw_dir).days
+
+
+def parquet_folder(output_dir: str | os.PathLike, raw_dir: str | os.PathLike) -> Path:
+    """Where the Parquet days of ``raw_dir`` go: ``<output_dir>/<raw folder name>-<hash of its full path>``.
+
+    Each raw folder gets its own Parquet folder, so converting another folder never replaces the days an
+    earlier metadata version or checkpoint was made from, and converting the same folder again finds its days.
+    """
+    folder = Path(raw_dir).resolve()
+    return Path(output_dir) / f"{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
+
+
+def open_raw(path: Path) -> tuple[pa.NativeFile, pa.NativeFile]:
+    """``(file, text stream)``: the stream decompresses ``.gz`` files."""
+    raw = pa.OSFile(str(path), "rb")
+    stream = pa.CompressedInputStream(raw, "gzip") if path.name.endswith(".gz") else raw
+    return raw, stream
+
+
+def is_labelled(source: Path) -> bool:
+    """Whether a raw day file has labels: its first line has 40 fields (39: Criteo's unlabelled test files)."""
+    with open_raw(source)[1] as stream:
+        first = stream.read(1 << 16).split(b"\n", 1)[0]
+    fields = first.rstrip(b"\r").count(b"\t") + 1
+    if fields not in (NUM_RAW_FIELDS, NUM_RAW_FIELDS - 1):
+        return True  # the line is bad either way; it is rejected with its field count
+    return fields == NUM_RAW_FIELDS
