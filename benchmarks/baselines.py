@@ -10,11 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import predict
-from criteo_dlrm.common.schema import NUM_SPARSE
 
 HASH_BUCKETS = 1 << 22
 

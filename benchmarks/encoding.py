@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
 
 
 def python_dict_encode(table, vocabularies: dict[str, np.ndarray]) -> np.ndarray:

@@ -23,9 +23,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 
 
 def seed_convert(source: Path, destination: Path) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
 from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
@@ -28,7 +29,6 @@ from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
 
 from baselines import hash_features, train_logistic_regression, train_planted_form
 

@@ -30,15 +30,15 @@ import torch.distributed as dist
 from distributed import join_process_group, seconds_per_step
 from torch.distributed.launcher.api import elastic_launch
 
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import open_encoded
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
-from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.models import DLRM
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
 
 from training import CONFIGURATIONS, spec_config, synthetic_arrays
 

@@ -7,13 +7,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from criteo_dlrm.common.schema import DENSE_COLUMNS, PARQUET_SCHEMA, SPARSE_COLUMNS
 from criteo_dlrm.data import metadata as metadata_module
 from criteo_dlrm.data import parquet as parquet_module
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import MetadataSettings, ValueCounter, build_vocabulary, compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.common.schema import DENSE_COLUMNS, PARQUET_SCHEMA, SPARSE_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from criteo_dlrm.common.schema import COLUMNS, PARQUET_SCHEMA
 from criteo_dlrm.data.raw import IngestionError, convert_day, find_day_files, parse_hex, parse_integers
 from criteo_dlrm.data.raw.reader import LineTracker, csv_reader
 from criteo_dlrm.data.raw.threads import WriteBehind, read_ahead
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.common.schema import COLUMNS, PARQUET_SCHEMA
 from tests.conftest import naive_parse_line
 
 
@@ -286,8 +286,8 @@ def test_two_files_for_one_day_are_refused(tmp_path, names):
 
 
 def test_unlabelled_rows_keep_their_line_numbers_past_bad_lines(tmp_path):
-    from criteo_dlrm.data.raw import is_labelled
     from criteo_dlrm.common.schema import FEATURE_COLUMNS, RawLayout
+    from criteo_dlrm.data.raw import is_labelled
 
     lines = [_good_line(seed).split("\t", 1)[1] for seed in range(2000)]  # 39 fields: no label
     for number in (3, 1200):

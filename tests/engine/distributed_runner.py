@@ -6,9 +6,9 @@ python distributed_runner.py JOB.pkl    # (config dict, tiny_features) pickled; 
 import pickle
 import sys
 
+from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.recipe import run_training
-from criteo_dlrm.common.errors import UserError
 
 if __name__ == "__main__":
     with open(sys.argv[1], "rb") as handle:

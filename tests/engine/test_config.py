@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.engine.config import TrainingConfig
 from tests.conftest import PROJECT_ROOT
 
 

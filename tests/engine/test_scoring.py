@@ -4,10 +4,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
 from criteo_dlrm.models import DLRM, DLRMConfig
-from criteo_dlrm.common.schema import LABEL_COLUMN
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.config import TrainingConfig
@@ -16,9 +18,7 @@ from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
-from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.models.dlrm import DLRM
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
 
