@@ -34,11 +34,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import elastic_launch
 
+from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.encoding import open_encoded
-from criteo_dlrm.engine.config import BatchSize, TrainingConfig
 from criteo_dlrm.engine.distributed import launch_config
-from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.engine.modes import DataParallel, parallel_mode
+from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
 
 from training import CONFIGURATIONS, spec_config, synthetic_arrays
@@ -58,17 +59,26 @@ def join_process_group(device_kind: str) -> torch.device:
     return device
 
 
-def seconds_per_step(trainer: Trainer, batches: Iterator[Batch], steps: int) -> float:
-    """``Trainer.train_step`` timed over ``steps`` steps after 3 warm-up steps, every process in step."""
-    cuda = trainer.device.type == "cuda"
+class WithoutExchange(DataParallel):
+    """The baseline: each process steps on its own share, no gradient leaves it (dense or sparse)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with self.train_model.no_sync():
+            loss.backward()
+
+
+def seconds_per_step(step: TrainStep, batches: Iterator[Batch], steps: int) -> float:
+    """The project's training step (``engine.step.TrainStep``) timed over ``steps`` steps after 3 warm-up
+    steps, every process in step."""
+    cuda = step.mode.device.type == "cuda"
     for _ in range(3):
-        trainer.train_step(next(batches))
+        step(next(batches), 0, 1)
     if cuda:
         torch.cuda.synchronize()
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
-        trainer.train_step(next(batches))
+        step(next(batches), 0, 1)
     if cuda:
         torch.cuda.synchronize()
     dist.barrier()
@@ -85,11 +95,10 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
     config = TrainingConfig(batch_size=BatchSize(train=batch), device=str(device))
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
-    trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()))
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-    synced = seconds_per_step(trainer, batches, steps)
-    trainer.sync_gradients = False
-    unsynced = seconds_per_step(trainer, batches, steps)
+    synced = seconds_per_step(TrainStep(parallel_mode(model, config, device), config), batches, steps)
+    alone = WithoutExchange(model, config, device) if world > 1 else parallel_mode(model, config, device)
+    unsynced = seconds_per_step(TrainStep(alone, config), batches, steps)
     dist.destroy_process_group()
     return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}
 

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import torch
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -42,7 +43,9 @@ def main() -> None:
         write_day(work / "day_0", args.rows, day=0, model=ClickModel(seed=0))
         parquet = convert_day(work / "day_0", work / "day_0.parquet", progress=False).parquet
         start = time.perf_counter()
-        metadata, vocabularies = compute_feature_metadata([parquet], MetadataSettings(min_frequency=3), progress=False)
+        metadata, vocabularies = compute_feature_metadata(
+            [parquet], MetadataConfig(small_data_rows=0, min_frequency=3), progress=False
+        )
         metadata_seconds = time.perf_counter() - start
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         table = pq.read_table(parquet)

@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.config import BatchSize, TrainingConfig
 from criteo_dlrm.engine.device import compile_model, configure_backends
 from criteo_dlrm.models import DLRM
 

@@ -68,18 +68,21 @@ class _Monitor(threading.Thread):
 
 def measure(stage: str, workers: int, data: Path) -> dict:
     """Run one stage in this (fresh) process; the parallel helpers' workers are its children."""
+    from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
+    from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.parquet import count_rows
     from criteo_dlrm.data.raw import convert_days
 
     raw = sorted(data.glob("raw/day_*.gz"))
     parquet = [data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet" for path in raw]
-    settings = MetadataSettings(min_frequency=3, workers=workers)
+    settings = MetadataConfig(small_data_rows=0, min_frequency=3, workers=workers)
     if stage == "metadata" or stage == "encoding":
         rows = count_rows(parquet)
     if stage == "encoding":
-        metadata, vocabularies = compute_feature_metadata(parquet, MetadataSettings(min_frequency=3, workers=1), False)
+        metadata, vocabularies = compute_feature_metadata(
+            parquet, MetadataConfig(small_data_rows=0, min_frequency=3, workers=1), False
+        )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     # A repeat starts from nothing: ingestion would skip days whose Parquet is already up to date.
     for previous in (data / f"parquet_{workers}", data / f"encoded_{workers}"):

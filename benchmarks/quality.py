@@ -21,12 +21,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
-from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 
@@ -62,7 +63,7 @@ def encode(train_paths: list[Path], validation_paths: list[Path], options: dict)
     options' ``min_frequency`` (and ``small_data_rows``), and both sides encoded with it."""
     metadata, vocabularies = compute_feature_metadata(
         train_paths,
-        MetadataSettings(options["min_frequency"], small_data_rows=options.get("small_data_rows", 0)),
+        MetadataConfig(min_frequency=options["min_frequency"], small_data_rows=options.get("small_data_rows", 0)),
         progress=False,
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
@@ -120,7 +121,9 @@ def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
 
 def train_logistic(train_paths: list[Path], validation_paths: list[Path], options: dict) -> dict:
     # Dense inputs standardised like the DLRM's; categories hashed from their raw values.
-    metadata, _ = compute_feature_metadata(train_paths, MetadataSettings(use_modulus_hash=True), progress=False)
+    metadata, _ = compute_feature_metadata(
+        train_paths, MetadataConfig(min_frequency=1, small_data_rows=0, use_modulus_hash=True), progress=False
+    )
     encoder = FeatureEncoder.from_metadata(metadata, None)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
     return {

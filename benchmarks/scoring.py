@@ -21,9 +21,10 @@ import numpy as np
 import onnxruntime
 import torch
 
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import MetadataSettings, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -49,7 +50,9 @@ def main() -> None:
         work = Path(tmp)
         write_day(work / "day_0", args.rows, day=0, model=ClickModel(seed=0))
         parquet = convert_day(work / "day_0", work / "day_0.parquet", progress=False).parquet
-        metadata, vocabularies = compute_feature_metadata([parquet], MetadataSettings(min_frequency=3), progress=False)
+        metadata, vocabularies = compute_feature_metadata(
+            [parquet], MetadataConfig(small_data_rows=0, min_frequency=3), progress=False
+        )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         torch.manual_seed(0)
         # The project's default model sizes (parameters_training.yml).

@@ -14,19 +14,18 @@ and the machine's fp32 matmul rate, to print the share of the matmul-bound limit
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
-from criteo_dlrm.engine.config import BatchSize, TrainingConfig
 from criteo_dlrm.engine.device import compile_model
-from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.engine.modes import parallel_mode
+from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM, DLRMConfig
 
 from seed_design import SeedDLRM, seed_loader
@@ -65,11 +64,10 @@ def spec_config(spec: dict) -> DLRMConfig:
 
 
 def training_step(model: nn.Module, config: TrainingConfig, device: torch.device, arrays: EncodedArrays):
-    """The project loop's own optimisation step (``Trainer.train_step``: learning-rate schedule, forward, BCE
+    """The project loop's own optimisation step (``engine.step.TrainStep``: learning-rate schedule, forward, BCE
     with logits, backward, both optimisers), for a model already on ``device``."""
-    loader = BatchLoader(arrays, config.batch_size.train)
-    trainer = Trainer(model, config, loader, loader, device, Path(tempfile.mkdtemp()))
-    return trainer.train_step
+    step = TrainStep(parallel_mode(model, config, device), config)
+    return lambda batch: step(batch, 0, 1)
 
 
 def synthetic_arrays(rows: int, tables: list[int], seed: int = 0) -> EncodedArrays:

@@ -57,9 +57,10 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""
+    from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
     from criteo_dlrm.data.lineage import day_lineage, encoded_lineage
-    from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
+    from criteo_dlrm.data.metadata import FeatureVocabularies, compute_feature_metadata
     from criteo_dlrm.data.raw import convert_day
     from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -68,7 +69,9 @@ def tiny_features(tmp_path_factory):
     for day, rows in enumerate((3000, 1000)):
         write_day(folder / f"day_{day}", rows, day=day, model=model)
         parquet.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
-    metadata, vocabularies = compute_feature_metadata(parquet[:1], MetadataSettings(min_frequency=2), progress=False)
+    metadata, vocabularies = compute_feature_metadata(
+        parquet[:1], MetadataConfig(small_data_rows=0, min_frequency=2), progress=False
+    )
     metadata["source_days"] = {
         "train": [day_lineage("day_0", parquet[0])],
         "validation": [

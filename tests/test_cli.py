@@ -54,16 +54,20 @@ def test_user_errors_end_with_the_message_and_the_fix(tmp_path):
 
     no_folder = _kedro(project, "--params=ingestion.raw_dir=/nowhere")
     assert no_folder.returncode == 1
-    assert no_folder.stderr.strip().splitlines()[-2].startswith("IngestionError: Raw data folder /nowhere does not")
+    assert (
+        no_folder.stderr.strip()
+        .splitlines()[-2]
+        .startswith("IngestionError: ingestion.raw_dir: the folder /nowhere does not exist")
+    )
 
     verbose = _kedro(project, "--pipelines=training", "--verbose")
     assert verbose.returncode == 1 and "Traceback" in verbose.stdout + verbose.stderr
 
 
 def _readme_metrics() -> dict[str, float]:
-    """The evaluation line of the summary block the README quotes under Quick start."""
+    """The evaluation lines of the summary block the README quotes under Quick start."""
     readme = (PROJECT_ROOT / "README.md").read_text()
-    line = re.search(r"^  evaluation  .*$", readme, re.MULTILINE).group(0)
+    line = re.search(r"^  evaluation  .*\n.*$", readme, re.MULTILINE).group(0)
     oracle = re.search(r"oracle AUC ([0-9.]+)", readme).group(1)
     values = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", line))
     return {**{key: float(value) for key, value in values.items()}, "oracle AUC": float(oracle)}
@@ -78,13 +82,17 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert "register_new_resolver" not in output and "No typed parameter" not in output
     block = result.stdout[result.stdout.rindex("\nRun ") + 1 :].rstrip().splitlines()
     assert [line.split()[0] for line in block[1:5]] == ["ingestion", "metadata", "training", "evaluation"]
-    assert all(len(line) <= 100 for line in block), "one line per stage, never wrapped"
-    evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[4]))
+    assert all(len(line) <= 100 for line in block), "short lines, never wrapped"
+    checkpoint = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1].name
+    assert block[4] == f"  evaluation  checkpoint {checkpoint} on day_2:", (
+        "the summary names the checkpoint it evaluated"
+    )
+    evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[5]))
     quoted = _readme_metrics()
     assert float(evaluation["AUC"]) == pytest.approx(quoted["AUC"], abs=2e-3), "README's quoted kedro run output"
     assert float(evaluation["log loss"]) == pytest.approx(quoted["log loss"], abs=2e-3)
     assert float(evaluation["calibration"]) == pytest.approx(quoted["calibration"], abs=5e-3)
-    assert float(re.search(r"oracle AUC ([0-9.]+)", block[5]).group(1)) == quoted["oracle AUC"]
+    assert float(re.search(r"oracle AUC ([0-9.]+)", block[6]).group(1)) == quoted["oracle AUC"]
 
     # A list parameter on the command line, as the README's parameters section shows it.
     listed = _kedro(

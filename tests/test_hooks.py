@@ -2,7 +2,8 @@ import logging
 
 from loguru import logger
 
-from criteo_dlrm.hooks import bridge_loguru, pipelines_to_run_first, producers_of
+from criteo_dlrm.logs import bridge_loguru
+from criteo_dlrm.pipeline_registry import pipelines_to_run_first, producers_of
 
 
 def test_loguru_messages_reach_standard_logging_under_the_module_name(caplog):
@@ -17,7 +18,7 @@ def test_loguru_messages_reach_standard_logging_under_the_module_name(caplog):
 def test_producers_are_found_from_the_pipeline_modules():
     assert producers_of("feature_metadata") == ["metadata"]
     assert producers_of("dlrm_checkpoint") == ["training"]
-    assert producers_of("raw_day_files") == []
+    assert producers_of("params:ingestion") == []
 
 
 class _Catalog:
@@ -29,12 +30,12 @@ class _Catalog:
 
 
 def test_every_upstream_pipeline_is_named_in_run_order():
-    assert pipelines_to_run_first(["dlrm_checkpoint"], _Catalog({"raw_day_files"})) == [
+    assert pipelines_to_run_first(["dlrm_checkpoint"], _Catalog(set())) == [
         "ingestion",
         "metadata",
         "training",
     ]
-    assert pipelines_to_run_first(["dlrm_checkpoint"], _Catalog({"raw_day_files", "ingestion_report"})) == [
+    assert pipelines_to_run_first(["dlrm_checkpoint"], _Catalog({"ingestion_report"})) == [
         "metadata",
         "training",
     ]

@@ -19,7 +19,6 @@ PIPELINES = {"__default__", "ingestion", "metadata", "training", "evaluation", "
 NODES = {"convert_raw_days", "compute_feature_metadata", "encode_features", "train_dlrm", "evaluate_checkpoint"}
 SCORING_NODES = {"score_new_days", "export_model"}
 LAYERS = {
-    "raw_day_files": "raw",
     "ingestion_report": "intermediate",
     "feature_metadata": "feature",
     "feature_vocabularies": "feature",
@@ -87,7 +86,7 @@ def test_api_lists_every_pipeline_node_dataset_and_layer(viz):
     data = {n["name"]: n for n in main["nodes"] if n["type"] == "data"}
     for name, layer in LAYERS.items():
         assert data[name]["layer"] == layer, name
-    default_layers = ["raw", "intermediate", "feature", "model_input", "models", "reporting"]
+    default_layers = ["intermediate", "feature", "model_input", "models", "reporting"]  # raw days: ingestion.raw_dir
     assert [layer for layer in main["layers"] if layer != "model_output"] == default_layers  # scoring adds one
     scoring = json.loads(_get(f"{viz}/api/pipelines/scoring"))
     assert {n["name"] for n in scoring["nodes"] if n["type"] == "task"} == SCORING_NODES
@@ -106,8 +105,8 @@ def test_api_previews_metadata_and_metrics(viz):
     assert "label" in json.dumps(preview) and "SPARSE_0" in json.dumps(preview)
     metrics = json.loads(_get(f"{viz}/api/nodes/{ids['validation_metrics']}"))
     assert "auc" in json.dumps(metrics["preview"])
-    raw = json.loads(_get(f"{viz}/api/nodes/{ids['raw_day_files']}"))
-    assert raw["preview_type"] == "JSONPreview" and "day_0.gz" in raw["preview"]
+    report = json.loads(_get(f"{viz}/api/nodes/{ids['ingestion_report']}"))
+    assert report["preview_type"] == "JSONPreview" and "day_0.parquet" in report["preview"]
     plot = json.loads(_get(f"{viz}/api/nodes/{ids['roc_curve_plot']}"))
     assert plot["preview"] and plot["preview_type"] == "ImagePreview"
 

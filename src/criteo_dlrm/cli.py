@@ -5,6 +5,8 @@
 - A user error (``criteo_dlrm.common.errors.UserError``: missing inputs, bad parameters, bad raw data, a
   version that does not exist) ends the run with its message and fix as the last lines and exit
   code 1, without a traceback; ``--verbose`` shows the full traceback.
+- A misspelt ``--pipelines`` or ``--load-versions`` name, or a pinned dataset without a version, ends with
+  a message naming what exists, not a traceback.
 - A run that finishes prints its summary (what was written, the final metrics) as one block.
 
 Kedro picks this module's ``cli`` group over its built-in commands (see Kedro's "add or modify CLI
@@ -13,13 +15,65 @@ commands").
 
 from __future__ import annotations
 
+import difflib
+from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 from kedro.framework.cli.project import run as kedro_run
 from omegaconf import OmegaConf
 
-from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.errors import ConfigError, UserError
+from criteo_dlrm.pipeline_registry import PIPELINES
+from criteo_dlrm.summary import render
+
+
+def _closest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_pipelines(names: list[str]) -> None:
+    """Refuse a pipeline name the project does not have, naming the ones it has."""
+    known = [*PIPELINES, "__default__"]
+    unknown = [f"{name!r}{_closest(name, known)}" for name in names if name not in known]
+    if unknown:
+        raise ConfigError(f"No pipeline named {', '.join(unknown)}. The pipelines: {', '.join(PIPELINES)}.")
+
+
+def versioned_datasets(conf_source: Path = Path("conf")) -> dict[str, str]:
+    """The catalog's versioned datasets (what ``--load-versions`` can pin) and their folders, from
+    ``conf/*/catalog*.yml``."""
+    found = {}
+    for path in sorted(conf_source.glob("*/catalog*.yml")):
+        for name, entry in (yaml.safe_load(path.read_text()) or {}).items():
+            if isinstance(entry, dict) and entry.get("versioned"):
+                found[name] = str(entry.get("filepath", name))
+    return dict(sorted(found.items()))
+
+
+def split_load_versions(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, str]:
+    """``dataset:version,...`` -> ``{dataset: version}``; a dataset the catalog does not version, or a missing
+    version, is refused naming the datasets and where their versions are."""
+    folders = versioned_datasets()
+    known = list(folders)
+    pinned, problems = {}, []
+    for item in filter(None, (part.strip() for part in (value or "").split(","))):
+        name, colon, version = item.partition(":")
+        if known and name not in known:
+            problems.append(f"{name!r} is not a versioned dataset{_closest(name, known)}")
+        elif not colon or not version:
+            problems.append(f"{name}: no version given; use {name}:<version> (the versions: ls {folders.get(name)})")
+        else:
+            pinned[name] = version
+    if problems:
+        raise UserErrorExit(
+            ConfigError(
+                f"--load-versions={value}: " + "; ".join(problems) + f". The versioned datasets: {', '.join(known)}."
+            )
+        )
+    return pinned
 
 
 def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -68,7 +122,11 @@ class UserErrorExit(click.ClickException):
 def _options() -> list[click.Parameter]:
     options = []
     for option in kedro_run.params:
-        if option.name == "params":
+        if option.name == "load_versions":
+            option = click.Option(
+                list(option.opts), type=str, multiple=False, default="", callback=split_load_versions, help=option.help
+            )
+        elif option.name == "params":
             option = click.Option(
                 ["--params"],
                 type=click.UNPROCESSED,
@@ -86,19 +144,25 @@ def cli() -> None:
     """criteo-dlrm's commands (Kedro's ``run`` with clear user errors and list parameters)."""
 
 
+def _project_hooks():
+    from criteo_dlrm.hooks import ProjectHooks
+    from criteo_dlrm.settings import HOOKS
+
+    return next(hook for hook in HOOKS if isinstance(hook, ProjectHooks))
+
+
 @cli.command(name="run", params=_options(), help=kedro_run.help)
 @click.pass_context
 def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
-    from criteo_dlrm.hooks import run_summary
-
     try:
+        check_pipelines([*(kwargs.get("pipelines") or []), *filter(None, [kwargs.get("pipeline")])])
         result = ctx.invoke(kedro_run, **kwargs)
     except Exception as error:
         found = user_error(error)
         if found is None or verbose:
             raise
         raise UserErrorExit(found) from None
-    summary = run_summary()
+    summary = render(_project_hooks().record)
     if summary:
         click.echo("\n" + summary)
     return result

@@ -1,33 +1,33 @@
-"""Cross-cutting project hooks: loguru into Kedro's logging, unknown parameter names refused, a clear
-message when inputs are missing, and the run's catalog version handed to nodes that name output
-folders after it."""
+"""The project's Kedro hooks: each a short adapter over the module that does the work.
+
+- after the context: loguru into Kedro's logging (``logs``);
+- after the catalog: every parameter checked and typed (``config``), the run version handed to nodes;
+- before the run: what can be known to fail is refused (``preflight``), missing inputs are named with the
+  pipelines that make them (``pipeline_registry``);
+- around each node: its versioned outputs are marked incomplete until all of them are saved, so a killed run
+  never leaves a half set of versions as the latest;
+- after saving: outputs recorded for the run summary (``summary``), and a finished run's in-progress
+  checkpoint removed once its checkpoint is safely stored.
+"""
 
 from __future__ import annotations
 
-import importlib
-import logging
-from pathlib import Path, PurePosixPath
+import os
+import socket
 
 from kedro.framework.hooks import hook_impl
-from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.parameters import check_parameters, load_schema
-from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
+from criteo_dlrm.config import parse_parameters
+from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
+from criteo_dlrm.engine.recipe import finish_run
+from criteo_dlrm.logs import bridge_loguru, configure_console
+from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
+from criteo_dlrm.preflight import check_before_run, report_incomplete_versions
+from criteo_dlrm.summary import SUMMARISED, RunRecord
 
 RUN_VERSION = "run_version"
-# What the current (or last) run wrote, summarised by ``run_summary`` for ``kedro run`` to print at the end.
-_saved: dict[str, object] = {}
-_SUMMARISED = (
-    "ingestion_report", "feature_metadata", "training_summary", "validation_metrics", "scoring_report", "export_report"
-)  # fmt: skip
-
-
-class _PropagateHandler(logging.Handler):
-    """Hands loguru records to the standard logger of the same module name, which Kedro configures."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        logging.getLogger(record.name).handle(record)
 
 
 class MissingInputError(UserError, RuntimeError):
@@ -38,16 +38,8 @@ class MissingVersionError(UserError, LookupError):
     """``--load-versions`` pinned a version that was never written."""
 
 
-def existing_versions(dataset) -> list[str]:
-    """The versions a versioned file dataset holds (its version folders), oldest first."""
-    filepath, fs = getattr(dataset, "_filepath", None), getattr(dataset, "_fs", None)
-    if filepath is None or fs is None or not fs.exists(str(filepath)):
-        return []
-    return sorted(PurePosixPath(path).name for path in fs.ls(str(filepath), detail=False))
-
-
 def _missing_version_message(name: str, version: str, dataset) -> str:
-    versions = existing_versions(dataset)
+    versions = dataset.versions() if isinstance(dataset, VersionedFileDataset) else []
     where = getattr(dataset, "_filepath", name)
     if not versions:
         return f"{name} version {version} does not exist: no run has written {name} yet (nothing in {where})."
@@ -59,127 +51,74 @@ def _missing_version_message(name: str, version: str, dataset) -> str:
     )
 
 
-def bridge_loguru() -> None:
-    """Route loguru through ``logging`` so ``conf/logging.yml`` decides where our messages go."""
-    logger.remove()
-    logger.add(_PropagateHandler(), format="{message}", level="DEBUG")
-
-
-def _pipeline(name: str):
-    return importlib.import_module(f"criteo_dlrm.pipelines.{name}").create_pipeline()
-
-
-def producers_of(dataset: str) -> list[str]:
-    """Names of the project's pipelines that output ``dataset``, in run order.
-
-    Built from the pipeline modules, since a run loads only the pipelines it was asked for.
-    """
-    return [name for name in PIPELINE_ORDER if dataset in _pipeline(name).all_outputs()]
-
-
-def _missing_inputs(pipeline, catalog) -> list[str]:
-    return [
-        name
-        for name in sorted(pipeline.inputs())
-        if not name.startswith("params:") and name not in ("parameters", RUN_VERSION) and not catalog.exists(name)
-    ]
-
-
-def pipelines_to_run_first(missing: list[str], catalog) -> list[str]:
-    """Every pipeline, in run order, needed to produce ``missing`` and whatever those need in turn."""
-    needed: set[str] = set()
-    frontier = list(missing)
-    while frontier:
-        for producer in producers_of(frontier.pop()):
-            if producer not in needed:
-                needed.add(producer)
-                frontier.extend(_missing_inputs(_pipeline(producer), catalog))
-    return [name for name in PIPELINE_ORDER if name in needed]
-
-
-def run_summary() -> str:
-    """The last run's outputs and final metrics as one block of short lines ('' when it saved nothing)."""
-    lines = []
-    if report := _saved.get("ingestion_report"):
-        days = report["days"]
-        lines.append(
-            f"ingestion   {len(days)} days, {sum(d['rows'] for d in days):,} rows, "
-            f"{sum(d['rejected'] for d in days):,} rejected"
-        )
-    if metadata := _saved.get("feature_metadata"):
-        tables = [stats["table_size"] for stats in metadata["sparse"].values()]
-        lines.append(
-            f"metadata    {metadata['label']['rows']:,} training rows, CTR {metadata['label']['ctr']:.4f}, "
-            f"{sum(tables):,} embedding rows"
-        )
-    if summary := _saved.get("training_summary"):
-        stop = "stopped early" if summary["stopped_early"] else "ran every step"
-        lines.append(
-            f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
-            f"{summary['samples_per_second']:,.0f} samples/s"
-        )
-    if metrics := _saved.get("validation_metrics"):
-        model = metrics["model"]
-        lines.append(
-            f"evaluation  {', '.join(metrics['days'])}: AUC {model['auc']:.4f}, log loss {model['log_loss']:.5f}, "
-            f"NE {model['normalized_entropy']:.4f}, calibration {model['calibration']:.3f}"
-        )
-        lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
-        if metrics["oracle"]:
-            lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"
-    if report := _saved.get("scoring_report"):
-        line = f"scoring     {report['rows']:,} rows of {report['input_dir']}, mean prediction {report['mean_prediction'] or 0:.4f}"
-        if report["metrics"]:
-            line += f", AUC {report['metrics']['auc']:.4f}"
-        lines.append(line)
-    if export := _saved.get("export_report"):
-        lines.append(
-            f"export      ONNX {export['onnx_bytes'] / 1e6:.1f} MB (onnxruntime max |difference| "
-            f"{export['onnx_check']['max_abs_difference']:.1e}), torch.export {export['exported_program_bytes'] / 1e6:.1f} MB"
-        )
-    if not lines:
-        return ""
-    version = _saved.get(RUN_VERSION)
-    return "\n".join([f"Run {version}:", *(f"  {line}" for line in lines)])
-
-
 class ProjectHooks:
     def __init__(self) -> None:
-        self._schema: dict | None = None
+        self.record = RunRecord()
+        self._configs: dict = {}
+        self._catalog = None
+        self._saved_by_node: dict[str, set[str]] = {}
 
     @hook_impl
     def after_context_created(self, context) -> None:
         bridge_loguru()
-        self._schema = load_schema(Path(context.config_loader.conf_source) / "base")
+        configure_console()
 
     @hook_impl
     def after_catalog_created(self, catalog, parameters: dict, save_version: str) -> None:
-        if self._schema is not None:
-            # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry.
-            check_parameters(parameters["parameters"], self._schema)
+        # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry.
+        self._configs = parse_parameters(parameters["parameters"])
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version
-        _saved.clear()
-        _saved[RUN_VERSION] = save_version
-
-    @hook_impl
-    def after_dataset_saved(self, dataset_name: str, data) -> None:
-        if dataset_name in _SUMMARISED:
-            _saved[dataset_name] = data
+        self._catalog = catalog
+        self.record = RunRecord(version=save_version)
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         # Raw inputs (no pipeline makes them) report their own problem when loaded.
-        missing = [name for name in _missing_inputs(pipeline, catalog) if producers_of(name)]
-        if not missing:
-            return
-        pinned = run_params.get("load_versions") or {}
-        wrong_versions = [_missing_version_message(n, pinned[n], catalog.get(n)) for n in missing if n in pinned]
-        if wrong_versions:
-            raise MissingVersionError("\n".join(wrong_versions))
-        first = pipelines_to_run_first(missing, catalog)
-        command = f"kedro run --pipelines={','.join(first)}" if first else "kedro run"
-        raise MissingInputError(
-            f"This run needs {', '.join(missing)}, which no earlier run has written. "
-            f"Run `{command}` first, or `kedro run` for the whole job."
-        )
+        missing = [name for name in missing_inputs(pipeline, catalog) if producers_of(name)]
+        if missing:
+            pinned = run_params.get("load_versions") or {}
+            wrong = [_missing_version_message(n, pinned[n], catalog.get(n)) for n in missing if n in pinned]
+            if wrong:
+                raise MissingVersionError("\n".join(wrong))
+            first = pipelines_to_run_first(missing, catalog)
+            raise MissingInputError(
+                f"This run needs {', '.join(missing)}, which no earlier run has written. "
+                f"Run `{kedro_run(first)}` first, or `{kedro_run()}` for the whole job."
+            )
+        check_before_run(self._configs, pipeline, catalog)
+        report_incomplete_versions(catalog, sorted(pipeline.inputs()))
+
+    def _versioned_outputs(self, node) -> list[tuple[str, VersionedFileDataset]]:
+        outputs = [(name, self._catalog.get(name)) for name in node.outputs] if self._catalog is not None else []
+        return [
+            (name, ds) for name, ds in outputs if isinstance(ds, VersionedFileDataset) and ds.resolve_save_version()
+        ]
+
+    @hook_impl
+    def before_node_run(self, node) -> None:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "run": self.record.version, "node": node.name}
+        for _, dataset in self._versioned_outputs(node):
+            dataset.mark_incomplete(dataset.resolve_save_version(), owner)
+        self._saved_by_node[node.name] = set()
+
+    @hook_impl
+    def on_node_error(self, error: Exception, node) -> None:
+        # Versions the node never wrote to are removed; what it wrote in part stays marked incomplete.
+        for _, dataset in self._versioned_outputs(node):
+            dataset.discard_if_empty(dataset.resolve_save_version())
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data, node) -> None:
+        if dataset_name in SUMMARISED:
+            self.record.saved[dataset_name] = data
+            dataset = self._catalog.get(dataset_name) if self._catalog is not None else None
+            if isinstance(dataset, VersionedFileDataset) and dataset.resolve_save_version():
+                self.record.paths[dataset_name] = dataset.version_folder(dataset.resolve_save_version())
+        saved = self._saved_by_node.setdefault(node.name, set())
+        saved.add(dataset_name)
+        if saved >= set(node.outputs):  # every output of the node is stored: its versions are complete
+            for _, dataset in self._versioned_outputs(node):
+                dataset.mark_complete(dataset.resolve_save_version())
+            if "training_summary" in node.outputs and "training_summary" in self.record.saved:
+                finish_run(self.record.saved["training_summary"])  # the checkpoint is stored: nothing to resume

@@ -3,10 +3,14 @@
 import warnings
 
 from criteo_dlrm.hooks import ProjectHooks
+from criteo_dlrm.logs import configure_console
 
 # Kedro 1.7 calls OmegaConf's deprecated register_new_resolver: three warnings per command that no user
 # of this project can act on.
 warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
+
+# Log lines one per line outside a terminal, above the progress bars on one, from the first line of a run.
+configure_console()
 
 HOOKS = (ProjectHooks(),)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from criteo_dlrm import parallel
+from criteo_dlrm.common import parallel
 from criteo_dlrm.common.parallel import ROWS_PER_WORKER, choose_workers, run_parallel
 
 

@@ -8,10 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from criteo_dlrm.common.schema import DENSE_COLUMNS, PARQUET_SCHEMA, SPARSE_COLUMNS
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data import metadata as metadata_module
 from criteo_dlrm.data import parquet as parquet_module
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import MetadataSettings, ValueCounter, build_vocabulary, compute_feature_metadata
+from criteo_dlrm.data.metadata import ValueCounter, build_vocabulary, compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -59,14 +60,16 @@ def _check_against_pandas(paths, settings, threshold: int | None = None):
 
 
 def test_metadata_matches_pandas_on_generated_days(generated_days):
-    _check_against_pandas(generated_days, MetadataSettings(min_frequency=2, max_vocabulary_size=500))
+    _check_against_pandas(generated_days, MetadataConfig(small_data_rows=0, min_frequency=2, max_vocabulary_size=500))
 
 
 def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
     paths = [
         convert_day(path, tmp_path / f"{path.stem}.parquet").parquet for path in sorted(real_data.glob("kaggle*.tsv"))
     ]
-    metadata, _ = _check_against_pandas(paths, MetadataSettings(min_frequency=1, max_vocabulary_size=10**6))
+    metadata, _ = _check_against_pandas(
+        paths, MetadataConfig(small_data_rows=0, min_frequency=1, max_vocabulary_size=10**6)
+    )
     assert metadata["label"]["rows"] == 14_584
 
 
@@ -93,14 +96,18 @@ def test_value_counter_merges_many_batches_exactly():
 
 
 def test_per_feature_cap_override(generated_days):
-    settings = MetadataSettings(min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7})
+    settings = MetadataConfig(
+        small_data_rows=0, min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7}
+    )
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
     assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 8
     assert len(vocabularies["SPARSE_3"]) == 100
 
 
 def test_missing_and_unseen_values_encode_to_zero(generated_days):
-    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=1))
+    metadata, vocabularies = compute_feature_metadata(
+        generated_days, MetadataConfig(small_data_rows=0, min_frequency=1)
+    )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     vocabulary = vocabularies["SPARSE_0"]
     values = np.array([vocabulary[0], vocabulary[-1], -1, 2**40, vocabulary[3]])
@@ -108,7 +115,9 @@ def test_missing_and_unseen_values_encode_to_zero(generated_days):
 
 
 def test_encoder_matches_a_python_dict_lookup(generated_days):
-    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    metadata, vocabularies = compute_feature_metadata(
+        generated_days, MetadataConfig(small_data_rows=0, min_frequency=2)
+    )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     table = pq.read_table(generated_days[1])
     encoded = encoder.encode_batch(table)
@@ -124,22 +133,25 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
 
 
 def test_modulus_hash_mode(generated_days):
-    settings = MetadataSettings(use_modulus_hash=True, modulus_hash_size=1000)
+    settings = MetadataConfig(min_frequency=1, small_data_rows=0, use_modulus_hash=True, modulus_hash_size=1000)
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
     assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
     assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     values = np.array([0, 998, 999, 123456, -1])
     assert encoder.encode_sparse_column(5, values).tolist() == [1, 999, 1, 1 + 123456 % 999, 0]
-    default = compute_feature_metadata(generated_days, MetadataSettings(use_modulus_hash=True, max_vocabulary_size=50))[
-        0
-    ]
+    default = compute_feature_metadata(
+        generated_days,
+        MetadataConfig(min_frequency=1, small_data_rows=0, use_modulus_hash=True, max_vocabulary_size=50),
+    )[0]
     assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 1
     assert default["sparse"]["SPARSE_2"]["table_size"] == 51
 
 
 def test_encoder_state_round_trips(generated_days):
-    metadata, vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    metadata, vocabularies = compute_feature_metadata(
+        generated_days, MetadataConfig(small_data_rows=0, min_frequency=2)
+    )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     restored = FeatureEncoder.from_state_dict(encoder.state_dict())
     table = pq.read_table(generated_days[0])
@@ -148,7 +160,7 @@ def test_encoder_state_round_trips(generated_days):
     np.testing.assert_array_equal(left.dense, right.dense)
 
 
-def _peak(paths, settings: MetadataSettings) -> tuple[int, tuple[dict, dict]]:
+def _peak(paths, settings: MetadataConfig) -> tuple[int, tuple[dict, dict]]:
     """Peak traced memory of a single-process pass (tracemalloc sees this process only)."""
     settings = dataclasses.replace(settings, workers=1)
     compute_feature_metadata(paths[:1], settings, progress=False)  # lazy imports and caches out of the way
@@ -179,8 +191,12 @@ def test_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(metadata_module, "MERGE_FLOOR", 1000)
     (tmp_path / "few").mkdir()
     (tmp_path / "many").mkdir()
-    few, _ = _peak(_bounded_vocabulary_days(tmp_path / "few", 4, rows=10_000), MetadataSettings())
-    many, (metadata, _) = _peak(_bounded_vocabulary_days(tmp_path / "many", 4, rows=40_000), MetadataSettings())
+    few, _ = _peak(
+        _bounded_vocabulary_days(tmp_path / "few", 4, rows=10_000), MetadataConfig(min_frequency=1, small_data_rows=0)
+    )
+    many, (metadata, _) = _peak(
+        _bounded_vocabulary_days(tmp_path / "many", 4, rows=40_000), MetadataConfig(min_frequency=1, small_data_rows=0)
+    )
     assert metadata["label"]["rows"] == 160_000 and metadata["sparse"]["SPARSE_0"]["distinct"] == 500
     assert many < 1.2 * few, f"4x the rows took {many / few:.2f}x the memory"
 
@@ -195,8 +211,12 @@ def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
         path = tmp_path / f"piece_{i}.parquet"
         pq.write_table(table.slice(i * 10_000, 10_000), path)
         pieces.append(path)
-    metadata_whole, vocab_whole = compute_feature_metadata([whole], MetadataSettings(min_frequency=2), progress=False)
-    metadata_split, vocab_split = compute_feature_metadata(pieces, MetadataSettings(min_frequency=2), progress=False)
+    metadata_whole, vocab_whole = compute_feature_metadata(
+        [whole], MetadataConfig(small_data_rows=0, min_frequency=2), progress=False
+    )
+    metadata_split, vocab_split = compute_feature_metadata(
+        pieces, MetadataConfig(small_data_rows=0, min_frequency=2), progress=False
+    )
     dense_whole, dense_split = metadata_whole.pop("dense"), metadata_split.pop("dense")
     assert metadata_whole == metadata_split
     for name in DENSE_COLUMNS:  # sums in another order: equal up to rounding
@@ -207,9 +227,9 @@ def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
 def test_fewer_features_per_pass_give_the_same_metadata_in_less_memory(tmp_path):
     write_day(tmp_path / "day_0", 60_000, day=0, model=ClickModel(seed=2), chunk_rows=60_000)
     day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
-    one_pass, (metadata, vocabularies) = _peak([day], MetadataSettings(min_frequency=2))
+    one_pass, (metadata, vocabularies) = _peak([day], MetadataConfig(small_data_rows=0, min_frequency=2))
     by_two, (metadata_by_two, vocabularies_by_two) = _peak(
-        [day], MetadataSettings(min_frequency=2, features_per_pass=2)
+        [day], MetadataConfig(small_data_rows=0, min_frequency=2, features_per_pass=2)
     )
     assert metadata_by_two == metadata
     assert all(np.array_equal(vocabularies[n], vocabularies_by_two[n]) for n in SPARSE_COLUMNS)
@@ -220,16 +240,16 @@ def test_a_day_with_another_schema_is_refused(tmp_path):
     path = tmp_path / "day_0.parquet"
     pq.write_table(pa.table({"label": [1], "I1": [2]}), path)
     with pytest.raises(ValueError, match=r"day_0.parquet: not a Criteo day.*missing columns"):
-        compute_feature_metadata([path], MetadataSettings())
+        compute_feature_metadata([path], MetadataConfig(min_frequency=1, small_data_rows=0))
 
 
 def test_empty_training_set_is_refused(tmp_path):
     with pytest.raises(ValueError, match="No training day"):
-        compute_feature_metadata([], MetadataSettings())
+        compute_feature_metadata([], MetadataConfig(min_frequency=1, small_data_rows=0))
     path = tmp_path / "day_0.parquet"
     pq.write_table(PARQUET_SCHEMA.empty_table(), path)
     with pytest.raises(ValueError, match="hold no rows"):
-        compute_feature_metadata([path], MetadataSettings())
+        compute_feature_metadata([path], MetadataConfig(min_frequency=1, small_data_rows=0))
 
 
 @pytest.mark.parametrize(
@@ -245,7 +265,7 @@ def test_empty_training_set_is_refused(tmp_path):
 )
 def test_nonsense_parameters_are_refused(settings, message):
     with pytest.raises(ValueError, match=message):
-        MetadataSettings(**settings)
+        MetadataConfig.from_dict(settings, "metadata.")
 
 
 def test_the_seed_projects_parquet_loads_with_its_minus_one_as_missing(tmp_path):
@@ -259,7 +279,9 @@ def test_the_seed_projects_parquet_loads_with_its_minus_one_as_missing(tmp_path)
     frame.loc[3, "DENSE_2"] = np.nan  # a NaN that escaped the seed's fillna counts as missing too
     path = tmp_path / "seed.parquet"
     frame.to_parquet(path)
-    metadata, vocabularies = compute_feature_metadata([path], MetadataSettings(min_frequency=1), progress=False)
+    metadata, vocabularies = compute_feature_metadata(
+        [path], MetadataConfig(small_data_rows=0, min_frequency=1), progress=False
+    )
     for name in SPARSE_COLUMNS:
         assert metadata["sparse"][name]["missing"] == (frame[name] == -1).sum()
         assert -1 not in vocabularies[name]
@@ -274,7 +296,7 @@ def test_parallel_workers_count_exactly_what_one_process_counts(tmp_path):
     for day in range(3):
         write_day(tmp_path / f"day_{day}", 8_000, day=day, model=ClickModel(seed=5))
         days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
-    settings = MetadataSettings(min_frequency=2, max_vocabulary_size=300)
+    settings = MetadataConfig(small_data_rows=0, min_frequency=2, max_vocabulary_size=300)
     one = compute_feature_metadata(days, dataclasses.replace(settings, workers=1), progress=False)
     two = compute_feature_metadata(days, dataclasses.replace(settings, workers=2), progress=False)
     small_groups = compute_feature_metadata(
@@ -299,19 +321,21 @@ def test_feature_groups_cover_every_column_once_with_two_passes_per_worker(featu
 
 
 def test_the_small_data_rule_raises_min_frequency_by_training_rows():
-    rule = MetadataSettings(min_frequency=3, small_data_rows=400_000)
+    rule = MetadataConfig(min_frequency=3, small_data_rows=400_000)
     assert [rule.effective_min_frequency(rows) for rows in (10_000, 40_000, 100_000, 133_334, 10**6)] == [
         40, 10, 4, 3, 3,
     ]  # fmt: skip
-    assert MetadataSettings(min_frequency=3).effective_min_frequency(10_000) == 3, "0: off"
+    assert MetadataConfig(small_data_rows=0, min_frequency=3).effective_min_frequency(10_000) == 3, "0: off"
 
 
 def test_metadata_on_small_data_applies_and_records_the_raised_threshold(generated_days):
     # 12,000 training rows: 240,000 / 12,000 = 20 times at least, against pandas' own counts.
     metadata, vocabularies = _check_against_pandas(
-        generated_days, MetadataSettings(min_frequency=2, small_data_rows=240_000, max_vocabulary_size=10**6), 20
+        generated_days, MetadataConfig(min_frequency=2, small_data_rows=240_000, max_vocabulary_size=10**6), 20
     )
     assert metadata["min_frequency"] == 20
-    plain, plain_vocabularies = compute_feature_metadata(generated_days, MetadataSettings(min_frequency=2))
+    plain, plain_vocabularies = compute_feature_metadata(
+        generated_days, MetadataConfig(small_data_rows=0, min_frequency=2)
+    )
     assert plain["min_frequency"] == 2
     assert sum(map(len, vocabularies.values())) < sum(map(len, plain_vocabularies.values()))

@@ -7,7 +7,7 @@ import pickle
 import sys
 
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine.recipe import run_training
 
 if __name__ == "__main__":

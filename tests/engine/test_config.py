@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.config.training import TrainingConfig
 from tests.conftest import PROJECT_ROOT
 
 
@@ -34,7 +34,10 @@ def test_wrong_types_are_all_reported_with_their_field_names():
 
 
 def test_unknown_keys_are_named_with_their_path():
-    with pytest.raises(ConfigError, match=r"training.early_stopping.patiense is not a training setting"):
+    with pytest.raises(
+        ConfigError,
+        match=r"training.early_stopping.patiense is not a parameter \(did you mean training.early_stopping.patience\?\)",
+    ):
         TrainingConfig.from_dict({"early_stopping": {"patiense": 3}}, "training.")
 
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import torch
 
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
@@ -74,7 +74,8 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_fea
     )
     assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]
     assert list((tmp_path / "tb" / "run").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard"
-    assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing behind"
+    # No job, outcome or stored rows left behind; the in-progress checkpoint waits for the checkpoint to be stored.
+    assert [p.name for p in (tmp_path / "progress").iterdir()] == [Path(summary["in_progress_checkpoint"]).name]
     model = model_from_checkpoint(checkpoint)
     validation = tiny_features["validation"]
     predicted = probabilities(
@@ -100,6 +101,15 @@ def _workers(launcher: psutil.Process) -> list[psutil.Process]:
     return children
 
 
+def _saved_step(folder: Path) -> int:
+    """The step of the in-progress checkpoint in ``folder`` (-1: none yet)."""
+    from criteo_dlrm.engine.checkpoint import load_checkpoint
+
+    for path in folder.glob("dlrm_*.pt"):
+        return load_checkpoint(path)["step"]
+    return -1
+
+
 def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_features, tmp_path):
     config = _config(tmp_path, 2, num_epochs=3, batch_size={"train": 16, "validation": 1000}, checkpoint_every_steps=10)
     job = tmp_path / "job.pkl"
@@ -109,7 +119,7 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
     )
     process = psutil.Process(launcher.pid)
     deadline = time.monotonic() + 120
-    while not list((tmp_path / "progress").glob("dlrm_*.pt")):  # the first in-progress checkpoint
+    while _saved_step(tmp_path / "progress") < 10:  # the first in-progress checkpoint after step 0
         assert launcher.poll() is None and time.monotonic() < deadline, "the run ended before a checkpoint"
         time.sleep(0.05)
     workers = _workers(process)
@@ -127,7 +137,7 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
     steps_per_epoch = -(-3000 // 16)
     assert checkpoint["step"] > 0 and summary["steps"] == 3 * steps_per_epoch
     assert summary["history"][0]["step"] >= steps_per_epoch, "the validations before the kill came from the file"
-    assert not list((tmp_path / "progress").glob("*.pt"))
+    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary["in_progress_checkpoint"]]
 
 
 def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path):
@@ -142,13 +152,13 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
         port = probe.getsockname()[1]
     config = _config(tmp_path, 1, distributed={"nproc_per_node": 1, "nnodes": 2, "master_port": port})
     outcome: dict = {}
-    waiting = threading.Thread(target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")))
+    waiting = threading.Thread(target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True)
     waiting.start()
     deadline = time.monotonic() + 60
-    while not (jobs := list((tmp_path / "progress").glob("job_*.pt"))):
+    while not (jobs := list((tmp_path / "progress").glob("job_*.json"))):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    outcome_path = jobs[0].with_name(jobs[0].name.replace("job_", "outcome_"))
+    outcome_path = jobs[0].with_name(jobs[0].name.replace("job_", "outcome_").replace(".json", ".pt"))
     command = torchrun_command(jobs[0], outcome_path, config.distributed, head="localhost").split()
     assert command[0] == "torchrun"
     nodes = [

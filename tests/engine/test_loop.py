@@ -6,17 +6,14 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine import loop
-from criteo_dlrm.engine.config import TrainingConfig
-from criteo_dlrm.engine.loop import (
-    Trainer,
-    TrainingDivergedError,
-    build_optimizers,
-    learning_rate_factor,
-)
-from criteo_dlrm.engine.profiling import TOP_OPS_REPORT, ProfilerSettings
+from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError
+from criteo_dlrm.engine.modes import SingleProcess, build_optimizers
+from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
+from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
@@ -30,12 +27,12 @@ def _model(features, seed=0, sparse=True) -> DLRM:
 
 
 def _trainer(features, tmp_path, settings: TrainingConfig, **kwargs) -> Trainer:
+    cpu = torch.device("cpu")
     return Trainer(
-        _model(features, sparse=settings.sparse_gradients),
+        SingleProcess(_model(features, sparse=settings.sparse_gradients), settings, cpu),
         settings,
         BatchLoader(features["train"], settings.batch_size.train, shuffle=True, seed=settings.seed),
         BatchLoader(features["validation"], settings.batch_size.validation),
-        torch.device("cpu"),
         tmp_path / "run",
         **kwargs,
     )
@@ -115,14 +112,14 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path,
 
     resume_path = tmp_path / "progress.pt"
     crashing = _trainer(tiny_features, tmp_path / "crash", settings, resume_path=resume_path, fingerprint="x")
-    original_step = crashing._train_step
+    original_step = crashing.train_step
 
-    def step_then_crash(batch, timings):
+    def step_then_crash(batch, *args):
         if crashing.step == crash_at:  # a few steps after the last in-progress checkpoint
             raise _Crash
-        return original_step(batch, timings)
+        return original_step(batch, *args)
 
-    crashing._train_step = step_then_crash
+    crashing.train_step = step_then_crash
     with pytest.raises(_Crash):
         crashing.fit()
     assert resume_path.exists()
@@ -130,12 +127,12 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path,
     resumed = _trainer(tiny_features, tmp_path / "resumed", settings, resume_path=resume_path, fingerprint="x")
     assert resumed.step == resumes_at
     result = resumed.fit()
-    for name, tensor in reference.model.state_dict().items():
-        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    for name, tensor in reference.mode.model.state_dict().items():
+        torch.testing.assert_close(resumed.mode.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
     assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
-    for name, state in reference.optimizers["embeddings"].state_dict()["state"].items():
+    for name, state in reference.mode.optimizers["embeddings"].state_dict()["state"].items():
         torch.testing.assert_close(
-            resumed.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"]
+            resumed.mode.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"]
         )
 
 
@@ -176,11 +173,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     poisoned = EncodedArrays(np.array(train.labels), dense, np.array(train.sparse))
     settings = _settings(num_epochs=3, validate_every_steps=5)
     trainer = Trainer(
-        _model(tiny_features),
+        SingleProcess(_model(tiny_features), settings, torch.device("cpu")),
         settings,
         BatchLoader(poisoned, 200, shuffle=False),
         BatchLoader(tiny_features["validation"], 512),
-        torch.device("cpu"),
         tmp_path / "run",
         resume_path=tmp_path / "progress.pt",
         fingerprint="f",
@@ -210,7 +206,7 @@ def test_tensorboard_scalars_and_hparams_read_back(tiny_features, tmp_path):
 
 
 def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
-    profile = ProfilerSettings(enabled=True, wait=1, warmup=1, active=2, repeat=1)
+    profile = ProfilerConfig(enabled=True, wait=1, warmup=1, active=2, repeat=1)
     _trainer(tiny_features, tmp_path, _settings(num_epochs=1, profiler=profile)).fit()
     traces = list((tmp_path / "run").glob("*.pt.trace.json"))
     assert len(traces) == 1
@@ -239,15 +235,14 @@ def test_invalid_training_settings_are_refused(overrides, message):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
     settings = _settings(
-        num_epochs=1, precision="bf16", profiler=ProfilerSettings(enabled=True, wait=1, warmup=1, active=2)
+        num_epochs=1, precision="bf16", profiler=ProfilerConfig(enabled=True, wait=1, warmup=1, active=2)
     )
     device = torch.device("cuda")
     trainer = Trainer(
-        _model(tiny_features).to(device),
+        SingleProcess(_model(tiny_features).to(device), settings, device),
         settings,
         BatchLoader(tiny_features["train"], 200, shuffle=True, pin_memory=True),
         BatchLoader(tiny_features["validation"], 512, pin_memory=True),
-        device,
         tmp_path / "run",
     )
     result = trainer.fit()
@@ -257,16 +252,16 @@ def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
 
 def _poison_after_step(trainer: Trainer, step: int) -> None:
     """The weights turn NaN right after training step ``step`` (1-based), as an exploding update would."""
-    original_step = trainer._train_step
+    original_step = trainer.train_step
 
-    def poisoned(batch, timings):
-        loss = original_step(batch, timings)
+    def poisoned(batch, *args):
+        loss = original_step(batch, *args)
         if trainer.step == step - 1:
             with torch.no_grad():
-                trainer.model.top_mlp[0].weight.fill_(float("nan"))
+                trainer.mode.model.top_mlp[0].weight.fill_(float("nan"))
         return loss
 
-    trainer._train_step = poisoned
+    trainer.train_step = poisoned
 
 
 def test_a_non_finite_loss_between_log_lines_is_never_saved_as_progress(tiny_features, tmp_path):
@@ -319,15 +314,15 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
         tiny_features, tmp_path / "first", settings, resume_path=progress, fingerprint="x", tensorboard=True
     )
     assert not stale.exists(), "stale partial checkpoint files are cleaned at start"
-    original_step = first._train_step
+    original_step = first.train_step
 
-    def crash_at_19(batch, timings):
+    def crash_at_19(batch, *args):
         if first.step == 19:
             first.metric_logger.writer.flush()  # what a killed process had written by then
             raise _Crash
-        return original_step(batch, timings)
+        return original_step(batch, *args)
 
-    first._train_step = crash_at_19
+    first.train_step = crash_at_19
     with pytest.raises(_Crash):
         first.fit()
     resumed = _trainer(
@@ -357,11 +352,10 @@ def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
     )  # fmt: skip
     settings = _settings(num_epochs=3)
     trainer = Trainer(
-        DLRM(config),
+        SingleProcess(DLRM(config), settings, torch.device("cpu")),
         settings,
         BatchLoader(tiny_features["train"], settings.batch_size.train, shuffle=True),
         BatchLoader(tiny_features["validation"], settings.batch_size.validation),
-        torch.device("cpu"),
         tmp_path / "run",
     )
     assert trainer.fit().best_metrics["auc"] > 0.6
@@ -398,13 +392,13 @@ def test_embedding_weight_decay_adds_the_squares_of_the_looked_up_rows_to_the_lo
 
     trainer = _trainer(tiny_features, tmp_path, _settings(embedding_weight_decay=0.01, embedding_optimizer="sgd"))
     batch = next(trainer.train_loader.batches())
-    model = trainer.model
+    model = trainer.mode.model
     with torch.no_grad():
         bce = nn.functional.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
         tables = {f: t.clone() for f, t in split_tables(model.state_dict(), model.config).items()}
     # A naive count: every looked-up value squared, per row of the batch (a row looked up twice counts twice).
     squares = sum(float(tables[f][int(index)].square().sum()) for row in batch.sparse for f, index in enumerate(row))
-    loss = trainer.train_step(batch)
+    loss = trainer.train_step(batch, 0, trainer.total_steps)
     assert float(loss) == pytest.approx(float(bce) + 0.01 * squares / len(batch), rel=1e-5)
     after = split_tables(model.state_dict(), model.config)
     untouched = sorted(set(range(len(tables[0]))) - set(batch.sparse[:, 0].tolist()))

@@ -10,11 +10,12 @@ import torch.distributed as dist
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.modes import Sharded
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
@@ -88,15 +89,13 @@ def _trainer(features, config: TrainingConfig, folder: Path, resume_path: Path) 
     torch.manual_seed(config.seed)
     sharded = shard_model(config.model_config(_table_sizes(features)), config, torch.device("cpu"), SPARSE_COLUMNS)
     return Trainer(
-        sharded.module,
+        Sharded(sharded, config, torch.device("cpu")),
         config,
         BatchLoader(features["train"], config.batch_size.train, shuffle=True, seed=config.seed),
         BatchLoader(features["validation"], config.batch_size.validation),
-        torch.device("cpu"),
         folder,
         resume_path=resume_path,
         fingerprint="x",
-        sharded=sharded,
     )
 
 
@@ -106,14 +105,14 @@ def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, t
     reference_result = reference.fit()
     resume_path = tmp_path / "progress.pt"
     crashing = _trainer(tiny_features, config, tmp_path / "crash", resume_path)
-    original_step = crashing._train_step
+    original_step = crashing.train_step
 
-    def step_then_crash(batch, timings):
+    def step_then_crash(batch, *args):
         if crashing.step == 60:  # 13 steps after the validation at step 47
             raise _Crash
-        return original_step(batch, timings)
+        return original_step(batch, *args)
 
-    crashing._train_step = step_then_crash
+    crashing.train_step = step_then_crash
     with pytest.raises(_Crash):
         crashing.fit()
     resumed = _trainer(tiny_features, config, tmp_path / "resumed", resume_path)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import DataError
 
 NUM_DENSE = 13
@@ -65,8 +66,7 @@ def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) 
     if missing:
         raise DataError(
             f"{source}: not a Criteo day in ingestion's layout: missing columns {missing[:5]}"
-            f"{' ...' if len(missing) > 5 else ''}. Re-create it with `kedro run --pipeline=ingestion "
-            f"--params=ingestion.force=true`."
+            f"{' ...' if len(missing) > 5 else ''}. Re-create it with `{kedro_run('ingestion', {'ingestion.force': True})}`."
         )
     bad = [
         f"{name}: {schema.field(name).type}"

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import pickle
 import re
 import secrets
 import shutil
@@ -64,12 +65,20 @@ def is_disk_full(error: BaseException) -> bool:
     return False
 
 
+def size_text(size: float) -> str:
+    """``1.2 GB``, ``340 MB``, ``12 kB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:,.1f} {unit}"
+    return f"{size:,.0f} bytes"
+
+
 def disk_full_error(folder: str | os.PathLike, what: str, needed: int | None = None) -> DiskFullError:
     """The message for a full disk under ``folder`` while writing ``what``."""
     free = shutil.disk_usage(_existing(Path(folder))).free
-    need = f"; it needs {needed / 1e9:,.2f} GB" if needed is not None else ""
+    need = f"; it needs {size_text(needed)}" if needed is not None else ""
     return DiskFullError(
-        f"No space left on {folder} while writing {what} ({free / 1e9:,.2f} GB free{need}). Free some space "
+        f"No space left on {folder} while writing {what} ({size_text(free)} free{need}). Free some space "
         "there (or point the output elsewhere in conf/base/catalog_*.yml or the pipeline's parameters) and run "
         "the same command again: nothing half-written is kept."
     )
@@ -214,12 +223,13 @@ def file_digest(path: str | os.PathLike, threads: int | None = None) -> str:
 
 def check_digest(path: str | os.PathLike, expected: str, fix: str, what: str | None = None) -> None:
     """Raise ``DamagedFileError`` naming ``path`` (as ``what``) and ``fix`` unless its digest is ``expected``."""
+    named = f"{what}: {path}" if what else str(path)
     if not Path(path).exists():
-        raise DamagedFileError(f"{what or path}: {path} is missing. {fix}")
+        raise DamagedFileError(f"{named} is missing. {fix}")
     actual = file_digest(path)
     if actual != expected:
         raise DamagedFileError(
-            f"{what or path}: {path} is damaged: its content (sha256 {actual[:12]}...) is not what was written "
+            f"{named} is damaged: its content (sha256 {actual[:12]}...) is not what was written "
             f"(sha256 {expected[:12]}...). {fix}"
         )
 
@@ -231,10 +241,17 @@ def reading(path: str | os.PathLike, action: Callable[[], object], fix: str, wha
         return action()
     except UserError:
         raise
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) met a type that could run code
+        named = f"{what}: {path}" if what else str(path)
+        raise DamagedFileError(
+            f"{named} is not a file this project wrote: it holds objects that could run code when loaded "
+            f"({_first_line(error)}). It was not loaded. {fix}"
+        ) from error
     except (OSError, ValueError, RuntimeError, EOFError, KeyError, IndexError) as error:
         if is_disk_full(error):
             raise
-        raise DamagedFileError(f"{what or path}: {path} cannot be read ({_first_line(error)}). {fix}") from error
+        named = f"{what}: {path}" if what else str(path)
+        raise DamagedFileError(f"{named} cannot be read ({_first_line(error)}). {fix}") from error
 
 
 def _first_line(error: BaseException) -> str:

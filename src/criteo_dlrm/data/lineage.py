@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import DataError
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
@@ -129,12 +130,12 @@ def check_days(days: list[dict], artifact: str) -> None:
             continue
         raw = _raw_state(day.get("source"))
         if raw:
-            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `kedro run`."
+            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{kedro_run()}`."
         else:
             folder = Path(day["source"]["path"]).parent
             fix = (
-                f" Restore it from its unchanged raw file with `kedro run --pipelines=ingestion "
-                f"--params=ingestion.raw_dir={folder}`."
+                f" Restore it from its unchanged raw file with "
+                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder})}`."
             )
         problems.append(f"{day['day']}: {change}.{fix}")
     if problems:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,63 +19,12 @@ from criteo_dlrm.common.errors import ConfigError, DataError
 from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 
 METADATA_FORMAT = 1
 # Buffered (value, count) pairs per feature before a merge: at most max(distinct values, this) pairs.
 MERGE_FLOOR = 1 << 16
-
-
-@dataclass
-class MetadataSettings:
-    """How vocabularies are built (``parameters_metadata.yml``)."""
-
-    min_frequency: int = 1
-    # Small data: the threshold becomes small_data_rows / training rows when that is larger (0: off).
-    small_data_rows: int = 0
-    max_vocabulary_size: int = 1_000_000
-    vocabulary_size_overrides: dict[str, int] = field(default_factory=dict)
-    use_modulus_hash: bool = False
-    modulus_hash_size: int | None = None
-    features_per_pass: int = 26
-    workers: int | None = None  # processes counting feature groups; None: one per core (bounded by memory)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.min_frequency < 1:
-            problems.append(f"metadata.min_frequency must be >= 1, got {self.min_frequency}")
-        if self.small_data_rows < 0:
-            problems.append(f"metadata.small_data_rows must be >= 0 (0: off), got {self.small_data_rows}")
-        if self.max_vocabulary_size < 1:
-            problems.append(f"metadata.max_vocabulary_size must be >= 1, got {self.max_vocabulary_size}")
-        for name, size in self.vocabulary_size_overrides.items():
-            if name not in SPARSE_COLUMNS:
-                problems.append(
-                    f"metadata.vocabulary_size_overrides: unknown feature {name!r} (use SPARSE_0 .. SPARSE_25)"
-                )
-            elif size < 1:
-                problems.append(f"metadata.vocabulary_size_overrides.{name} must be >= 1, got {size}")
-        if not 1 <= self.features_per_pass <= len(SPARSE_COLUMNS):
-            problems.append(
-                f"metadata.features_per_pass must be 1 to {len(SPARSE_COLUMNS)}, got {self.features_per_pass}"
-            )
-        if self.workers is not None and self.workers < 1:
-            problems.append(f"metadata.workers must be >= 1 (or null for one per core), got {self.workers}")
-        if self.modulus_hash_size is not None and self.modulus_hash_size < 2:
-            problems.append(f"metadata.modulus_hash_size must be >= 2 (or null), got {self.modulus_hash_size}")
-        if problems:
-            raise ConfigError("Invalid metadata parameters:\n  " + "\n  ".join(problems))
-
-    def effective_min_frequency(self, training_rows: int) -> int:
-        """The vocabulary threshold for ``training_rows`` rows: ``min_frequency``, raised on small data to
-        ``small_data_rows / training_rows`` (rounded), since with few rows most values are rare and their
-        embeddings mostly noise (measured: README, model quality)."""
-        if not self.small_data_rows or training_rows <= 0:
-            return self.min_frequency
-        return max(self.min_frequency, round(self.small_data_rows / training_rows))
-
-    def cap(self, feature: str) -> int:
-        return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))
 
 
 @dataclass
@@ -171,14 +120,14 @@ def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
 
 
 def _sparse_summary(
-    name: str, values: np.ndarray, counts: np.ndarray, missing: int, rows: int, settings: MetadataSettings
+    name: str, values: np.ndarray, counts: np.ndarray, missing: int, rows: int, config: MetadataConfig
 ) -> tuple[dict, np.ndarray]:
-    if settings.use_modulus_hash:
+    if config.use_modulus_hash:
         vocabulary = np.zeros(0, dtype=np.int64)
-        table_size = settings.modulus_hash_size or min(len(values), settings.cap(name)) + 1
+        table_size = config.modulus_hash_size or min(len(values), config.cap(name)) + 1
         covered = int(counts.sum())
     else:
-        vocabulary = build_vocabulary(values, counts, settings.min_frequency, settings.cap(name))
+        vocabulary = build_vocabulary(values, counts, config.min_frequency, config.cap(name))
         table_size = len(vocabulary) + 1
         covered = int(counts[np.isin(values, vocabulary)].sum())
     present = rows - missing
@@ -246,9 +195,9 @@ COUNTING_MEMORY = 2 << 30
 
 
 def compute_feature_metadata(
-    train_paths: Sequence[str | Path], settings: MetadataSettings, progress: bool | None = None
+    train_paths: Sequence[str | Path], config: MetadataConfig, progress: bool | None = None
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Streaming passes over the training days, one per group of features, in ``settings.workers`` processes.
+    """Streaming passes over the training days, one per group of features, in ``config.workers`` processes.
 
     Each pass reads only its columns from Parquet and keeps exact counts for its features only, so peak
     memory per worker follows the distinct values of at most ``features_per_pass`` features, never the
@@ -264,16 +213,16 @@ def compute_feature_metadata(
     total_rows = count_rows(train_paths)
     if total_rows == 0:
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
-    min_frequency = settings.effective_min_frequency(total_rows)
-    if min_frequency != settings.min_frequency:
+    min_frequency = config.effective_min_frequency(total_rows)
+    if min_frequency != config.min_frequency:
         logger.info(
             "small data ({:,} training rows): min_frequency {} instead of {} (metadata.small_data_rows {:,} / rows)",
-            total_rows, min_frequency, settings.min_frequency, settings.small_data_rows,
+            total_rows, min_frequency, config.min_frequency, config.small_data_rows,
         )  # fmt: skip
-        settings = replace(settings, min_frequency=min_frequency)
-    workers = choose_workers(settings.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
+        config = replace(config, min_frequency=min_frequency)
+    workers = choose_workers(config.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
     paths = list(map(str, train_paths))
-    groups = feature_groups(settings.features_per_pass, workers)
+    groups = feature_groups(config.features_per_pass, workers)
     tasks = [(paths, group, dense_group, index == 0) for index, (group, dense_group) in enumerate(groups)]
     sparse, vocabularies, dense, positives, peaks = {}, {}, {}, 0, []
     with progress_bar(len(tasks), f"feature metadata ({workers} workers)", "pass", progress) as bar:
@@ -282,15 +231,15 @@ def compute_feature_metadata(
             dense.update(counted["dense"])
             for name, (values, counts) in counted["counts"].items():
                 sparse[name], vocabularies[name] = _sparse_summary(
-                    name, values, counts, counted["missing"][name], total_rows, settings
+                    name, values, counts, counted["missing"][name], total_rows, config
                 )
             peaks.append(counted["peak_rss_bytes"])
             bar.update(1)
     metadata = {
         "format": METADATA_FORMAT,
-        "encoding": "modulus_hash" if settings.use_modulus_hash else "vocabulary",
+        "encoding": "modulus_hash" if config.use_modulus_hash else "vocabulary",
         "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
-        "min_frequency": settings.min_frequency,  # the threshold applied (after the small-data rule)
+        "min_frequency": config.min_frequency,  # the threshold applied (after the small-data rule)
         "dense": {name: dense[name].summary() for name in DENSE_COLUMNS},
         "sparse": {name: sparse[name] for name in SPARSE_COLUMNS},
         "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.schema import COLUMNS, LABEL_COLUMN, SEED_SPARSE_MISSING, check_parquet_schema
 from criteo_dlrm.common.storage import write_bytes_atomically
@@ -26,7 +27,7 @@ BATCH_ROWS = 1 << 18
 # How ingestion writes a day: a checksum in every page, so damage is found on read.
 WRITE_OPTIONS = {"write_page_checksum": True}
 FINGERPRINT_SUFFIX = ".fingerprint"
-REINGEST = "Convert it again: `kedro run --pipelines=ingestion` (a damaged day is rebuilt from its raw file)."
+REINGEST = f"Convert it again: `{kedro_run('ingestion')}` (a damaged day is rebuilt from its raw file)."
 
 
 class MissingDataError(DataError, FileNotFoundError):
@@ -54,13 +55,14 @@ def written_by_ingestion(day: pq.ParquetFile) -> bool:
     return metadata.get(FORMAT_KEY.encode()) == str(PARQUET_FORMAT).encode()
 
 
-def _check_sealed(path: Path, day: pq.ParquetFile) -> None:
-    if not written_by_ingestion(day):
-        return  # another tool's Parquet (the predecessor's, a user's): nothing recorded to check against
+def sealed(path: str | Path) -> bool:
+    """Whether ingestion recorded the day's fingerprint (Parquet from other tools, or a copy, has none)."""
+    return fingerprint_path(path).exists()
+
+
+def _check_sealed(path: Path) -> None:
     sidecar = fingerprint_path(path)
-    if not sidecar.exists():
-        raise DamagedDayError(f"{path}: its fingerprint {sidecar} is missing (an interrupted conversion?). {REINGEST}")
-    if sidecar.read_text().strip() != parquet_fingerprint(path):
+    if sidecar.exists() and sidecar.read_text().strip() != parquet_fingerprint(path):
         raise DamagedDayError(f"{path}: its footer is not what ingestion wrote (damaged or edited). {REINGEST}")
 
 
@@ -72,12 +74,12 @@ def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
     """
     path = Path(path)
     if not path.exists():
-        raise MissingDataError(f"{path}: Parquet day not found. Run `kedro run --pipelines=ingestion` first.")
+        raise MissingDataError(f"{path}: Parquet day not found. Run `{kedro_run('ingestion')}` first.")
     try:
         day = pq.ParquetFile(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as error:
         raise DamagedDayError(f"{path}: not a readable Parquet file ({error}). {REINGEST}") from error
-    _check_sealed(path, day)
+    _check_sealed(path)
     check_parquet_schema(day.schema_arrow, str(path), labelled)
     return day
 

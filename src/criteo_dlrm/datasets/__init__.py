@@ -3,13 +3,15 @@
 from .binary_file_dataset import BinaryFileDataset
 from .encoded_arrays_dataset import EncodedArraysDataset
 from .feature_vocabularies_dataset import FeatureVocabulariesDataset
-from .raw_day_files_dataset import RawDayFilesDataset
+from .figure_dataset import FigureDataset
+from .json_dataset import JSONDataset
 from .torch_checkpoint_dataset import TorchCheckpointDataset
 
 __all__ = [
     "BinaryFileDataset",
     "EncodedArraysDataset",
     "FeatureVocabulariesDataset",
-    "RawDayFilesDataset",
+    "FigureDataset",
+    "JSONDataset",
     "TorchCheckpointDataset",
 ]

@@ -22,8 +22,8 @@ class BinaryFileDataset(VersionedFileDataset):
     """
 
     def load(self) -> str:
-        """The file's path (or URL): open it with the library that reads its format."""
-        return self._load_path()
+        """The file's path (or URL), once its digest is checked: open it with the library that reads its format."""
+        return self._verified_path()
 
     def save(self, data: bytes | Path) -> None:
         if isinstance(data, bytes):

@@ -1,63 +1,95 @@
-"""Encoded model inputs as ``.npy`` files in a folder, loaded memory-mapped, with their lineage."""
+"""Encoded model inputs as ``.npy`` files in a folder, loaded memory-mapped, with their lineage and digests."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from kedro.io import AbstractDataset
 from loguru import logger
 
-from criteo_dlrm.data.encoding import STORED_FIELDS as FIELDS
-from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, open_encoded
+from criteo_dlrm.common.locks import exclusive
+from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials
+from criteo_dlrm.data.encoding import (
+    EncodedArrays,
+    EncodedDays,
+    open_encoded,
+    verify_encoded,
+    write_digests,
+    write_encoded,
+)
 
 LINEAGE = "lineage.json"
 
 
 class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedArrays]):
-    """``labels.npy``, ``dense.npy``, ``sparse.npy`` (packed indices), ``layout.json`` and ``lineage.json`` in
-    ``path``; loads the arrays memory-mapped, so training reads rows from disk on demand instead of holding the whole set in memory.
+    """``labels.npy``, ``dense.npy``, ``sparse.npy`` (packed indices), ``layout.json``, ``lineage.json`` and
+    ``digests.json`` in ``path``; loads the arrays memory-mapped, so training reads rows from disk on demand
+    instead of holding the whole set in memory.
 
     Saving ``EncodedDays`` encodes them straight into the files (memory stays at one batch), unless the
-    folder already holds rows with the same lineage (same metadata version and vocabularies, same Parquet
-    days): those are reused as they are. Saving ``EncodedArrays`` writes arrays already in memory.
+    folder already holds intact rows with the same lineage (same metadata version and vocabularies, same
+    Parquet days): those are reused as they are; damaged ones are encoded again. The rows are written into a
+    staged folder that replaces ``path`` when complete, under a lock, so two runs never mix their rows.
+    Loading checks every file against its digest (one read of the rows) and refuses damaged rows, naming them.
     """
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None):
         self._path = Path(path)
         self.metadata = metadata
+        self._verified: tuple | None = None  # what this process verified or wrote last (skip a second read)
 
     def load(self) -> EncodedArrays:
+        self._verify()
         return open_encoded(self._path, lineage=self._stored_lineage())
+
+    def _state(self) -> tuple:
+        return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(self._path.iterdir()))
+
+    def _verify(self) -> None:
+        if self._verified is not None and self._verified == self._state():
+            return
+        verify_encoded(self._path)
+        open_encoded(self._path)  # consistent shapes and layout
+        self._verified = self._state()
 
     def _stored_lineage(self) -> dict | None:
         path = self._path / LINEAGE
         return json.loads(path.read_text()) if path.exists() else None
 
+    def _reusable(self, lineage: dict | None) -> bool:
+        if lineage is None or not self._exists() or self._stored_lineage() != lineage:
+            return False
+        try:
+            self._verify()
+        except DamagedFileError as error:
+            logger.warning("{} Encoding them again.", error)
+            return False
+        return True
+
     def save(self, data: EncodedArrays | EncodedDays) -> None:
-        if data.lineage is not None and self._exists() and self._stored_lineage() == data.lineage:
-            logger.info("{}: already encoded from the same metadata version and days; reused", self._path)
-            return
-        # Written beside, then swapped in, so a crash never leaves a half-written set behind.
-        staging = self._path.with_name(self._path.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        if isinstance(data, EncodedDays):
-            written = data.write(staging)
-            del written  # close the memory maps before the folder moves
-        else:
-            for name in FIELDS:
-                np.save(staging / f"{name}.npy", getattr(data, name))
-        if data.lineage is not None:
-            (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
-        shutil.rmtree(self._path, ignore_errors=True)
-        staging.rename(self._path)
+        with exclusive(self._path, f"the encoded rows {self._path.name}"):
+            remove_stale_partials(self._path.parent)
+            if self._reusable(data.lineage):
+                logger.info("{}: already encoded from the same metadata version and days; reused", self._path)
+                return
+            with atomic_folder(self._path, f"the encoded rows {self._path.name}") as staging:
+                if isinstance(data, EncodedDays):
+                    written = data.write(staging)
+                    del written  # close the memory maps before the folder moves
+                    if data.lineage is not None:
+                        (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
+                    write_digests(staging)
+                else:
+                    if data.lineage is not None:
+                        staging.mkdir(parents=True, exist_ok=True)
+                        (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
+                    write_encoded(data, staging)
+            self._verified = self._state()
 
     def _exists(self) -> bool:
-        return all((self._path / f"{name}.npy").exists() for name in FIELDS)
+        return self._path.is_dir() and all((self._path / f"{name}.npy").exists() for name in ("labels", "dense"))
 
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._path)}

@@ -1,4 +1,4 @@
-"""Versioned PyTorch checkpoints, written atomically and loaded with ``weights_only=True``."""
+"""Versioned PyTorch checkpoints, written atomically with their digest and loaded with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ from typing import Any
 
 import torch
 
+from criteo_dlrm.common.storage import reading
+
 from .versioned_file import VersionedFileDataset
 
 
 class TorchCheckpointDataset(VersionedFileDataset):
-    """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU.
+    """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU, after
+    checking its digest (a damaged or truncated file is refused, naming it, instead of scoring garbage).
 
     The loaded dict gets ``catalog_version``: the version it was loaded from, so a report can name it.
 
@@ -23,7 +26,13 @@ class TorchCheckpointDataset(VersionedFileDataset):
     """
 
     def load(self) -> dict[str, Any]:
-        checkpoint = self._read(lambda handle: torch.load(handle, map_location="cpu", weights_only=True))
+        path = self._verified_path()
+
+        def load() -> dict[str, Any]:
+            with self._fs.open(path, "rb") as handle:
+                return torch.load(handle, map_location="cpu", weights_only=True)
+
+        checkpoint = reading(path, load, self._fix())
         checkpoint["catalog_version"] = self.loaded_version()
         return checkpoint
 

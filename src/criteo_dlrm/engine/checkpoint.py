@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 
 CHECKPOINT_FORMAT = 1
 
@@ -30,45 +31,57 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def state_digest(value: Any) -> str:
+    """sha256 of a checkpoint's content (every tensor's bytes, dtype and shape, and every plain value), in key
+    order: the same for the same content whatever file it was loaded from."""
+    digest = hashlib.sha256()
+
+    def visit(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            tensor = item.detach().cpu().contiguous()
+            digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        elif isinstance(item, dict):
+            digest.update(f"D{len(item)}".encode())
+            for key in sorted(item, key=str):
+                digest.update(f"K{key!r}".encode())
+                visit(item[key])
+        elif isinstance(item, list | tuple):
+            digest.update(f"L{len(item)}".encode())
+            for element in item:
+                visit(element)
+        else:
+            digest.update(f"V{item!r}".encode())
+
+    visit(value)
+    return digest.hexdigest()
+
+
+DIGEST_KEY = "content_sha256"
+
+
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` to a temporary file, then rename: a crash mid-write leaves the old file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        torch.save(checkpoint, temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def remove_stale_partials(folder: str | Path) -> list[Path]:
-    """Delete the ``.<name>.<pid>.partial`` files that ``save_atomically`` left behind in a killed process.
-
-    A file whose process still runs is another save in progress and is left alone. Returns what was deleted.
-    """
-    removed = []
-    for partial in Path(folder).glob(".*.partial"):
-        pid = partial.name.removesuffix(".partial").rsplit(".", 1)[-1]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            partial.unlink(missing_ok=True)
-            removed.append(partial)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+    """``torch.save`` through a staged file renamed into place, with the content's digest inside: a crash
+    mid-write leaves the old file intact, and damage is found when it is loaded (``load_checkpoint``)."""
+    with atomic_file(path, what=f"the checkpoint {path}") as handle:
+        torch.save({**checkpoint, DIGEST_KEY: state_digest(checkpoint)}, handle)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load on the CPU with ``weights_only=True`` (no arbitrary code runs from the file)."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Load on the CPU with ``weights_only=True`` (no code runs from the file), checking the content digest
+    ``save_atomically`` stored.
+
+    Raises:
+        DamagedFileError: the file cannot be read or its content is not what was written, naming it.
+    """
+    fix = "It cannot be used; delete it (a rerun then starts afresh)."
+    state = reading(path, lambda: torch.load(path, map_location="cpu", weights_only=True), fix)
+    if not isinstance(state, dict):
+        raise DamagedFileError(f"{path} is not a checkpoint written by this project. {fix}")
+    expected = state.pop(DIGEST_KEY, None)
+    if expected is not None and state_digest(state) != expected:
+        raise DamagedFileError(f"{path} is damaged: its content is not what was written. {fix}")
+    return state
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:

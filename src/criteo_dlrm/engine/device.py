@@ -39,9 +39,14 @@ def resolve_device(name: str = "auto", parameter: str = "device") -> torch.devic
     return device
 
 
+def default_threads() -> int:
+    """PyTorch's CPU threads when ``num_threads`` is null (measured: benchmarks/threads.py)."""
+    return os.cpu_count() or 1
+
+
 def configure_backends(device: torch.device, allow_tf32: bool, num_threads: int | None) -> dict:
     """Set CPU threads and, on CUDA, the TF32 switches. Returns what was set, for the run's record."""
-    threads = num_threads or os.cpu_count() or 1
+    threads = num_threads or default_threads()
     torch.set_num_threads(threads)
     settings = {"num_threads": threads}
     if device.type == "cuda":

@@ -5,7 +5,7 @@ One machine: ``run_training`` calls ``launch``, which writes the job to a file, 
 through a file. Several machines: run the same job file on each node with ``torchrun``::
 
     torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 \\
-        -m criteo_dlrm.engine.distributed JOB.pt --outcome OUTCOME.pt
+        -m criteo_dlrm.engine.distributed JOB.json --outcome OUTCOME.pt
 
 Each process uses one GPU (``cuda:LOCAL_RANK``) on CUDA, or its share of the cores on CPU; the backend is
 nccl on CUDA and gloo on CPU unless ``distributed.backend`` says otherwise.
@@ -14,7 +14,9 @@ nccl on CUDA and gloo on CPU unless ``distributed.backend`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -27,8 +29,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.engine.config import Distributed, TrainingConfig
-from criteo_dlrm.engine.recipe import TrainingJob, TrainingOutcome, save_outcome, train_process
+from criteo_dlrm.config.training import Distributed, TrainingConfig
+from criteo_dlrm.data.encoding import write_encoded
+from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
+from criteo_dlrm.engine.process import train_process
 
 
 class TrainingWorkerError(UserError, RuntimeError):
@@ -44,17 +48,35 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     """
     folder = Path(job.config["in_progress_dir"])
     folder.mkdir(parents=True, exist_ok=True)
-    job_path, outcome_path = folder / f"job_{job.fingerprint}.pt", folder / f"outcome_{job.fingerprint}.pt"
+    job_path, outcome_path = folder / f"job_{job.fingerprint}.json", folder / f"outcome_{job.fingerprint}.pt"
     outcome_path.unlink(missing_ok=True)
-    torch.save(job, job_path)
-    if settings.nnodes > 1:
-        return _wait_for_nodes(job_path, outcome_path, settings)
-    config = launch_config(settings.nproc_per_node, settings.master_port, settings.max_restarts)
+    stored = _store_rows_in_memory(job, folder)
     try:
-        elastic_launch(config, worker)(str(job_path), str(outcome_path))
-    except ChildFailedError as error:
-        raise TrainingWorkerError(_describe_failure(error, job)) from error
-    return _collect(job_path, outcome_path)
+        job.save(job_path)
+        if settings.nnodes > 1:
+            return _wait_for_nodes(job_path, outcome_path, settings)
+        config = launch_config(settings.nproc_per_node, settings.master_port, settings.max_restarts)
+        try:
+            elastic_launch(config, worker)(str(job_path), str(outcome_path))
+        except ChildFailedError as error:
+            raise TrainingWorkerError(_describe_failure(error, job)) from error
+        return _collect(job_path, outcome_path)
+    finally:
+        for rows in stored:
+            shutil.rmtree(rows, ignore_errors=True)
+
+
+def _store_rows_in_memory(job: TrainingJob, folder: Path) -> list[Path]:
+    """Rows held in memory (a notebook's, a test's) go to folders of the run, so the processes can open them."""
+    stored = []
+    for split in ("train", "validation"):
+        rows = getattr(job, split)
+        if not isinstance(rows, str):
+            target = folder / f"rows_{job.fingerprint}_{split}"
+            write_encoded(rows, target)
+            setattr(job, split, str(target))
+            stored.append(target)
+    return stored
 
 
 def launch_config(processes: int, port: int | None = None, max_restarts: int = 0) -> LaunchConfig:
@@ -73,9 +95,8 @@ def launch_config(processes: int, port: int | None = None, max_restarts: int = 0
 
 
 def _collect(job_path: Path, outcome_path: Path) -> TrainingOutcome:
-    """Rank 0's outcome, then both files are removed."""
-    # Written by rank 0 of this run just now; our own file, so a full (not weights-only) load is safe.
-    outcome = torch.load(outcome_path, map_location="cpu", weights_only=False)["outcome"]
+    """Rank 0's outcome (tensors and plain values only: nothing in it can run), then both files are removed."""
+    outcome = TrainingOutcome.load(outcome_path)
     outcome_path.unlink(missing_ok=True)
     job_path.unlink(missing_ok=True)
     return outcome
@@ -105,15 +126,28 @@ def _wait_for_nodes(job_path: Path, outcome_path: Path, settings: Distributed) -
     return _collect(job_path, outcome_path)
 
 
+def _worker_message(message: object) -> str:
+    """The worker's own error from what the launcher read of its error file, whatever shape that file has
+    (``@record``'s nested dicts, a plain string, or something a worker wrote by itself)."""
+    while isinstance(message, dict) and "message" in message:
+        message = message["message"]
+    if isinstance(message, dict):
+        message = message.get("extraInfo", {}).get("py_callstack", "") or json.dumps(message)[:2000]
+    text = str(message or "no message").strip()
+    # A traceback's last line is the exception itself ("ConfigError: ...").
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines and lines[0].startswith("Traceback") else text
+
+
 def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
     rank, failure = error.get_first_failure()
     if failure.exitcode is not None and failure.exitcode < 0:
-        cause = f"killed by signal {signal.Signals(-failure.exitcode).name}"
+        try:
+            cause = f"killed by signal {signal.Signals(-failure.exitcode).name}"
+        except ValueError:
+            cause = f"killed by signal {-failure.exitcode}"
     else:
-        message = failure.message
-        if isinstance(message, dict):  # the error file @record wrote: the worker's exception
-            message = message.get("message", {}).get("message", message)
-        cause = f"exit code {failure.exitcode}: {message}"
+        cause = f"exit code {failure.exitcode}: {_worker_message(failure.message)}"
     resume = job.resume_path
     how = (
         f"Run the same command again to resume from the last in-progress checkpoint ({resume})."
@@ -127,7 +161,7 @@ def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
 def worker(job_path: str, outcome_path: str | None = None) -> None:
     """One training process: join the group the launcher (or torchrun) describes in the environment, train its
     share, and (rank 0) write the outcome."""
-    job: TrainingJob = torch.load(job_path, map_location="cpu", weights_only=False)
+    job = TrainingJob.load(job_path)
     config = TrainingConfig.from_dict(job.config)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -144,14 +178,14 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
     try:
         outcome = train_process(job, device)
         if dist.get_rank() == 0 and outcome_path:
-            save_outcome(outcome, Path(outcome_path))
+            outcome.save(Path(outcome_path))
     finally:
         dist.destroy_process_group()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="One data-parallel training process (start it with torchrun).")
-    parser.add_argument("job", help="the job file a run wrote (in the run's in_progress_dir: job_<fingerprint>.pt)")
+    parser.add_argument("job", help="the job file a run wrote (in the run's in_progress_dir: job_<fingerprint>.json)")
     parser.add_argument("--outcome", help="where rank 0 writes its outcome (best weights, history)")
     args = parser.parse_args()
     worker(args.job, args.outcome)

@@ -19,6 +19,7 @@ import torch
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
+from criteo_dlrm.common.storage import create_exclusive
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import count_rows, iter_batches, open_day
@@ -145,7 +146,8 @@ def write_predictions(
     """
     scores, labels, labelled = [], [], True
     with (
-        pq.ParquetWriter(destination, PREDICTIONS_SCHEMA) as writer,
+        create_exclusive(destination) as handle,
+        pq.ParquetWriter(handle, PREDICTIONS_SCHEMA) as writer,
         progress_bar(count_rows([path for _, path in days]), "scoring", "rows", progress) as bar,
     ):
         for day, path in days:

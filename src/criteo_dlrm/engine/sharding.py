@@ -22,7 +22,8 @@ import torch.distributed as dist
 from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.common.parallel import available_memory
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import TABLE_PREFIX, TorchRecEmbeddings, grouped_tables, split_tables
 
@@ -66,6 +67,29 @@ def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) ->
             f"process with embedding_backend: torch, more than sharding.memory_per_process_gb ({budget} GB). "
             "Use embedding_backend: torchrec (with embedding_optimizer: rowwise_adagrad), which shards the tables "
             "across the processes, or lower sparse_embedding_sizes / raise metadata.min_frequency."
+        )
+
+
+def check_table_memory(config: TrainingConfig, metadata: dict, device: torch.device) -> None:
+    """Refuse, before encoding or training, tables (and their optimiser state) that cannot fit: in the set
+    budget, or else in this machine's free memory (CPU: every process on it holds a replica with the torch
+    backend) or in the GPU's memory."""
+    model_config = config.model_config([metadata["sparse"][name]["table_size"] for name in metadata["sparse"]])
+    check_replicated_memory(config, model_config)
+    if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
+        return
+    needed = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[1], f"{torch.cuda.get_device_name(device)}'s memory"
+    else:
+        needed *= config.distributed.nproc_per_node
+        available, where = available_memory(), "this machine's free memory"
+    if needed > available:
+        raise ConfigError(
+            f"The embedding tables and their {config.embedding_optimizer} state need {needed / 1e9:,.1f} GB "
+            f"({config.distributed.nproc_per_node} process(es) with embedding_backend: torch), more than {where} "
+            f"({available / 1e9:,.1f} GB). Shrink the tables (metadata.max_vocabulary_size, metadata.min_frequency, "
+            "training.sparse_embedding_sizes) or shard them across processes with embedding_backend: torchrec."
         )
 
 

@@ -10,7 +10,6 @@ from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from criteo_dlrm.data.synthetic import write_days
-from criteo_dlrm.datasets import RawDayFilesDataset
 from criteo_dlrm.pipelines.ingestion import create_pipeline
 
 
@@ -26,11 +25,7 @@ def _params(tmp_path: Path, **overrides) -> dict:
 
 def _run(params: dict, raw: Path) -> dict:
     catalog = DataCatalog(
-        {
-            "raw_day_files": RawDayFilesDataset(path=str(raw)),
-            "params:ingestion": MemoryDataset(params),
-            "ingestion_report": MemoryDataset(),
-        }
+        {"params:ingestion": MemoryDataset({**params, "raw_dir": str(raw)}), "ingestion_report": MemoryDataset()}
     )
     SequentialRunner().run(create_pipeline(), catalog)
     return catalog.load("ingestion_report")

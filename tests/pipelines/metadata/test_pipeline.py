@@ -7,6 +7,7 @@ from kedro.framework.startup import bootstrap_project
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import FeatureVocabulariesDataset
@@ -59,20 +60,20 @@ def test_pipeline_trains_on_all_but_the_last_day_and_round_trips_vocabularies(tm
 @pytest.mark.parametrize(
     ("validation", "train", "message"),
     [
-        (["day_9"], None, r"unknown day\(s\) \['day_9'\]"),
-        (["day_1"], ["day_0", "day_1"], "would both train and validate"),
+        (["day_9"], None, r"metadata.validation_days names \['day_9'\], which are not among the ingested days"),
+        (["day_1"], ["day_0", "day_1"], r"train_days and metadata.validation_days both list \['day_1'\]"),
         (["day_0", "day_1", "day_2"], None, "no training day is left"),
     ],
 )
 def test_day_split_errors_say_what_to_change(validation, train, message):
     days = [{"day": f"day_{i}"} for i in range(3)]
     with pytest.raises(ValueError, match=message):
-        split_days(days, validation, train)
+        split_days(days, MetadataConfig.from_dict({"validation_days": validation, "train_days": train}, "metadata."))
 
 
 def test_single_file_is_refused_with_a_hint(tmp_path):
-    with pytest.raises(ValueError, match="split Kaggle"):
-        split_days([{"day": "train"}], None, None)
+    with pytest.raises(ValueError, match=r"kedro run --params=ingestion.rows_per_day=1429` \(7 days of 1,429 rows"):
+        split_days([{"day": "train", "rows": 10_000}], MetadataConfig())
 
 
 @pytest.mark.slow

@@ -10,9 +10,10 @@ from kedro.io import DataCatalog, MemoryDataset
 from kedro.io.core import Version
 from kedro.runner import SequentialRunner
 
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
-from criteo_dlrm.engine.config import TrainingConfig
+from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
@@ -79,7 +80,11 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     assert Path(summary["tensorboard_run"]) == tmp_path / "tb" / "2026-11-30T00.00.00.000Z"
     assert list(Path(summary["tensorboard_run"]).glob("events.out.tfevents.*"))
     assert summary["best_validation"] == checkpoint["best_validation"]
-    assert not list((tmp_path / "progress").glob("*.pt")), "a finished run leaves nothing to resume"
+    # The in-progress checkpoint stays until the run's checkpoint is stored (the project hook then removes it):
+    # a failure to store it loses nothing, the rerun resumes.
+    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary["in_progress_checkpoint"]]
+    finish_run(summary)
+    assert not list((tmp_path / "progress").glob("*.pt")), "a finished, stored run leaves nothing to resume"
     stored = catalog.load("train_features")
     assert isinstance(stored.sparse.packed, np.memmap) and isinstance(stored.dense, np.memmap)
     np.testing.assert_array_equal(stored.sparse, tiny_features["train"].sparse)
@@ -136,25 +141,25 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     import dataclasses
 
     from criteo_dlrm.data.lineage import encoded_lineage
-    from criteo_dlrm.engine.loop import Trainer
+    from criteo_dlrm.engine.step import TrainStep
     from criteo_dlrm.pipelines.training.nodes import train_dlrm
 
     params = training_params(tmp_path, validate_every_steps=5)
     vocabularies = tiny_features["vocabularies"]
-    original_step = Trainer._train_step
+    original_step = TrainStep.__call__
 
-    def killed_at_step_8(self, batch, timings):
-        if self.step == 8:
+    def killed_at_step_8(self, batch, index, *args):
+        if index == 8:
             raise _Killed
-        return original_step(self, batch, timings)
+        return original_step(self, batch, index, *args)
 
-    monkeypatch.setattr(Trainer, "_train_step", killed_at_step_8)
+    monkeypatch.setattr(TrainStep, "__call__", killed_at_step_8)
     with pytest.raises(_Killed):
         train_dlrm(
             tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r1"
         )
     [in_progress] = (tmp_path / "progress").iterdir()
-    monkeypatch.setattr(Trainer, "_train_step", original_step)
+    monkeypatch.setattr(TrainStep, "__call__", original_step)
 
     # Other validation days (metadata.validation_days changed): another run, never resumed into.
     other = copy.deepcopy(tiny_features["metadata"])
@@ -170,7 +175,9 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     _, summary = train_dlrm(
         tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r3"
     )
-    assert summary["history"][0]["step"] == 5 and not in_progress.exists(), "the same run resumed and finished"
+    assert summary["history"][0]["step"] == 5 and summary["in_progress_checkpoint"] == str(in_progress), (
+        "the same run resumed and finished"
+    )
     assert summary["tensorboard_run"].endswith("r1"), "in the folder it started in"
 
 
@@ -202,8 +209,10 @@ def test_training_pipeline_on_two_processes_reads_the_stored_rows_by_folder(tiny
     from criteo_dlrm.engine import recipe
 
     sent = []
-    original = recipe._portable
-    monkeypatch.setattr(recipe, "_portable", lambda arrays: sent.append(original(arrays)) or sent[-1])
+    original = recipe.launch
+    monkeypatch.setattr(
+        recipe, "launch", lambda job, settings: sent.extend([job.train, job.validation]) or original(job, settings)
+    )
     params = training_params(tmp_path, distributed={**training_params(tmp_path)["distributed"], "nproc_per_node": 2})
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)

@@ -19,7 +19,7 @@ from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.data.lineage import made_from
-from criteo_dlrm.data.parquet import open_day, verify_day, written_by_ingestion
+from criteo_dlrm.data.parquet import open_day, sealed, verify_day, written_by_ingestion
 from criteo_dlrm.data.raw.convert import (
     TRAINING_LAYOUT,
     DayReport,
@@ -39,7 +39,9 @@ def _intact(parquet: Path, source: Path, layout: RawLayout | None = None) -> boo
         return False
     try:
         day = open_day(parquet, labelled=False)
-        if not written_by_ingestion(day) or (layout and day.schema_arrow.names != layout.parquet_schema.names):
+        if not (written_by_ingestion(day) and sealed(parquet)):
+            return False
+        if layout and day.schema_arrow.names != layout.parquet_schema.names:
             return False
         verify_day(parquet)
     except DataError as error:

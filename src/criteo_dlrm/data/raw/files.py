@@ -76,8 +76,11 @@ def _why_ignored(path: Path) -> str | None:
     return f"not a day file name ({NAMING})"
 
 
-def scan_raw_folder(raw_dir: str | os.PathLike) -> RawFolder:
+def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_dir", others: str = "") -> RawFolder:
     """The day files of ``raw_dir`` and what else is there.
+
+    ``parameter`` names the setting that points here (in messages); ``others``: what else the caller
+    accepts instead of day files (in the message when there is none), e.g. ``" or Parquet days (*.parquet)"``.
 
     Raises:
         IngestionError: the folder is missing or holds no day file, two files claim one day, or an entry
@@ -86,8 +89,8 @@ def scan_raw_folder(raw_dir: str | os.PathLike) -> RawFolder:
     folder = Path(raw_dir)
     if not folder.is_dir():
         raise IngestionError(
-            f"Raw data folder {folder} does not exist. Put Criteo day files ({NAMING}) there, or point "
-            "ingestion at your folder: kedro run --pipelines=ingestion --params=ingestion.raw_dir=/path/to/criteo"
+            f"{parameter}: the folder {folder} does not exist. Put Criteo day files ({NAMING}){others} there, or "
+            f"point {parameter} at your folder: --params={parameter}=/path/to/criteo"
         )
     days, ignored, problems = [], {}, []
     for path in sorted(folder.iterdir()):
@@ -108,12 +111,15 @@ def scan_raw_folder(raw_dir: str | os.PathLike) -> RawFolder:
         raise IngestionError(f"Raw data folder {folder}:\n  " + "\n  ".join(problems))
     if not days:
         raise IngestionError(
-            f"Raw data folder {folder} holds no Criteo day file (expected {NAMING}). Point ingestion at your "
-            "folder with --params=ingestion.raw_dir=/path/to/criteo"
+            f"{parameter}: the folder {folder} holds no Criteo day file (expected {NAMING}){others}. Point "
+            f"{parameter} at the folder that holds them: --params={parameter}=/path/to/criteo"
         )
     _refuse_two_files_for_one_day(folder, days)
+    by_reason: dict[str, list[str]] = {}
     for name, reason in ignored.items():
-        logger.info("{}: not used: {}", folder / name, reason)
+        by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        logger.info("{}: not used ({}): {}", folder, reason, ", ".join(names))
     return RawFolder(folder, sorted(days, key=lambda p: day_sort_key(day_name(p))), ignored)
 
 

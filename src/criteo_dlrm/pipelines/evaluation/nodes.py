@@ -8,6 +8,7 @@ import numpy as np
 from loguru import logger
 from matplotlib.figure import Figure
 
+from criteo_dlrm.config import EvaluationConfig
 from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
@@ -35,11 +36,10 @@ def _score(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, np.ndarray, n
     encoder = checkpoint_encoder(dlrm_checkpoint, source)
     days = trained_with["source_days"]["validation"]
     check_days(days, source)  # scores exactly the rows the checkpoint validated on, or refuses
-    device = resolve_device(evaluation["device"], "evaluation.device")
+    config = EvaluationConfig.from_dict(evaluation, "evaluation.")
+    device = resolve_device(config.device, "evaluation.device")
     model = model_from_checkpoint(dlrm_checkpoint)
-    labels, probabilities = score_days(
-        model, encoder, [day["parquet"] for day in days], device, evaluation["precision"]
-    )
+    labels, probabilities = score_days(model, encoder, [day["parquet"] for day in days], device, config.precision)
     scores = binary_metrics(labels, probabilities)
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
     metrics = {

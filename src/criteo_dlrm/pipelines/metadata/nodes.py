@@ -4,34 +4,36 @@ from __future__ import annotations
 
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.config import MetadataConfig
+from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.lineage import check_days, day_lineage
-from criteo_dlrm.data.metadata import FeatureVocabularies, MetadataSettings, compute_feature_metadata
+from criteo_dlrm.data.metadata import FeatureVocabularies, compute_feature_metadata
 
 
-def split_days(
-    days: list[dict], validation_days: list[str] | None, train_days: list[str] | None
-) -> tuple[list[dict], list[dict]]:
+def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], list[dict]]:
     """Split the ingested days into training and validation days (default: the last day validates).
 
     Raises:
-        ConfigError: an unknown day name, a day that both trains and validates, or no day left to train on.
+        ConfigError: an unknown day name, or no day left to train on.
     """
     names = [day["day"] for day in days]
-    validation = list(validation_days) if validation_days else names[-1:]
-    train = list(train_days) if train_days else [name for name in names if name not in validation]
-    unknown = [name for name in validation + train if name not in names]
-    if unknown:
-        raise ConfigError(f"metadata: unknown day(s) {unknown}; the ingested days are {names}.")
-    overlap = sorted(set(train) & set(validation))
-    if overlap:
+    check_day_names(config, names)
+    validation = list(config.validation_days) if config.validation_days else names[-1:]
+    train = list(config.train_days) if config.train_days else [name for name in names if name not in validation]
+    if not train and len(days) == 1:
+        # One big file (Kaggle's train.txt has no day structure): split it into 7 days, as Kaggle's 7 days.
+        rows_per_day = -(-days[0].get("rows", 7) // 7)
         raise ConfigError(
-            f"metadata: {overlap} would both train and validate. Change metadata.train_days or metadata.validation_days."
+            f"metadata: the only ingested day, {names[0]}, would validate and none would train. Split the file "
+            f"into days: `{kedro_run(params={'ingestion.rows_per_day': rows_per_day})}` (7 days of {rows_per_day:,} "
+            "rows; the last one validates)."
         )
     if not train:
         raise ConfigError(
-            f"metadata: no training day is left (days {names}, validation {validation}). Ingest at least two days "
-            "(split Kaggle's train.txt into day files, see the README) or set metadata.validation_days."
+            f"metadata: no training day is left (days {names}, validation {validation}): leave at least one day "
+            "out of metadata.validation_days."
         )
     by_name = {day["day"]: day for day in days}
     return [by_name[name] for name in train], [by_name[name] for name in validation]
@@ -39,19 +41,8 @@ def split_days(
 
 def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, FeatureVocabularies]:
     """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days."""
-    settings = MetadataSettings(
-        min_frequency=metadata["min_frequency"],
-        small_data_rows=metadata["small_data_rows"],
-        max_vocabulary_size=metadata["max_vocabulary_size"],
-        vocabulary_size_overrides=dict(metadata.get("vocabulary_size_overrides") or {}),
-        use_modulus_hash=metadata["use_modulus_hash"],
-        modulus_hash_size=metadata.get("modulus_hash_size"),
-        features_per_pass=metadata.get("features_per_pass", 26),
-        workers=metadata.get("workers"),
-    )
-    train, validation = split_days(
-        ingestion_report["days"], metadata.get("validation_days"), metadata.get("train_days")
-    )
+    config = MetadataConfig.from_dict(metadata, "metadata.")
+    train, validation = split_days(ingestion_report["days"], config)
     check_days(train + validation, "ingestion_report")
     source_days = {
         "train": [day_lineage(day["day"], day["parquet"]) for day in train],
@@ -60,9 +51,9 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
             for day in validation
         ],
     }
-    feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], settings)
+    feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], config)
     feature_metadata["source_days"] = source_days
-    feature_metadata["parameters"] = {key: metadata.get(key) for key in sorted(metadata)}
+    feature_metadata["parameters"] = config.to_dict()
     tables = [feature_metadata["sparse"][name]["table_size"] for name in feature_metadata["sparse"]]
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",

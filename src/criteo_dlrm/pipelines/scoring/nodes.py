@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from loguru import logger
 
-from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import RawLayout
+from criteo_dlrm.common.storage import remove_stale_partials, staging_path
+from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
-from criteo_dlrm.data.raw import (
-    IngestionError,
-    convert_days,
-    day_name,
-    find_day_files,
-    is_labelled,
-    parquet_folder,
-)
+from criteo_dlrm.data.raw import IngestionError, convert_days, day_name, is_labelled, parquet_folder, scan_raw_folder
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.export import ENCODER_FORMAT, check_onnx, export_onnx, export_program, serving_encoder
@@ -27,24 +20,24 @@ from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
 
 
-def input_days(scoring: dict) -> list[dict]:
+def input_days(config: ScoringConfig) -> list[dict]:
     """The days of ``scoring.input_dir`` as Parquet with lineage: raw day files (labelled or not) are
     converted with ingestion's rules, keeping line numbers, into their own folder under
     ``scoring.parquet_dir``; a folder of ``*.parquet`` days is used as it is."""
-    folder = Path(scoring["input_dir"])
+    folder = Path(config.input_dir)
+    parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     try:
-        sources = find_day_files(folder)
+        sources = scan_raw_folder(folder, "scoring.input_dir", " or Parquet days (*.parquet)").days
     except IngestionError:
-        parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
         if not parquet:
             raise
         return [day_lineage(path.stem, path) for path in parquet]
-    output = parquet_folder(scoring["parquet_dir"], folder)
+    output = parquet_folder(config.parquet_dir, folder)
     reports = convert_days(
         [(source, output / f"{day_name(source)}.parquet") for source in sources],
         layouts=[RawLayout(labelled=is_labelled(source), line_numbers=True) for source in sources],
-        max_reject_fraction=float(scoring["max_reject_fraction"]),
-        block_size=int(scoring["block_size_mb"] * (1 << 20)),
+        max_reject_fraction=config.max_reject_fraction,
+        block_size=config.block_size,
         parameters="scoring",
     )
     days = [day_lineage(day_name(source), report.parquet) for source, report in zip(sources, reports, strict=True)]
@@ -59,26 +52,26 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         a Parquet day, click_probability, label or null) that the catalog moves into its versioned place,
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
-    if not scoring.get("input_dir"):
-        raise ConfigError(
-            "scoring.input_dir is not set: kedro run --pipelines=scoring --params=scoring.input_dir=/path"
-        )
+    config = ScoringConfig.from_dict(scoring, "scoring.")
     source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
     encoder = checkpoint_encoder(dlrm_checkpoint, source)
-    days = input_days(scoring)
-    staged = Path(tempfile.mkdtemp(prefix="criteo-dlrm-scoring-")) / "predictions.parquet"
+    days = input_days(config)
+    # Staged beside the scoring input (the catalog copies it into its versioned place and deletes it); what a
+    # killed run left there is removed by the next one.
+    remove_stale_partials(config.parquet_dir)
+    staged = staging_path(Path(config.parquet_dir) / "predictions.parquet")
     scores, labels = write_predictions(
         model_from_checkpoint(dlrm_checkpoint),
         encoder,
         [(day["day"], day["parquet"]) for day in days],
         staged,
-        resolve_device(scoring["device"], "scoring.device"),
-        scoring["precision"],
+        resolve_device(config.device, "scoring.device"),
+        config.precision,
     )
     report = {
         "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
         "metadata_version": dlrm_checkpoint["metadata"]["version"],
-        "input_dir": str(scoring["input_dir"]),
+        "input_dir": str(config.input_dir),
         "rows": int(len(scores)),
         "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
         "labelled": labels is not None,
@@ -99,13 +92,12 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
     Returns:
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
+    config = ScoringConfig.from_dict(scoring, "scoring.")
     model = model_from_checkpoint(dlrm_checkpoint)
     encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
     sizes = model.config.table_sizes
     onnx_model = export_onnx(model, sizes)
-    check = check_onnx(
-        onnx_model, model, sizes, int(scoring["export"]["check_rows"]), float(scoring["export"]["tolerance"])
-    )
+    check = check_onnx(onnx_model, model, sizes, config.export.check_rows, config.export.tolerance)
     program = export_program(model, sizes)
     report = {
         "checkpoint_version": dlrm_checkpoint.get("catalog_version"),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies
-from criteo_dlrm.engine.config import TrainingConfig
 from criteo_dlrm.engine.recipe import run_training
 
 
@@ -51,7 +52,7 @@ def _check_encoded(features: EncodedArrays, expected: dict, name: str) -> None:
     if features.lineage != expected:
         raise LineageError(
             f"{name} were encoded with {describe(features.lineage)}, but this run trains with "
-            f"{describe(expected)}. Encode them again: `kedro run --pipelines=training`."
+            f"{describe(expected)}. Encode them again: `{kedro_run('training')}`."
         )
 
 

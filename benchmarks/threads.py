@@ -1,0 +1,124 @@
+"""CPU threads for training, on an idle machine and beside one busy process, in one run.
+
+Each measurement is a fresh process (OpenMP's wait policy is read when torch loads) training the default
+DLRM (the bundled sample's sizes, batch 256) with the project's own step for a fixed number of steps;
+samples/s, best of ``--repeats``, interleaved. The busy neighbour is one single-threaded process spinning on
+a core, as another job on a shared machine would.
+
+    python benchmarks/threads.py [--steps 400] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+SETTINGS = {
+    "every core (torch's default)": {"threads": "all", "env": {}},
+    "every core, OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)": {
+        "threads": "all",
+        "env": {"OMP_WAIT_POLICY": "PASSIVE"},
+    },
+    "one thread": {"threads": "1", "env": {}},
+    "the project's default (training.num_threads: null)": {"threads": "default", "env": {}},
+}
+
+
+def measure(threads: str, steps: int) -> float:
+    """Samples/s of ``steps`` training steps in this process (after a warm-up)."""
+    import torch
+
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.data.batches import BatchLoader
+    from criteo_dlrm.engine.device import configure_backends
+    from criteo_dlrm.engine.modes import parallel_mode
+    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.models import DLRM
+
+    from training import CONFIGURATIONS, spec_config, synthetic_arrays
+
+    config = TrainingConfig()
+    count = {"all": os.cpu_count(), "1": 1, "default": None}[threads]
+    configure_backends(torch.device("cpu"), True, count)
+    spec = {**CONFIGURATIONS["default"], "tables": [min(size, 3000) for size in CONFIGURATIONS["default"]["tables"]]}
+    torch.manual_seed(0)
+    model = DLRM(spec_config(spec))
+    step = TrainStep(parallel_mode(model, config, torch.device("cpu")), config)
+    arrays = synthetic_arrays(40_000, spec["tables"])
+    loader = BatchLoader(arrays, config.batch_size.train, shuffle=True)
+
+    def batches():
+        epoch = 0
+        while True:
+            yield from loader.batches(epoch=epoch)
+            epoch += 1
+
+    stream = batches()
+    for _ in range(20):
+        step(next(stream), 0, 1)
+    start, rows = time.perf_counter(), 0
+    for _ in range(steps):
+        batch = next(stream)
+        step(batch, 0, 1)
+        rows += len(batch)
+    return rows / (time.perf_counter() - start)
+
+
+def _run(setting: dict, steps: int) -> float:
+    env = {**os.environ, **setting["env"]}
+    command = [sys.executable, __file__, "--measure", setting["threads"], "--steps", str(steps)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=os.path.dirname(__file__))
+    return json.loads(result.stdout.strip().splitlines()[-1])["samples_per_second"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps({"samples_per_second": measure(args.measure, args.steps)}))
+        return
+    import torch
+
+    from criteo_dlrm.engine.device import default_threads
+
+    cores = os.cpu_count()
+    print(
+        f"{platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}; "
+        f"the project's default here: {default_threads()} thread(s)\n"
+    )
+    results: dict[tuple[str, str], float] = {}
+    for load in ("idle", "beside one busy process"):
+        neighbour = None
+        if load != "idle":
+            neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            time.sleep(1)
+        try:
+            for _ in range(args.repeats):
+                for name, setting in SETTINGS.items():
+                    rate = _run(setting, args.steps)
+                    results[(load, name)] = max(results.get((load, name), 0.0), rate)
+        finally:
+            if neighbour is not None:
+                neighbour.kill()
+                neighbour.wait()
+    baseline = {load: results[(load, "every core (torch's default)")] for load in ("idle", "beside one busy process")}
+    print("| threads | idle: samples/s | x every core | beside one busy process: samples/s | x every core |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name in SETTINGS:
+        idle, busy = results[("idle", name)], results[("beside one busy process", name)]
+        print(
+            f"| {name} | {idle:,.0f} | {idle / baseline['idle']:.2f} | {busy:,.0f} | "
+            f"{busy / baseline['beside one busy process']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

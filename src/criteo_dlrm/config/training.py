@@ -1,0 +1,192 @@
+"""``parameters_training.yml``: the model's sizes, the optimisers, the loop, processes and the profiler.
+
+``TrainingConfig``'s fields are the YAML keys, nested as the YAML nests; ``from_dict`` reports every problem
+of ``params:training`` at once (``config.base``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import NUM_SPARSE
+from criteo_dlrm.config.base import Checks, Config
+from criteo_dlrm.config.evaluation import PRECISIONS, is_device
+from criteo_dlrm.models.dlrm import DLRMConfig
+
+EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
+EMBEDDING_BACKENDS = ("torch", "torchrec")
+# What TorchRec's planner may be forced to (row-wise and table-row-wise need CUDA).
+SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
+DECAYS = ("none", "linear", "cosine")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DenseMLP:
+    hidden_layer_sizes: list[int] = field(default_factory=lambda: [64])
+    output_size: int = 16
+
+
+@dataclass
+class DCN:
+    num_layers: int = 3
+    low_rank: int = 64
+
+
+@dataclass
+class BatchSize:
+    train: int = 256  # the global batch: with N processes each takes about train / N rows of it
+    validation: int = 16384
+
+
+@dataclass
+class EarlyStopping:
+    patience: int = 2
+    min_delta: float = 0.0
+
+
+@dataclass
+class Distributed:
+    """Data-parallel training on torch.distributed (``nproc_per_node`` > 1, or launched by ``torchrun``)."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1  # > 1: this run writes the job and waits while torchrun runs it on every node
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    max_restarts: int = 0  # elastic restarts of the whole group after a worker fails
+    master_port: int | None = None  # null: a free port (single node)
+
+
+@dataclass
+class Sharding:
+    """Where the embedding tables live (``embedding_backend: torchrec`` shards them across the processes)."""
+
+    type: str | None = None  # torchrec: force one sharding type for every table; null: the planner chooses
+    memory_per_process_gb: float | None = None  # per-process budget for tables + optimiser state; null: the device's
+
+
+@dataclass
+class ProfilerConfig:
+    """``training.profiler``: torch.profiler over a few steps (off by default)."""
+
+    enabled: bool = False
+    wait: int = 5
+    warmup: int = 2
+    active: int = 5
+    repeat: int = 1
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = True
+    row_limit: int = 30
+
+
+@dataclass
+class TrainingConfig(Config):
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    allow_tf32: bool = True
+    compile: bool = False
+    compile_mode: str = "default"
+    num_threads: int | None = None
+    encoding_workers: int | None = None
+    dense_mlp: DenseMLP = field(default_factory=DenseMLP)
+    sparse_embedding_sizes: int | list[int] = 16
+    prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    prediction_dropout: float = 0.0
+    interaction: str = "dot"
+    dcn: DCN = field(default_factory=DCN)
+    learning_rate: float = 0.001
+    embedding_backend: str = "torch"
+    sharding: Sharding = field(default_factory=Sharding)
+    embedding_optimizer: str = "sparse_adam"
+    embedding_learning_rate: float = 0.003
+    embedding_weight_decay: float = 0.0
+    warmup_steps: int = 0
+    decay: str = "none"
+    batch_size: BatchSize = field(default_factory=BatchSize)
+    num_epochs: int = 3
+    max_steps: int | None = None
+    validations_per_epoch: int = 4
+    validate_every_steps: int = 0  # > 0: overrides validations_per_epoch
+    early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    log_every_steps: int = 20
+    phase_timing: bool = True
+    resume: bool = True
+    checkpoint_every_steps: int = 0
+    in_progress_dir: str = "data/06_models/in_progress"
+    tensorboard_dir: str = "data/08_reporting/tensorboard"
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    distributed: Distributed = field(default_factory=Distributed)
+
+    def problems(self, prefix: str = "") -> list[str]:
+        """Values out of range (types are checked by ``from_dict``), and model sizes that cannot be built."""
+        checks = Checks(self, prefix)
+        need = checks.need
+        checks.one_of("embedding_optimizer", EMBEDDING_OPTIMIZERS)
+        checks.one_of("decay", DECAYS)
+        checks.one_of("embedding_backend", EMBEDDING_BACKENDS)
+        checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
+        checks.positive("sharding.memory_per_process_gb", optional=True)
+        torchrec = self.embedding_backend == "torchrec"
+        need(
+            torchrec or self.embedding_optimizer != "rowwise_adagrad",
+            "embedding_optimizer",
+            "rowwise_adagrad is TorchRec's fused optimiser: use it with embedding_backend: torchrec (or use adagrad)",
+        )
+        need(
+            not torchrec or self.embedding_optimizer != "dense_adam",
+            "embedding_optimizer",
+            "dense_adam has no fused TorchRec kernel: use rowwise_adagrad with embedding_backend: torchrec",
+        )
+        need(
+            torchrec or self.sharding.type is None,
+            "sharding.type",
+            "only applies to embedding_backend: torchrec (the torch backend keeps every table in every process)",
+        )
+        need(is_device(self.device), "device", "must be auto, cpu, cuda or cuda:N")
+        checks.one_of("precision", PRECISIONS)
+        checks.one_of("compile_mode", COMPILE_MODES)
+        checks.one_of("distributed.backend", BACKENDS)
+        checks.at_least(1, "num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
+                        "validations_per_epoch", "distributed.nproc_per_node", "distributed.nnodes",
+                        "early_stopping.patience")  # fmt: skip
+        checks.positive("learning_rate", "embedding_learning_rate")
+        checks.at_least(0, "embedding_weight_decay", "early_stopping.min_delta", "warmup_steps",
+                        "validate_every_steps", "checkpoint_every_steps", "distributed.max_restarts",
+                        "profiler.wait", "profiler.warmup")  # fmt: skip
+        checks.at_least(1, "profiler.active", "profiler.repeat", "profiler.row_limit")
+        checks.at_least(1, "max_steps", "num_threads", "encoding_workers", optional=True)
+        sizes = self.sparse_embedding_sizes
+        need(isinstance(sizes, int) or len(sizes) == NUM_SPARSE, "sparse_embedding_sizes", "must be one number or 26")
+        if not checks.problems:
+            try:
+                self.model_config([2] * NUM_SPARSE)  # the sizes themselves (positive, dot's equal sizes, dropout)
+            except ConfigError as error:
+                checks.problems += [f"{prefix}{line.strip()}" for line in str(error).splitlines()[1:]]
+        return checks.problems
+
+    @property
+    def sparse_gradients(self) -> bool:
+        return self.embedding_optimizer != "dense_adam"
+
+    @property
+    def launches_processes(self) -> bool:
+        """More than this process trains (the elastic launcher or torchrun starts them)."""
+        return self.distributed.nproc_per_node > 1 or self.distributed.nnodes > 1
+
+    def model_config(self, table_sizes: list[int]) -> DLRMConfig:
+        """The DLRM's sizes: table sizes from the feature metadata, everything else from here."""
+        sizes = self.sparse_embedding_sizes
+        return DLRMConfig(
+            table_sizes=list(table_sizes),
+            embedding_dims=[sizes] * NUM_SPARSE if isinstance(sizes, int) else list(sizes),
+            dense_hidden_sizes=list(self.dense_mlp.hidden_layer_sizes),
+            dense_output_size=self.dense_mlp.output_size,
+            prediction_hidden_sizes=list(self.prediction_hidden_sizes),
+            interaction=self.interaction,
+            dcn_layers=self.dcn.num_layers,
+            dcn_rank=self.dcn.low_rank,
+            prediction_dropout=self.prediction_dropout,
+        )

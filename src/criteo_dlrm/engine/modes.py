@@ -1,0 +1,270 @@
+"""How a run spreads over processes: one object per parallel mode, so the training loop knows none of them.
+
+- ``SingleProcess``: the whole model here; Adam for the dense layers, the embedding optimiser of the config.
+- ``DataParallel``: N processes with a replica each. The dense layers under ``DistributedDataParallel``
+  (backward all-reduces their gradients in buckets as it runs); the sparse embedding gradients left out of
+  DDP and all-gathered after backward (DDP's own sparse path is gloo-only and crashed once in our tests).
+- ``Sharded``: TorchRec shards the tables across the processes (``engine.sharding``); their fused optimiser
+  runs inside backward, the dense layers are data-parallel, state is gathered to rank 0 in the ``torch``
+  backend's layout.
+
+Each mode owns wrapping the model, its optimisers, the loss weight and gradient exchange, learning rates,
+state (snapshot and restore) and how predictions over a validation set are gathered.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.engine.scoring import predict
+from criteo_dlrm.engine.sharding import ShardedDLRM
+from criteo_dlrm.models.dlrm import DLRM
+
+
+def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
+    """Adam for the dense layers; the embeddings' optimiser from ``config.embedding_optimizer``."""
+    embeddings = model.embedding_parameters()
+    if config.embedding_optimizer == "dense_adam":  # the predecessor's way: Adam over every table row, every step
+        return {"dense": torch.optim.Adam(model.parameters(), lr=config.learning_rate)}
+    sparse = {
+        "sparse_adam": lambda: torch.optim.SparseAdam(embeddings, lr=config.embedding_learning_rate),
+        "adagrad": lambda: torch.optim.Adagrad(embeddings, lr=config.embedding_learning_rate),
+        "sgd": lambda: torch.optim.SGD(embeddings, lr=config.embedding_learning_rate),
+    }[config.embedding_optimizer]()
+    return {"dense": torch.optim.Adam(model.dense_parameters(), lr=config.learning_rate), "embeddings": sparse}
+
+
+class SingleProcess:
+    """The whole model in this process.
+
+    Attributes:
+        model: the DLRM (evaluation and state read it).
+        train_model: what the training forward pass runs through (the model itself here).
+        optimizers: by name (``dense``, and ``embeddings`` unless dense Adam covers everything).
+    """
+
+    def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
+        self.model, self.config, self.device = model, config, device
+        self.train_model: nn.Module = model
+        self.rank, self.world_size = self._place()
+        self.optimizers = self._optimizers()
+        self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _place(self) -> tuple[int, int]:
+        """``(rank, world size)``."""
+        return 0, 1
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return build_optimizers(self.model, self.config)
+
+    # -- a step --------------------------------------------------------------------------------------
+    def set_learning_rates(self, factor: float) -> None:
+        """Every optimiser at its base rate times ``factor`` (warm-up and decay)."""
+        for name, optimizer in self.optimizers.items():
+            for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
+                group["lr"] = base * factor
+
+    def learning_rates(self) -> dict[str, float]:
+        """The current rates, for the logs: ``learning_rate`` and ``embedding_learning_rate``."""
+        rates = {"learning_rate": self.optimizers["dense"].param_groups[0]["lr"]}
+        if "embeddings" in self.optimizers:
+            rates["embedding_learning_rate"] = self.optimizers["embeddings"].param_groups[0]["lr"]
+        return rates
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+
+    def loss_weight(self, global_rows: int) -> float:
+        """What the summed loss of this process's rows is multiplied by: the mean over the global batch."""
+        return 1.0 / global_rows
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        for optimizer in self.optimizers.values():
+            optimizer.step()
+
+    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    # -- state ---------------------------------------------------------------------------------------
+    def snapshot(self) -> tuple[dict | None, dict | None]:
+        """The model's and the optimisers' state, copied to the CPU (every process calls it; in a sharded run
+        only rank 0 gets the state, the others None)."""
+        optimizers = {name: copy.deepcopy(optimizer.state_dict()) for name, optimizer in self.optimizers.items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}, optimizers
+
+    def restore(self, model_state: dict, optimizer_state: dict) -> None:
+        self.model.load_state_dict(model_state)
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(optimizer_state[name])
+
+    # -- validation ----------------------------------------------------------------------------------
+    def predict(self, loader: BatchLoader) -> np.ndarray:
+        """Probabilities for every row of ``loader``, in row order."""
+        return predict(self.model, loader, self.device, self.config.precision)
+
+
+class _ProcessGroup(SingleProcess):
+    """What every multi-process mode shares: rank, averaging over processes, validation split and gathered."""
+
+    def _place(self) -> tuple[int, int]:
+        return dist.get_rank(), dist.get_world_size()
+
+    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return values
+        dist.all_reduce(values)
+        return values / self.world_size
+
+    def predict(self, loader: BatchLoader) -> np.ndarray:
+        """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
+        number of forward passes (a sharded model's all-to-all needs every process), and the gathered shares
+        are put back in row order: the same array, so the same metrics, as one process."""
+        arrays = loader.arrays
+        batch_size = loader.batch_size * self.world_size
+        mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
+        local = torch.from_numpy(predict(self.model, mine, self.device, self.config.precision))
+        gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        (pieces,) = all_gather_rows(self.world_size, local.to(gather_device))
+        return _row_order([p.cpu().numpy() for p in pieces], len(arrays), batch_size)
+
+
+class DataParallel(_ProcessGroup):
+    """A replica in every process of the group: DDP for the dense layers, sparse gradients all-gathered."""
+
+    def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
+        super().__init__(model, config, device)
+        self.sparse_parameters = model.embedding_parameters() if config.sparse_gradients else []
+        names = {id(p): name for name, p in model.named_parameters()}
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [names[id(p)] for p in self.sparse_parameters]
+        )
+        self.train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def snapshot(self) -> tuple[dict | None, dict | None]:
+        # Only rank 0 keeps and writes state; every replica holds the same weights.
+        return super().snapshot() if self.is_main else (None, None)
+
+    def loss_weight(self, global_rows: int) -> float:
+        # DDP averages the processes' gradients: weighting by world_size makes that the global batch's mean.
+        return self.world_size / global_rows
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self.exchange_sparse_gradients()
+
+    def exchange_sparse_gradients(self) -> None:
+        """Average the sparse embedding gradients over the processes, as DDP averages the dense ones.
+
+        Each process's gradient (coalesced: one entry per touched row) is all-gathered as indices and
+        values, padded to the longest, so it works on gloo and nccl alike; the optimiser sums duplicates.
+        """
+        for parameter in self.sparse_parameters:
+            gradient = parameter.grad.coalesce()
+            indices, values = all_gather_rows(self.world_size, gradient.indices()[0], gradient.values())
+            parameter.grad = torch.sparse_coo_tensor(
+                torch.cat(indices).unsqueeze(0),
+                torch.cat(values) / self.world_size,
+                gradient.shape,
+                check_invariants=False,  # built from valid indices just above
+            )
+
+
+class Sharded(_ProcessGroup):
+    """Tables sharded by TorchRec across the group (a group of one too); their optimiser is fused into backward."""
+
+    def __init__(self, sharded: ShardedDLRM, config: TrainingConfig, device: torch.device):
+        self.sharded = sharded
+        super().__init__(sharded.module, config, device)
+        self.train_model = sharded.model
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"dense": torch.optim.Adam(self.model.dense_parameters(), lr=self.config.learning_rate)}
+
+    def set_learning_rates(self, factor: float) -> None:
+        super().set_learning_rates(factor)
+        self.sharded.set_learning_rate(self.config.embedding_learning_rate * factor)
+
+    def learning_rates(self) -> dict[str, float]:
+        rates = super().learning_rates()
+        rates["embedding_learning_rate"] = self.sharded.model.fused_optimizer.param_groups[0]["lr"]
+        return rates
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # TorchRec's all-to-all backward sums the sharded tables' gradients over the processes, so the loss is
+        # the global mean as it is; DDP then averages the dense gradients, which are multiplied back.
+        loss.backward()
+        if self.world_size > 1:
+            for parameter in self.optimizers["dense"].param_groups[0]["params"]:
+                if parameter.grad is not None:
+                    parameter.grad.mul_(self.world_size)
+
+    def snapshot(self) -> tuple[dict | None, dict | None]:
+        optimizers = {name: copy.deepcopy(optimizer.state_dict()) for name, optimizer in self.optimizers.items()}
+        model_state, fused = self.sharded.model_state(), self.sharded.optimizer_state()
+        return (model_state, {**optimizers, "fused_embeddings": fused}) if self.is_main else (None, None)
+
+    def restore(self, model_state: dict, optimizer_state: dict) -> None:
+        self.sharded.load_model_state(model_state)
+        self.sharded.load_optimizer_state(optimizer_state["fused_embeddings"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(optimizer_state[name])
+
+    def predict(self, loader: BatchLoader) -> np.ndarray:
+        if self.world_size == 1:
+            return predict(self.model, loader, self.device, self.config.precision)
+        return super().predict(loader)
+
+
+def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Every process's ``tensors`` (each with the same number of rows, any number per process), in rank
+    order: the row counts are gathered first, then each tensor padded to the longest, trimmed again."""
+    count = torch.tensor([len(tensors[0])], device=tensors[0].device)
+    counts = [torch.empty_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count)
+    gathered = []
+    for tensor in tensors:
+        padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
+        padded[: len(tensor)] = tensor
+        parts = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(parts, padded)
+        gathered.append([part[: int(n)] for part, n in zip(parts, counts, strict=True)])
+    return gathered
+
+
+def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarray:
+    """Undo ``BatchLoader``'s split: ``shares[r]`` holds rank r's part (``np.array_split``) of each batch in turn."""
+    parts, cursors = [], [0] * len(shares)
+    for begin in range(0, rows, batch_size):
+        size = min(batch_size, rows - begin)
+        for rank, share in enumerate(shares):
+            count = size // len(shares) + (rank < size % len(shares))
+            parts.append(share[cursors[rank] : cursors[rank] + count])
+            cursors[rank] += count
+    return np.concatenate(parts)
+
+
+def parallel_mode(
+    model: DLRM | ShardedDLRM, config: TrainingConfig, device: torch.device
+) -> SingleProcess | DataParallel | Sharded:
+    """The mode for ``model`` in this process: sharded tables, a replica in a process group, or alone."""
+    if isinstance(model, ShardedDLRM):
+        return Sharded(model, config, device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return DataParallel(model, config, device)
+    return SingleProcess(model, config, device)

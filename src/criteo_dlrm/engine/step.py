@@ -1,0 +1,72 @@
+"""One optimisation step: learning-rate schedule, forward, loss, backward (with the mode's gradient exchange)
+and the optimisers, each phase timed. The loop calls it every step; a benchmark can call it alone."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from torch import nn
+
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.batches import Batch
+from criteo_dlrm.engine.device import autocast
+from criteo_dlrm.engine.modes import SingleProcess
+
+PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
+
+
+def learning_rate_factor(step: int, total_steps: int, config: TrainingConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then constant, linear or cosine decay to zero at ``total_steps``."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.decay == "none" or total_steps <= config.warmup_steps:
+        return 1.0
+    progress = min((step - config.warmup_steps) / (total_steps - config.warmup_steps), 1.0)
+    return 1.0 - progress if config.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TrainStep:
+    """``step(batch, index, total_steps, timings)`` -> the batch's loss (detached), the weights updated.
+
+    The loss is summed over this process's rows and weighted by the mode (``loss_weight``), so N processes'
+    averaged gradients are one process's gradient of the mean loss over the global batch.
+    """
+
+    def __init__(self, mode: SingleProcess, config: TrainingConfig):
+        self.mode, self.config = mode, config
+        self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
+
+    def _phase(self, timings: dict, name: str, start: float) -> float:
+        if self.config.phase_timing and self.mode.device.type == "cuda":
+            torch.cuda.synchronize(self.mode.device)
+        now = time.perf_counter()
+        timings[name] += now - start
+        return now
+
+    def __call__(self, batch: Batch, index: int, total_steps: int, timings: dict | None = None) -> torch.Tensor:
+        mode, config = self.mode, self.config
+        timings = timings if timings is not None else dict.fromkeys(PHASES, 0.0)
+        mode.model.train()
+        start = time.perf_counter()
+        batch = batch.to(mode.device, non_blocking=True)
+        mode.set_learning_rates(learning_rate_factor(index, total_steps, config))
+        mode.zero_grad()
+        start = self._phase(timings, "data", start)
+        decay = config.embedding_weight_decay
+        with autocast(mode.device, config.precision):
+            if decay:
+                logits, squares = mode.train_model(batch.dense, batch.sparse, embedding_squares=True)
+            else:
+                logits = mode.train_model(batch.dense, batch.sparse)
+        loss = self.loss_function(logits.float(), batch.labels)
+        if decay:
+            loss = loss + decay * squares
+        loss = loss * mode.loss_weight(batch.global_rows or len(batch))
+        start = self._phase(timings, "forward", start)
+        mode.backward(loss)
+        start = self._phase(timings, "backward", start)
+        mode.step()
+        self._phase(timings, "optimizer", start)
+        return loss.detach()

@@ -1,0 +1,59 @@
+"""Where log lines go: loguru into Kedro's ``logging``, and a console handler that never wraps or collides.
+
+On a terminal, Kedro's rich handler (colours, and log lines printed above tqdm's bars instead of through
+them). Elsewhere (a pipe, a file, CI) one plain line per message, never wrapped at 80 columns, so a path or a
+command in a message can be copied whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from loguru import logger
+
+
+class _PropagateHandler(logging.Handler):
+    """Hands loguru records to the standard logger of the same module name, which Kedro configures."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger(record.name).handle(record)
+
+
+def bridge_loguru() -> None:
+    """Route loguru through ``logging`` so ``conf/logging.yml`` decides where our messages go."""
+    logger.remove()
+    logger.add(_PropagateHandler(), format="{message}", level="DEBUG")
+
+
+class ConsoleHandler(logging.Handler):
+    """Kedro's rich handler on a terminal, printing above tqdm's bars; one unwrapped line per record otherwise."""
+
+    def __init__(self, rich: logging.Handler) -> None:
+        super().__init__(rich.level)
+        self._terminal = sys.stdout.isatty()
+        self._handler = rich
+        if not self._terminal:
+            self._handler = logging.StreamHandler(sys.stdout)
+            self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
+        self.addFilter(lambda record: all(f.filter(record) for f in rich.filters))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._terminal:
+            from tqdm import tqdm
+
+            with tqdm.external_write_mode(file=sys.stdout):  # clears the bars, prints, redraws them
+                self._handler.handle(record)
+        else:
+            self._handler.handle(record)
+
+
+def configure_console() -> None:
+    """Put a ``ConsoleHandler`` in place of each rich handler ``conf/logging.yml`` gave the root logger."""
+    from kedro.logging import RichHandler
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, RichHandler):
+            root.removeHandler(handler)
+            root.addHandler(ConsoleHandler(handler))

@@ -1,0 +1,115 @@
+"""Everything a run can know is wrong before its first node runs, refused at once with the fix.
+
+Parameters (every pipeline's, typed), the day names the metadata block refers to, the devices the run asks
+for, the TorchRec extra and optimiser, whether the metadata and vocabularies a run would train with belong
+together, and whether the embedding tables fit in memory. Outputs of runs that were killed (versions never
+completed) are named, with how to remove them.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from kedro.pipeline import Pipeline
+from loguru import logger
+
+from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.errors import ConfigError, UserError
+from criteo_dlrm.common.storage import process_alive
+from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
+from criteo_dlrm.config.metadata import check_day_names
+from criteo_dlrm.data.raw import day_name, scan_raw_folder
+from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
+from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.sharding import check_table_memory, require_torchrec
+
+
+class MismatchedVersionsError(UserError, ValueError):
+    """Two inputs that must come from one run (metadata and its vocabularies) come from two."""
+
+
+def _nodes(pipeline: Pipeline) -> set[str]:
+    return {node.name for node in pipeline.nodes}
+
+
+def _dataset(catalog, name: str):
+    try:
+        return catalog.get(name)
+    except (KeyError, ValueError):
+        return None
+
+
+def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) -> None:
+    """Raise the first problem a run of ``pipeline`` would meet that can be known before it starts."""
+    nodes = _nodes(pipeline)
+    if "compute_feature_metadata" in nodes:
+        _check_day_names(configs["ingestion"], configs["metadata"], "convert_raw_days" in nodes, catalog)
+    if {"encode_features", "train_dlrm"} & nodes:
+        _check_training(configs["training"], "compute_feature_metadata" in nodes, catalog)
+    if "evaluate_checkpoint" in nodes:
+        resolve_device(configs["evaluation"].device, "evaluation.device")
+    if {"score_new_days", "export_model"} & nodes:
+        resolve_device(configs["scoring"].device, "scoring.device")
+
+
+def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, ingests: bool, catalog) -> None:
+    if not (metadata.validation_days or metadata.train_days):
+        return
+    if ingests:
+        if ingestion.rows_per_day:
+            return  # the split days' names (<file>_0000, ...) are known once the files are split
+        raw = scan_raw_folder(ingestion.raw_dir)
+        check_day_names(metadata, [day_name(path) for path in raw.days], f"the days of {raw.folder}")
+    elif catalog.exists("ingestion_report"):
+        report = catalog.load("ingestion_report")
+        check_day_names(metadata, [day["day"] for day in report["days"]], "the ingested days")
+
+
+def _check_training(config: TrainingConfig, computes_metadata: bool, catalog) -> None:
+    device = resolve_device(config.device, "training.device")
+    if config.embedding_backend == "torchrec":
+        require_torchrec()
+        if device.type == "cpu" and config.embedding_optimizer == "sparse_adam":
+            raise ConfigError(
+                "training.embedding_optimizer sparse_adam has no fused TorchRec kernel on the CPU: with "
+                f"embedding_backend torchrec use rowwise_adagrad (TorchRec's usual one): "
+                f"`{kedro_run(params={'training.embedding_backend': 'torchrec', 'training.embedding_optimizer': 'rowwise_adagrad'})}`."
+            )
+    if computes_metadata:
+        return  # the tables' sizes are known once metadata has run (encode_features checks them then)
+    metadata_set = [_dataset(catalog, name) for name in ("feature_metadata", "feature_vocabularies")]
+    if not all(isinstance(ds, VersionedFileDataset) and ds.exists() for ds in metadata_set):
+        return  # missing inputs are reported by the hook with the pipelines to run first
+    check_same_run(*metadata_set)
+    check_table_memory(config, catalog.load("feature_metadata"), device)
+
+
+def check_same_run(metadata: VersionedFileDataset, vocabularies: VersionedFileDataset) -> None:
+    """``feature_metadata`` and ``feature_vocabularies`` are saved together: their versions must be one."""
+    first, second = metadata.loaded_version(), vocabularies.loaded_version()
+    if first != second:
+        raise MismatchedVersionsError(
+            f"feature_metadata version {first} and feature_vocabularies version {second} were written by different "
+            "runs: vocabularies must be the ones their metadata counted. Pin both to one version: "
+            f"`{kedro_run('training', load_versions={'feature_metadata': first, 'feature_vocabularies': first})}`."
+        )
+
+
+def report_incomplete_versions(catalog, names: list[str]) -> None:
+    """Log the versions that killed runs left incomplete (they are never loaded), with how to remove them."""
+    stale = []
+    for name in names:
+        dataset = _dataset(catalog, name)
+        if not isinstance(dataset, VersionedFileDataset):
+            continue
+        for folder, owner in dataset.incomplete_versions().items():
+            if owner.get("host") == socket.gethostname() and process_alive(int(owner.get("pid", 0) or 0)):
+                continue  # a run in progress right now
+            stale.append(folder)
+    if stale:
+        logger.warning(
+            "{} output version(s) of runs that did not finish are ignored (never loaded): {}. Remove them with: "
+            "rm -r {}",
+            len(stale), ", ".join(stale), " ".join(f"'{Path(folder)}'" for folder in stale),
+        )  # fmt: skip

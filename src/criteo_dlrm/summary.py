@@ -1,0 +1,93 @@
+"""What a run wrote and what it measured, as the short block ``kedro run`` prints at the end (``cli``).
+
+``ProjectHooks`` fills a ``RunRecord`` with each summarised output as it is saved (and where it went).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUMMARISED = (
+    "ingestion_report", "feature_metadata", "training_summary", "validation_metrics", "scoring_report",
+    "export_report", "predictions", "dlrm_onnx",
+)  # fmt: skip
+
+
+@dataclass
+class RunRecord:
+    """The outputs one run saved (by catalog name) and the files they went to."""
+
+    version: str | None = None
+    saved: dict[str, object] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+def _metrics_line(metrics: dict) -> str:
+    return (
+        f"AUC {metrics['auc']:.4f}, log loss {metrics['log_loss']:.5f}, NE {metrics['normalized_entropy']:.4f}, "
+        f"calibration {metrics['calibration']:.3f}"
+    )
+
+
+def _below_prior(metrics: dict) -> str | None:
+    if metrics["normalized_entropy"] < 1:
+        return None
+    return (
+        "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
+        "and the model (see the small-data rule, metadata.small_data_rows), or a learning rate too high."
+    )
+
+
+def render(record: RunRecord) -> str:
+    """One block of short lines (at most 100 characters each); '' when the run saved nothing summarised."""
+    saved, lines = record.saved, []
+    if report := saved.get("ingestion_report"):
+        days = report["days"]
+        lines.append(
+            f"ingestion   {len(days)} days, {sum(d['rows'] for d in days):,} rows, "
+            f"{sum(d['rejected'] for d in days):,} rejected"
+        )
+    if metadata := saved.get("feature_metadata"):
+        tables = [stats["table_size"] for stats in metadata["sparse"].values()]
+        lines.append(
+            f"metadata    {metadata['label']['rows']:,} training rows, CTR {metadata['label']['ctr']:.4f}, "
+            f"{sum(tables):,} embedding rows"
+        )
+    if summary := saved.get("training_summary"):
+        stop = "stopped early" if summary["stopped_early"] else "ran every step"
+        lines.append(
+            f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
+            f"{summary['samples_per_second']:,.0f} samples/s"
+        )
+        if "validation_metrics" not in saved:  # evaluation did not run: say what the kept model measured
+            lines.append(f"            validation {_metrics_line(summary['best_validation'])}")
+            if warning := _below_prior(summary["best_validation"]):
+                lines.append(f"            {warning}")
+    if metrics := saved.get("validation_metrics"):
+        lines.append(f"evaluation  checkpoint {metrics['checkpoint_version']} on {', '.join(metrics['days'])}:")
+        lines.append(f"            {_metrics_line(metrics['model'])}")
+        lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
+        if metrics["oracle"]:
+            lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"
+        if warning := _below_prior(metrics["model"]):
+            lines.append(f"            {warning}")
+    if report := saved.get("scoring_report"):
+        line = f"scoring     checkpoint {report['checkpoint_version']}: {report['rows']:,} rows"
+        line += f", mean prediction {report['mean_prediction'] or 0:.4f}"
+        if report["metrics"]:
+            line += f", AUC {report['metrics']['auc']:.4f}"
+        lines.append(line)
+        if unseen := report.get("unseen_share"):
+            lines.append(f"            {unseen:.1%} of category values unseen in training")
+        if path := record.paths.get("predictions"):
+            lines.append(f"            predictions {path}")
+    if export := saved.get("export_report"):
+        lines.append(
+            f"export      ONNX {export['onnx_bytes'] / 1e6:.1f} MB (onnxruntime max |difference| "
+            f"{export['onnx_check']['max_abs_difference']:.1e}), torch.export {export['exported_program_bytes'] / 1e6:.1f} MB"
+        )
+        if path := record.paths.get("dlrm_onnx"):
+            lines.append(f"            {path}")
+    if not lines:
+        return ""
+    return "\n".join([f"Run {record.version}:", *(f"  {line}" for line in lines)])

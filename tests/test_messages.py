@@ -1,0 +1,146 @@
+"""Every command a message suggests is run as the user would paste it, and gets past the problem it fixes.
+
+Each case makes one error happen in a fresh project copy (`kedro run` as a subprocess, as a user types it),
+takes the `kedro run ...` command the message names, runs it, and checks that it succeeds (or that the run
+got past that problem to the next one, which names its own fix).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import copy_project
+from tests.test_cli import _kedro
+
+pytestmark = pytest.mark.slow
+
+FAST = "--params=training.num_epochs=1,training.validations_per_epoch=1"
+
+
+def _suggested(output: str) -> list[str]:
+    """The arguments after ``kedro run`` of the first suggested command in an error message."""
+    found = re.search(r"`kedro run([^`]*)`", output)
+    assert found, f"no suggested command in:\n{output[-2000:]}"
+    return shlex.split(found.group(1))
+
+
+def _fails(project: Path, *args: str) -> str:
+    result = _kedro(project, *args)
+    assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
+    last = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stdout + result.stderr
+    return "\n".join(last[-3:])
+
+
+def _succeeds(project: Path, *args: str) -> str:
+    result = _kedro(project, *args)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout
+
+
+@pytest.fixture
+def fresh(tmp_path) -> Path:
+    return copy_project(tmp_path / "project")
+
+
+def test_missing_inputs_name_the_pipelines_to_run_first(fresh):
+    message = _fails(fresh, "--pipelines=evaluation")
+    assert "MissingInputError" in message
+    _succeeds(fresh, *_suggested(message), FAST)
+    _succeeds(fresh, "--pipelines=evaluation")
+
+
+def test_too_many_rejected_lines_name_the_share_that_lets_the_day_through(fresh):
+    day = fresh / "data/01_raw/day_0.gz"
+    import gzip
+
+    lines = gzip.decompress(day.read_bytes()).splitlines(keepends=True)
+    lines[10] = b"x" + lines[10]
+    lines[20] = b"\n"
+    day.write_bytes(gzip.compress(b"".join(lines)))
+    message = _fails(fresh, "--pipelines=ingestion")
+    assert "ingestion.max_reject_fraction" in message
+    _succeeds(fresh, *_suggested(message))
+
+
+def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
+    _succeeds(fresh, FAST)
+    folder = tmp_path / "to_score"
+    folder.mkdir()
+    source = (fresh / "data/01_raw/day_2.gz").read_bytes()
+    import gzip
+
+    lines = gzip.decompress(source).splitlines(keepends=True)[:500]
+    lines[3] = b"1\tnot a count" + lines[3][1:]
+    (folder / "day_9").write_bytes(b"".join(lines))
+    message = _fails(fresh, "--pipelines=scoring", f"--params=scoring.input_dir={folder}")
+    assert "scoring.max_reject_fraction" in message and "ingestion.max_reject_fraction" not in message
+    args = _suggested(message)
+    params = next(arg for arg in args if arg.startswith("--params="))
+    _succeeds(fresh, "--pipelines=scoring", f"{params},scoring.input_dir={folder}")
+
+
+def test_a_device_that_is_not_there_names_the_parameter_to_set(fresh):
+    message = _fails(fresh, "--params=training.device=cuda:99")
+    assert "training.device" in message and "--params=training.device=auto" in message
+    _succeeds(fresh, "--params=training.device=auto,training.num_epochs=1")
+
+
+def test_one_big_file_names_the_rows_per_day_that_split_it(fresh):
+    raw = fresh / "data/01_raw"
+    import gzip
+
+    text = b"".join(gzip.decompress((raw / f"day_{i}.gz").read_bytes()) for i in range(3))
+    shutil.rmtree(raw)
+    raw.mkdir()
+    (raw / "train.txt").write_bytes(text)
+    message = _fails(fresh, FAST)
+    assert "ingestion.rows_per_day" in message and "validation_days" not in message
+    _succeeds(fresh, *_suggested(message), FAST.replace("--params=", ","))
+
+
+def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(fresh):
+    _succeeds(fresh, FAST)
+    first = sorted((fresh / "data/04_feature/feature_metadata.json").iterdir())[0].name
+    _succeeds(fresh, "--pipelines=metadata", "--params=metadata.min_frequency=5")
+    message = _fails(fresh, "--pipelines=training", f"--load-versions=feature_metadata:{first}", FAST)
+    assert "MismatchedVersionsError" in message and f"feature_vocabularies:{first}" in message
+    assert not list((fresh / "data/05_model_input").glob("*")), "refused before any work"
+    _succeeds(fresh, *_suggested(message), FAST)
+
+
+def test_a_damaged_day_names_the_command_that_rebuilds_it(fresh):
+    _succeeds(fresh, "--pipelines=ingestion")
+    [day] = (fresh / "data/02_intermediate").glob("*/day_1.parquet")
+    data = bytearray(day.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    day.write_bytes(bytes(data))
+    message = _fails(fresh, "--pipelines=metadata")
+    assert str(day.relative_to(fresh)) in message or str(day) in message
+    _succeeds(fresh, *_suggested(message))
+    _succeeds(fresh, "--pipelines=metadata")
+
+
+def test_a_lineage_refusal_names_the_command_that_restores_the_day(fresh):
+    _succeeds(fresh, FAST)
+    [day] = (fresh / "data/02_intermediate").glob("*/day_2.parquet")
+    day.unlink()
+    message = _fails(fresh, "--pipelines=evaluation")
+    assert "LineageError" in message
+    _succeeds(fresh, *_suggested(message))
+    _succeeds(fresh, "--pipelines=evaluation")
+
+
+def test_torchrec_with_an_optimiser_it_lacks_on_the_cpu_names_the_one_to_use(fresh):
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
+    message = _fails(fresh, "--params=training.embedding_backend=torchrec,training.num_epochs=1")
+    assert "rowwise_adagrad" in message
+    assert not list((fresh / "data/02_intermediate").rglob("*.parquet")), "refused before any node"
+    args = _suggested(message)
+    params = next(arg for arg in args if arg.startswith("--params="))
+    _succeeds(fresh, f"{params},training.num_epochs=1,training.validations_per_epoch=1")
