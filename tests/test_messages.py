@@ -22,11 +22,16 @@ pytestmark = pytest.mark.slow
 FAST = "--params=training.num_epochs=1,training.validations_per_epoch=1"
 
 
-def _suggested(output: str) -> list[str]:
-    """The arguments after ``kedro run`` of the first suggested command in an error message."""
-    found = re.search(r"`kedro run([^`]*)`", output)
-    assert found, f"no suggested command in:\n{output[-2000:]}"
-    return shlex.split(found.group(1))
+def _suggested(output: str, *original: str) -> list[str]:
+    """The arguments of the command an error message suggests: a whole ``kedro run ...``, or ``--params=...`` to
+    add to the ``original`` command (merged into its own --params)."""
+    if found := re.search(r"`kedro run([^`]*)`", output):
+        return shlex.split(found.group(1))
+    added = re.search(r"`--params=([^`]*)`", output)
+    assert added, f"no suggested command in:\n{output[-2000:]}"
+    given = [arg.removeprefix("--params=") for arg in original if arg.startswith("--params=")]
+    others = [arg for arg in original if not arg.startswith("--params=")]
+    return [*others, "--params=" + ",".join([*given, added.group(1)])]
 
 
 def _fails(project: Path, *args: str) -> str:
@@ -65,7 +70,7 @@ def test_too_many_rejected_lines_name_the_share_that_lets_the_day_through(fresh)
     day.write_bytes(gzip.compress(b"".join(lines)))
     message = _fails(fresh, "--pipelines=ingestion")
     assert "ingestion.max_reject_fraction" in message
-    _succeeds(fresh, *_suggested(message))
+    _succeeds(fresh, *_suggested(message, "--pipelines=ingestion"))
 
 
 def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
@@ -78,11 +83,10 @@ def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
     lines = gzip.decompress(source).splitlines(keepends=True)[:500]
     lines[3] = b"1\tnot a count" + lines[3][1:]
     (folder / "day_9").write_bytes(b"".join(lines))
-    message = _fails(fresh, "--pipelines=scoring", f"--params=scoring.input_dir={folder}")
+    command = ("--pipelines=scoring", f"--params=scoring.input_dir={folder}")
+    message = _fails(fresh, *command)
     assert "scoring.max_reject_fraction" in message and "ingestion.max_reject_fraction" not in message
-    args = _suggested(message)
-    params = next(arg for arg in args if arg.startswith("--params="))
-    _succeeds(fresh, "--pipelines=scoring", f"{params},scoring.input_dir={folder}")
+    _succeeds(fresh, *_suggested(message, *command))
 
 
 def test_a_device_that_is_not_there_names_the_parameter_to_set(fresh):
@@ -101,16 +105,21 @@ def test_one_big_file_names_the_rows_per_day_that_split_it(fresh):
     (raw / "train.txt").write_bytes(text)
     message = _fails(fresh, FAST)
     assert "ingestion.rows_per_day" in message and "validation_days" not in message
-    _succeeds(fresh, *_suggested(message), FAST.replace("--params=", ","))
+    args = [
+        arg + "," + FAST.removeprefix("--params=") if arg.startswith("--params=") else arg
+        for arg in _suggested(message)
+    ]
+    _succeeds(fresh, *args)
 
 
 def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(fresh):
     _succeeds(fresh, FAST)
     first = sorted((fresh / "data/04_feature/feature_metadata.json").iterdir())[0].name
     _succeeds(fresh, "--pipelines=metadata", "--params=metadata.min_frequency=5")
+    encoded = (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns
     message = _fails(fresh, "--pipelines=training", f"--load-versions=feature_metadata:{first}", FAST)
     assert "MismatchedVersionsError" in message and f"feature_vocabularies:{first}" in message
-    assert not list((fresh / "data/05_model_input").glob("*")), "refused before any work"
+    assert (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns == encoded, "no work"
     _succeeds(fresh, *_suggested(message), FAST)
 
 

@@ -15,18 +15,14 @@ from kedro.pipeline import Pipeline
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError, UserError
 from criteo_dlrm.common.storage import process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
+from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, scan_raw_folder
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.device import resolve_device
-from criteo_dlrm.engine.sharding import check_table_memory, require_torchrec
-
-
-class MismatchedVersionsError(UserError, ValueError):
-    """Two inputs that must come from one run (metadata and its vocabularies) come from two."""
+from criteo_dlrm.engine.sharding import check_fused_optimizer, check_table_memory, require_torchrec
 
 
 def _nodes(pipeline: Pipeline) -> set[str]:
@@ -70,12 +66,7 @@ def _check_training(config: TrainingConfig, computes_metadata: bool, catalog) ->
     device = resolve_device(config.device, "training.device")
     if config.embedding_backend == "torchrec":
         require_torchrec()
-        if device.type == "cpu" and config.embedding_optimizer == "sparse_adam":
-            raise ConfigError(
-                "training.embedding_optimizer sparse_adam has no fused TorchRec kernel on the CPU: with "
-                f"embedding_backend torchrec use rowwise_adagrad (TorchRec's usual one): "
-                f"`{kedro_run(params={'training.embedding_backend': 'torchrec', 'training.embedding_optimizer': 'rowwise_adagrad'})}`."
-            )
+        check_fused_optimizer(config, device.type)
     if computes_metadata:
         return  # the tables' sizes are known once metadata has run (encode_features checks them then)
     metadata_set = [_dataset(catalog, name) for name in ("feature_metadata", "feature_vocabularies")]

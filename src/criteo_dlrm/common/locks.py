@@ -1,7 +1,8 @@
 """Exclusive locks on what a run writes, so two runs in one project never write the same files at once.
 
 A lock is ``filelock``'s (an OS file lock: released by the OS when its process dies, so a killed run never
-leaves a lock behind) on ``<path>.lock``, with ``<path>.lock.owner`` saying which process holds it. A second
+leaves a lock behind) on ``.<name>.lock`` beside the path, with ``.<name>.lock.owner`` saying which process
+holds it. A second
 run that needs the same files stops at once with that process's pid, command and start time.
 """
 
@@ -41,7 +42,7 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
     Raises:
         LockedError: another process holds it; the message names that process and what to do.
     """
-    lock_path = Path(f"{path}.lock")
+    lock_path = Path(path).with_name(f".{Path(path).name}.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(lock_path, timeout=0)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError, DataError
 from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_parallel
 from criteo_dlrm.common.progress import progress_bar
@@ -108,6 +109,21 @@ class DenseStatistics:
             # A constant feature gets std 1 so that standardising never divides by zero.
             "log1p_std": float(np.sqrt(variance)) if variance > 0 else 1.0,
         }
+
+
+class MismatchedVersionsError(DataError):
+    """Two inputs that must come from one run (metadata and its vocabularies) come from two."""
+
+
+def check_vocabularies(metadata: dict, vocabularies: FeatureVocabularies) -> None:
+    """Refuse vocabularies that are not the ones ``metadata`` counted (its recorded sha256)."""
+    if vocabulary_digest(vocabularies.arrays) != metadata["vocabulary_sha256"]:
+        pin = {"feature_metadata": "<v>", "feature_vocabularies": "<v>"}
+        raise MismatchedVersionsError(
+            f"feature_vocabularies version {vocabularies.version} are not the vocabularies this feature_metadata "
+            f"counted (sha256 {metadata['vocabulary_sha256'][:12]}...). Pin both to the same version: "
+            f"`{kedro_run('training', load_versions=pin)}`."
+        )
 
 
 def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:

@@ -8,6 +8,7 @@ the same: seeding, device, model, loaders, the ``Trainer``, and the checkpoint a
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,17 @@ import numpy as np
 import torch.distributed as dist
 
 from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
 from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions
+from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.loop import TrainingResult
 from criteo_dlrm.engine.process import train_process
-from criteo_dlrm.engine.sharding import check_replicated_memory, require_torchrec
+from criteo_dlrm.engine.sharding import check_fused_optimizer, check_replicated_memory, require_torchrec
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
@@ -62,8 +65,10 @@ def run_training(
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
     model_config = config.model_config(table_sizes)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)
+    device = resolve_device(config.device, "training.device")
     if config.embedding_backend == "torchrec":
         require_torchrec()
+        check_fused_optimizer(config, device.type)
     settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(
         config=config.to_dict(),
@@ -74,10 +79,12 @@ def run_training(
         fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
         run_version=run_version,
     )
-    if config.launches_processes and not dist.is_initialized():
-        outcome = launch(job, config.distributed)
-    else:
-        outcome = train_process(job)
+    # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
+    with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():
+        if config.launches_processes and not dist.is_initialized():
+            outcome = launch(job, config.distributed)
+        else:
+            outcome = train_process(job)
     result = outcome.result
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     trained_with = {

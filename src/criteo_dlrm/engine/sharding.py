@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_memory
 from criteo_dlrm.config.training import TrainingConfig
@@ -46,6 +47,24 @@ def require_torchrec() -> None:
         raise ConfigError(
             f"embedding_backend: torchrec needs TorchRec and FBGEMM ({error}). {INSTALL_HINT}."
         ) from error
+
+
+def fused_optimizers(device_type: str) -> list[str]:
+    """The embedding optimisers FBGEMM has a fused kernel for on ``device_type`` (``cpu`` or ``cuda``)."""
+    return sorted(["rowwise_adagrad", "adagrad", "sgd", *(["sparse_adam"] if device_type == "cuda" else [])])
+
+
+def check_fused_optimizer(config: TrainingConfig, device_type: str) -> None:
+    """With TorchRec, refuse an embedding optimiser FBGEMM lacks on this device, naming the command that works
+    (before any process starts: inside the workers it would surface after the launch)."""
+    if config.embedding_backend != "torchrec" or config.embedding_optimizer in fused_optimizers(device_type):
+        return
+    params = {"training.embedding_backend": "torchrec", "training.embedding_optimizer": "rowwise_adagrad"}
+    raise ConfigError(
+        f"training.embedding_optimizer {config.embedding_optimizer!r} has no fused TorchRec kernel on {device_type}: "
+        f"use one of {fused_optimizers(device_type)} with embedding_backend: torchrec (rowwise_adagrad is "
+        f"TorchRec's usual one): `{kedro_run(params=params)}`."
+    )
 
 
 def embedding_bytes(table_sizes: list[int], dims: list[int], optimizer: str) -> int:
@@ -171,11 +190,7 @@ def shard_model(
     optimizers = {"rowwise_adagrad": fused.RowWiseAdagrad, "adagrad": fused.Adagrad, "sgd": fused.SGD}
     if device.type == "cuda":
         optimizers["sparse_adam"] = fused.Adam
-    if config.embedding_optimizer not in optimizers:
-        raise ConfigError(
-            f"embedding_optimizer {config.embedding_optimizer!r} has no fused TorchRec kernel on {device.type}: "
-            f"use one of {sorted(optimizers)} with embedding_backend: torchrec (rowwise_adagrad is the usual choice)."
-        )
+    check_fused_optimizer(config, device.type)
     module = DLRM(model_config, embeddings=TorchRecEmbeddings(model_config, names, device="meta"))
     apply_optimizer_in_backward(
         optimizers[config.embedding_optimizer],

@@ -49,7 +49,8 @@ def check_rejects(
             f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
             f"{parameter}={max_fraction}."
             + describe(rejects, rejects_path)
-            + f"\nFix the file, or accept this share of bad lines with `--params={parameter}={allowed:.3g}`."
+            + f"\nFix the file, or accept this share of bad lines: add `--params={parameter}={allowed:.3g}` to the "
+            "command (beside your other --params)."
         )
 
 

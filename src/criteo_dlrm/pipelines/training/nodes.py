@@ -8,8 +8,10 @@ from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
-from criteo_dlrm.data.metadata import FeatureVocabularies
+from criteo_dlrm.data.metadata import FeatureVocabularies, check_vocabularies
+from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.sharding import check_table_memory
 
 
 def encode_features(
@@ -23,16 +25,21 @@ def encode_features(
 
     Raises:
         LineageError: a day this metadata version counted is gone or has changed (before any work).
+        MismatchedVersionsError: the vocabularies are not the ones this metadata counted.
+        ConfigError: the tables would not fit in memory.
     """
+    config = TrainingConfig.from_dict(training, "training.")
     days = feature_metadata["source_days"]
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
+    check_vocabularies(feature_metadata, feature_vocabularies)
+    check_table_memory(config, feature_metadata, resolve_device(config.device, "training.device"))
     encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
     train, validation = (
         EncodedDays(
             encoder,
             [day["parquet"] for day in days[split]],
             encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
-            training.get("encoding_workers"),
+            config.encoding_workers,
         )
         for split in ("train", "validation")
     )
