@@ -69,6 +69,18 @@ def measure(threads: str, steps: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), as every benchmark figure is named with it."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _run(setting: dict, steps: int) -> float:
     env = {**os.environ, **setting["env"]}
     command = [sys.executable, __file__, "--measure", setting["threads"], "--steps", str(steps)]
@@ -87,13 +99,7 @@ def main() -> None:
         return
     import torch
 
-    from criteo_dlrm.engine.device import default_threads
-
-    cores = os.cpu_count()
-    print(
-        f"{platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}; "
-        f"the project's default here: {default_threads()} thread(s)\n"
-    )
+    print(f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n")
     results: dict[tuple[str, str], float] = {}
     for load in ("idle", "beside one busy process"):
         neighbour = None

@@ -114,7 +114,8 @@ class ProjectHooks:
             self.record.saved[dataset_name] = data
             dataset = self._catalog.get(dataset_name) if self._catalog is not None else None
             if isinstance(dataset, VersionedFileDataset) and dataset.resolve_save_version():
-                self.record.paths[dataset_name] = dataset.version_folder(dataset.resolve_save_version())
+                path = dataset.version_path(dataset.resolve_save_version())
+                self.record.paths[dataset_name] = os.path.relpath(path) if path.startswith(os.getcwd()) else path
         saved = self._saved_by_node.setdefault(node.name, set())
         saved.add(dataset_name)
         if saved >= set(node.outputs):  # every output of the node is stored: its versions are complete

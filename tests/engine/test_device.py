@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -92,3 +94,15 @@ def test_compiled_model_on_cuda_matches_eager():
     eager, compiled = _small_model().to(device), compile_model(_small_model().to(device), "max-autotune")
     dense, sparse = torch.randn(256, 13, device=device), torch.randint(0, 5, (256, 26), device=device)
     torch.testing.assert_close(compiled(dense, sparse), eager(dense, sparse), rtol=1e-3, atol=1e-3)
+
+
+def test_default_threads_are_the_cores_left_idle_by_other_processes(monkeypatch):
+    from criteo_dlrm.engine import device
+
+    monkeypatch.setattr(device.os, "cpu_count", lambda: 2)
+    for idle, threads in ((1.96, 2), (0.98, 1), (0.1, 1), (None, 2)):
+        monkeypatch.setattr(device, "idle_cores", lambda idle=idle: idle)
+        assert device.default_threads() == threads, idle
+    monkeypatch.undo()
+    measured = device.idle_cores(0.05)
+    assert measured is None or 0 <= measured <= os.cpu_count() + 0.01

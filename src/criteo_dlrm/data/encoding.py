@@ -28,6 +28,7 @@ from criteo_dlrm.common.storage import (
     file_digest,
     reading,
     reserve,
+    size_text,
 )
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 
@@ -263,7 +264,7 @@ class FeatureEncoder:
                 bar.update(rows_per_day[index])
         encoded = open_encoded(into)
         size = bytes_per_row(encoded)
-        logger.info("{}: {:,} rows encoded, {} bytes a row ({:.2f} GB)", into, rows, size, rows * size / 1e9)
+        logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
     def _encode_rows(self, paths: list[str | Path], out: EncodedArrays, start: int) -> None:

@@ -87,6 +87,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
                         (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
                     write_encoded(data, staging)
             self._verified = self._state()
+        logger.info("{}: {:,} encoded rows written", self._path, len(open_encoded(self._path)))
 
     def _exists(self) -> bool:
         return self._path.is_dir() and all((self._path / f"{name}.npy").exists() for name in ("labels", "dense"))

@@ -148,6 +148,10 @@ class VersionedFileDataset(AbstractVersionedDataset):
         except DatasetError:
             return []
 
+    def version_path(self, version: str) -> str:
+        """The file of ``version``."""
+        return get_filepath_str(self._get_versioned_path(version), self._protocol)
+
     def version_folder(self, version: str) -> str:
         return get_filepath_str(self._filepath / version, self._protocol)
 

@@ -157,10 +157,25 @@ def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
     return f"Training process rank {rank} (pid {failure.pid}) failed: {cause}. {how}"
 
 
+def _worker_logging() -> None:
+    """A worker's log lines look like the launching process's (one plain line each); TorchRec's planner notes
+    about its own dry runs are left out (a placement that cannot work is an error, reported as one)."""
+    import logging
+    import sys
+    import warnings
+
+    logger.remove()
+    logger.add(sys.stderr, format="{time:HH:mm:ss} {level: <7} {message}", level="INFO")
+    for name in ("torchrec", "torch.fx"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\..*")
+
+
 @record
 def worker(job_path: str, outcome_path: str | None = None) -> None:
     """One training process: join the group the launcher (or torchrun) describes in the environment, train its
     share, and (rank 0) write the outcome."""
+    _worker_logging()
     job = TrainingJob.load(job_path)
     config = TrainingConfig.from_dict(job.config)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

@@ -14,6 +14,7 @@ one machine's RAM (Criteo 1TB's MLPerf tables at 128 dims: about 100 GB); beyond
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,12 @@ def require_torchrec() -> None:
         raise ConfigError(
             f"embedding_backend: torchrec needs TorchRec and FBGEMM ({error}). {INSTALL_HINT}."
         ) from error
+
+
+def sharding_types(device_type: str) -> list[str]:
+    """The sharding types the planner may choose with fused kernels (row-wise kinds need CUDA)."""
+    cpu = ["table_wise", "column_wise", "table_column_wise"]
+    return cpu + (["row_wise", "table_row_wise"] if device_type == "cuda" else [])
 
 
 def fused_optimizers(device_type: str) -> list[str]:
@@ -183,8 +190,9 @@ def shard_model(
     import torchrec.optim as fused
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     optimizers = {"rowwise_adagrad": fused.RowWiseAdagrad, "adagrad": fused.Adagrad, "sgd": fused.SGD}
@@ -199,16 +207,27 @@ def shard_model(
     )
     world_size = dist.get_world_size()
     budget = config.sharding.memory_per_process_gb
-    capacity = {} if budget is None else {"hbm_cap" if device.type == "cuda" else "ddr_cap": int(budget * 1e9)}
-    topology = Topology(world_size=world_size, compute_device=device.type, **capacity)
-    # Fused kernels only (the optimiser runs in backward); column shards down to 4 values wide, so even a
-    # 16-wide table can be split when it does not fit one process.
-    forced = [config.sharding.type] if config.sharding.type else None
+    capacity = (
+        {} if budget is None else {"hbm_cap_bytes" if device.type == "cuda" else "ddr_cap_bytes": int(budget * 1e9)}
+    )
+    topology = TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(world_size=world_size, local_world_size=world_size, **capacity),
+        kernel_config=KernelConfig(compute_device=device.type),
+    )
+    # Fused kernels only (the optimiser runs in backward), so only the sharding types that have one (not
+    # data_parallel); column shards down to 4 values wide, so even a 16-wide table can be split when it does
+    # not fit one process.
+    allowed = [config.sharding.type] if config.sharding.type else sharding_types(device.type)
     constraints = {
-        name: ParameterConstraints(sharding_types=forced, compute_kernels=["fused"], min_partition=4) for name in names
+        name: ParameterConstraints(sharding_types=allowed, compute_kernels=["fused"], min_partition=4) for name in names
     }
+    forced = [config.sharding.type] if config.sharding.type else None
     sharders = [EmbeddingBagCollectionSharder()]
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        constraints=constraints,
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.15),  # the heuristic's own margin
+    )
     try:
         plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
     except PlannerError as error:
@@ -274,7 +293,9 @@ def _pieces(value: Any) -> tuple[list[tuple[list[int], torch.Tensor]], list[int]
 
     if isinstance(value, ShardedTensor):
         parts = [(list(s.metadata.shard_offsets), s.tensor.detach().cpu()) for s in value.local_shards()]
-        return parts, list(value.size())
+        with warnings.catch_warnings():  # TorchRec's state dicts are ShardedTensors, whatever torch prefers now
+            warnings.simplefilter("ignore", FutureWarning)
+            return parts, list(value.size())
     return [([0] * value.dim(), value.detach().cpu())], list(value.shape)
 
 
