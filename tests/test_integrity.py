@@ -241,7 +241,7 @@ def test_a_full_disk_while_a_version_is_written_leaves_the_last_complete_version
     monkeypatch.setattr(versioned_file._HashingWriter, "write", full)
     failing = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
     _fails_with(DiskFullError, lambda: failing.save({"version": 2}), f"No space left on {path}")
-    monkeypatch.undo()
+    monkeypatch.undo()  # (no chdir to undo here)
     assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 1}
     assert not list(path.glob("*/*.partial")) and not list(path.glob("*/.*.partial"))
 
@@ -334,3 +334,85 @@ def test_json_reports_are_refused_when_damaged(tmp_path):
     [file] = path.glob("*/validation_metrics.json")
     file.write_text(json.dumps({"auc": 0.9}))
     assert "is damaged" in _refused(JSONDataset(str(path), version=Version(None, None)).load, file)
+
+
+@pytest.mark.slow
+def test_a_finished_run_whose_checkpoint_could_not_be_stored_is_stored_by_the_rerun_without_retraining(
+    project, monkeypatch
+):
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    from criteo_dlrm.datasets import torch_checkpoint_dataset
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    runtime = {"training": {"num_epochs": 1, "validations_per_epoch": 1}}
+    bootstrap_project(project)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch_checkpoint_dataset.TorchCheckpointDataset, "save", full)
+        with pytest.raises(Exception, match="No space left"), KedroSession.create(project, runtime_params=runtime) as s:
+            s.run(pipeline_names=["ingestion", "metadata", "training"])
+    [in_progress] = (project / "data/06_models/in_progress").glob("dlrm_*.pt")
+    finished = torch.load(in_progress, weights_only=True)
+    assert finished["step"] == 157, "the finished run's state is kept"
+    assert not list((project / "data/08_reporting/training_summary.json").glob("*/training_summary.json"))
+    with KedroSession.create(project, runtime_params=runtime) as session:
+        session.run(pipeline_names=["training"])
+    [summary] = (project / "data/08_reporting/training_summary.json").glob("*/training_summary.json")
+    stored = json.loads(summary.read_text())
+    assert stored["steps"] == 157 and [h["step"] for h in stored["history"]] == [157], "resumed at its end"
+    assert not in_progress.exists(), "removed once the checkpoint is stored"
+
+
+def test_a_run_killed_before_its_first_validation_resumes_into_its_own_run_folder(tiny_features, tmp_path):
+    from tests.engine.test_loop import _Crash, _settings, _trainer
+
+    progress = tmp_path / "in_progress" / "progress.pt"
+    settings = _settings(num_epochs=1, validations_per_epoch=1)
+    first = _trainer(tiny_features, tmp_path / "first", settings, resume_path=progress, fingerprint="x")
+    original = first.train_step
+
+    def crash(batch, index, *args):
+        if index == 3:
+            raise _Crash
+        return original(batch, index, *args)
+
+    first.train_step = crash
+    with pytest.raises(_Crash):
+        first.fit()
+    second = _trainer(tiny_features, tmp_path / "second", settings, resume_path=progress, fingerprint="x")
+    assert second.run_dir == tmp_path / "first" / "run", "no orphan folder: the rerun continues the first one's"
+
+
+def _checkpoint(tmp_path: Path) -> dict:
+    """A small trained checkpoint and a raw folder of 400 rows to score."""
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.engine.recipe import run_training
+
+    write_day(tmp_path / "raw" / "day_0", 400, day=0, model=ClickModel(seed=3))
+    write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
+    parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_rows=0), progress=False)
+    metadata["source_days"] = {"train": [], "validation": []}
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    rows = encoder.encode_days([parquet])
+    config = TrainingConfig.from_dict(
+        {"num_epochs": 1, "resume": False, "tensorboard_dir": str(tmp_path / "tb"), "validations_per_epoch": 1}
+    )
+    checkpoint, _ = run_training(config, rows, rows, metadata, vocabularies, "r")
+    return {**checkpoint, "catalog_version": "v"}
+
+
+def test_scoring_leaves_nothing_behind_and_removes_what_a_killed_scoring_left(tmp_path):
+    from criteo_dlrm.pipelines.scoring.nodes import score_new_days
+
+    parquet_dir = tmp_path / "scoring_input"
+    parquet_dir.mkdir()
+    stale = parquet_dir / f".predictions.parquet.{2**22 + 99}.0123abcd.partial"  # a pid no process has
+    stale.write_bytes(b"half")
+    checkpoint = _checkpoint(tmp_path)
+    staged, report = score_new_days(checkpoint, {"input_dir": str(tmp_path / "raw"), "parquet_dir": str(parquet_dir)})
+    assert not stale.exists() and staged.parent == parquet_dir and staged.name.endswith(".partial")
+    assert report["rows"] == 400

@@ -174,3 +174,38 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
     checkpoint, summary = outcome["result"]
     assert summary["processes"] == 2 and checkpoint["step"] == 12
     assert not jobs[0].exists() and not outcome_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("error_file", "shown"),
+    [
+        (  # what @record writes for an exception: the message nested in a dict
+            {"message": {"message": "ConfigError: training.embedding_optimizer 'sparse_adam' has no fused kernel",
+                         "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1"}}},
+            "ConfigError: training.embedding_optimizer 'sparse_adam' has no fused kernel",
+        ),
+        ({"message": "RuntimeError: out of memory", "timestamp": 1}, "RuntimeError: out of memory"),  # a plain one
+        (  # a traceback as the message: its last line is the error
+            {"message": {"message": "Traceback (most recent call last):\n  File x\nValueError: bad rows",
+                         "extraInfo": {"timestamp": "1"}}},
+            "ValueError: bad rows",
+        ),
+        (None, "exit code 1"),  # no error file at all
+    ],
+)  # fmt: skip
+def test_the_failure_report_survives_any_error_file_a_worker_writes(tmp_path, error_file, shown):
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from criteo_dlrm.engine.distributed import _describe_failure
+    from criteo_dlrm.engine.job import TrainingJob
+
+    path = tmp_path / "error.json"
+    if error_file is not None:
+        path.write_text(json.dumps(error_file))
+    failure = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(path))
+    job = TrainingJob(TrainingConfig().to_dict(), "t", "v", [2] * 26, "abc", "run")
+    message = _describe_failure(ChildFailedError("worker", {1: failure}), job)
+    assert message.startswith("Training process rank 1 (pid 4242) failed: exit code 1") and shown in message
+    assert "Run the same command again to resume" in message
