@@ -1,4 +1,4 @@
-"""Ingestion benchmark: our streaming converter against the seed's pandas + per-cell ``int(x, 16)``.
+"""Ingestion benchmark: our streaming converter against the predecessor's pandas + per-cell ``int(x, 16)``.
 
 Generates N rows of Criteo-format data, converts them both ways in separate processes (so each
 reports its own peak RSS), and prints rows/s, peak memory and the ratio. Ours is also run on 4N rows
@@ -28,8 +28,8 @@ from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
-def seed_convert(source: Path, destination: Path) -> int:
-    """The seed's preprocessing (DESIGN.md section 2), made to run on pandas 3."""
+def predecessor_convert(source: Path, destination: Path) -> int:
+    """The predecessor's preprocessing (DESIGN.md section 2), made to run on pandas 3."""
     names = ["labels", *DENSE_COLUMNS, *SPARSE_COLUMNS]
     rows = 0
     writer = None
@@ -52,7 +52,7 @@ def worker(method: str, source: Path, destination: Path) -> None:
     if method == "ours":
         rows = convert_day(source, destination, progress=False).rows
     else:
-        rows = seed_convert(source, destination)
+        rows = predecessor_convert(source, destination)
     seconds = time.perf_counter() - started
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"rows": rows, "seconds": seconds, "peak_mb": peak_mb}))
@@ -80,7 +80,7 @@ def measure(method: str, source: Path, folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--worker", choices=["ours", "seed"])
+    parser.add_argument("--worker", choices=["ours", "predecessor"])
     parser.add_argument("--source", type=Path)
     parser.add_argument("--destination", type=Path)
     args = parser.parse_args()
@@ -95,7 +95,7 @@ def main() -> None:
         write_day(large, args.rows, day=0, model=model)
         results = {
             f"ours, {args.rows:,} rows": measure("ours", large, folder),
-            f"seed, {args.rows:,} rows": measure("seed", large, folder),
+            f"predecessor, {args.rows:,} rows": measure("predecessor", large, folder),
         }
         size_mb = large.stat().st_size / 1e6
         large.unlink()
@@ -108,9 +108,9 @@ def main() -> None:
         print(
             f"| {name} | {result['rows'] / result['seconds']:,.0f} | {result['seconds']:.1f} | {result['peak_mb']:,.0f} |"
         )
-    ours, seed = results[f"ours, {args.rows:,} rows"], results[f"seed, {args.rows:,} rows"]
-    ratio = (ours["rows"] / ours["seconds"]) / (seed["rows"] / seed["seconds"])
-    print(f"\nspeed-up over the seed: {ratio:.1f}x")
+    ours, predecessor = results[f"ours, {args.rows:,} rows"], results[f"predecessor, {args.rows:,} rows"]
+    ratio = (ours["rows"] / ours["seconds"]) / (predecessor["rows"] / predecessor["seconds"])
+    print(f"\nspeed-up over the predecessor: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

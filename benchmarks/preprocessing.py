@@ -66,8 +66,22 @@ class _Monitor(threading.Thread):
         self.join()
 
 
-def measure(stage: str, workers: int, data: Path) -> dict:
-    """Run one stage in this (fresh) process; the parallel helpers' workers are its children."""
+def measure(stage: str, workers: int | None, data: Path) -> dict:
+    """Run one stage in this (fresh) process; the parallel helpers' workers are its children. ``workers`` None:
+    the project's default rule (the count it chose is returned as ``workers``)."""
+    from criteo_dlrm.common import parallel
+    from criteo_dlrm.data import encoding as encoding_module
+    from criteo_dlrm.data import metadata as metadata_module
+    from criteo_dlrm.data.raw import days as days_module
+
+    chosen = []
+
+    def recording(*args, **kwargs):
+        chosen.append(parallel.choose_workers(*args, **kwargs))
+        return chosen[-1]
+
+    for module in (days_module, metadata_module, encoding_module):
+        module.choose_workers = recording
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
     from criteo_dlrm.data.metadata import compute_feature_metadata
@@ -85,14 +99,15 @@ def measure(stage: str, workers: int, data: Path) -> dict:
         )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     # A repeat starts from nothing: ingestion would skip days whose Parquet is already up to date.
-    for previous in (data / f"parquet_{workers}", data / f"encoded_{workers}"):
+    label = workers or "default"
+    for previous in (data / f"parquet_{label}", data / f"encoded_{label}"):
         shutil.rmtree(previous, ignore_errors=True)
     monitor = _Monitor()
     monitor.start()
     busy, total = _cpu_jiffies()
     start = time.perf_counter()
     if stage == "ingestion":
-        output = data / f"parquet_{workers}"
+        output = data / f"parquet_{label}"
         rows = sum(
             r.rows
             for r in convert_days([(s, output / p.name) for s, p in zip(raw, parquet, strict=True)], workers=workers)
@@ -100,11 +115,12 @@ def measure(stage: str, workers: int, data: Path) -> dict:
     elif stage == "metadata":
         compute_feature_metadata(parquet, settings, progress=False)
     else:
-        encoder.encode_days(parquet, into=data / f"encoded_{workers}", workers=workers)
+        encoder.encode_days(parquet, into=data / f"encoded_{label}", workers=workers)
     wall = time.perf_counter() - start
     busy_after, total_after = _cpu_jiffies()
     monitor.stop()
     return {
+        "workers": chosen[-1],
         "rows": rows,
         "wall": wall,
         "busy": (busy_after - busy) / max(total_after - total, 1),
@@ -251,6 +267,9 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=500_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure (1 added)")
+    parser.add_argument(
+        "--default", action="store_true", help="also measure the project's default worker rule (workers: null)"
+    )
     parser.add_argument("--distinct", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the fastest is kept")
     parser.add_argument("--measure", nargs=3, metavar=("STAGE", "WORKERS", "DATA"), help=argparse.SUPPRESS)
@@ -259,7 +278,8 @@ def main() -> None:
     parser.add_argument("--kernel", nargs=2, metavar=("KIND", "START"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure[0], int(args.measure[1]), Path(args.measure[2]))))
+        workers = None if args.measure[1] == "default" else int(args.measure[1])
+        print(json.dumps(measure(args.measure[0], workers, Path(args.measure[2]))))
         return
     if args.loader:
         print(json.dumps(loader_rates(Path(args.loader))))
@@ -277,6 +297,7 @@ def main() -> None:
     counts = sorted({1, *args.workers})
     if counts[0] < 1:
         parser.error("--workers must be >= 1")
+    settings = [*counts, "default"] if args.default else counts
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
@@ -284,7 +305,7 @@ def main() -> None:
         raw = sorted((data / "raw").glob("day_*.gz"))
         convert_days([(path, data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet") for path in raw])
         # Interleaved repeats, the fastest of each kept: on a shared machine the slow runs measure the neighbours.
-        runs = {(stage, workers): [] for stage in STAGES for workers in counts}
+        runs = {(stage, workers): [] for stage in STAGES for workers in settings}
         for _ in range(args.repeats):
             for stage, workers in runs:
                 runs[(stage, workers)].append(_child("--measure", stage, str(workers), tmp))
@@ -299,12 +320,13 @@ def main() -> None:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for stage in STAGES:
-        for workers in counts:
+        for workers in settings:
             result = results[(stage, workers)]
             rate = result["rows"] / result["wall"]
             speedup = results[(stage, 1)]["wall"] / result["wall"]
+            shown = f"default ({result['workers']})" if workers == "default" else workers
             print(
-                f"| {stage} | {workers} | {rate:,.0f} | {result['busy']:.0%} | {result['largest_rss'] >> 20:,} | "
+                f"| {stage} | {shown} | {rate:,.0f} | {result['busy']:.0%} | {result['largest_rss'] >> 20:,} | "
                 f"{result['total_rss'] >> 20:,} | {speedup:.2f}x | "
                 f"{max(r['wall'] for r in runs[(stage, workers)]) / result['wall']:.2f} |"
             )

@@ -1,11 +1,11 @@
-"""Training throughput on CPU: our DLRM against the seed's design, in one run.
+"""Training throughput on CPU: our DLRM against the predecessor's design, in one run.
 
 Measures, at the default configuration and at a Criteo-Kaggle-like one (26 tables sized like Kaggle's,
 capped at 100,000 rows; 16-dim embeddings; dense MLP 512-256-64-16; top MLP 512-256; batch 2048):
   - the batch loader alone,
   - our training step end to end (loader included) in fp32 with the default optimisers, with sparse SGD,
     and with bf16 autocast + torch.compile,
-  - the seed's design (outer-product interaction, per-row Dataset + default collate, dense Adam),
+  - the predecessor's design (outer-product interaction, per-row Dataset + default collate, dense Adam),
 and the machine's fp32 matmul rate, to print the share of the matmul-bound limit reached.
 
     python benchmarks/training.py [--rows 200000] [--skip-compile]
@@ -28,7 +28,7 @@ from criteo_dlrm.engine.modes import parallel_mode
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM, DLRMConfig
 
-from seed_design import SeedDLRM, seed_loader
+from predecessor import PredecessorDLRM, predecessor_loader
 
 KAGGLE_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
@@ -133,9 +133,9 @@ def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, comp
     return train_rate(model, step, batches, warmup=5 if compiled else 2, steps=steps)
 
 
-def seed(arrays: EncodedArrays, spec: dict, steps: int) -> float:
+def predecessor(arrays: EncodedArrays, spec: dict, steps: int) -> float:
     torch.manual_seed(0)
-    model = SeedDLRM(spec["tables"], spec["dim"], spec["dense"], spec["top"])
+    model = PredecessorDLRM(spec["tables"], spec["dim"], spec["dense"], spec["top"])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_function = nn.BCELoss()
 
@@ -147,7 +147,7 @@ def seed(arrays: EncodedArrays, spec: dict, steps: int) -> float:
 
     def batches():
         while True:
-            yield from seed_loader(arrays, spec["batch"])
+            yield from predecessor_loader(arrays, spec["batch"])
 
     return train_rate(model, step, batches(), warmup=1, steps=steps, rows=lambda batch: len(batch[0]))
 
@@ -163,7 +163,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--steps", type=int, default=60, help="timed steps per measurement (ours)")
-    parser.add_argument("--seed-steps", type=int, default=2, help="timed steps for the seed's design (slow)")
+    parser.add_argument(
+        "--predecessor-steps", type=int, default=2, help="timed steps for the predecessor's design (slow)"
+    )
     parser.add_argument("--skip-compile", action="store_true")
     args = parser.parse_args()
 
@@ -177,19 +179,21 @@ def main() -> None:
         steps = args.steps if name == "kaggle-like" else args.steps * 4
         rows["ours, fp32, Adam + SparseAdam (default)"] = ours(arrays, spec, "sparse_adam", "fp32", False, steps)
         rows["ours, fp32, Adam + sparse SGD"] = ours(arrays, spec, "sgd", "fp32", False, steps)
-        rows["ours, fp32, Adam over whole tables (seed's optimiser)"] = ours(
+        rows["ours, fp32, Adam over whole tables (the predecessor's optimiser)"] = ours(
             arrays, spec, "dense_adam", "fp32", False, max(steps // 4, 5)
         )
         if not args.skip_compile:
             rows["ours, bf16 autocast + torch.compile, SparseAdam"] = ours(
                 arrays, spec, "sparse_adam", "bf16", True, steps
             )
-        rows["seed's design (outer product, per-row Dataset)"] = seed(arrays, spec, args.seed_steps)
-        baseline = rows["seed's design (outer product, per-row Dataset)"]
+        rows["the predecessor's design (outer product, per-row Dataset)"] = predecessor(
+            arrays, spec, args.predecessor_steps
+        )
+        baseline = rows["the predecessor's design (outer product, per-row Dataset)"]
         print(
             f"## {name}: batch {spec['batch']}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample, matmul-bound limit {limit:,.0f} samples/s\n"
         )
-        print("| measurement | samples/s | x seed | share of matmul limit |")
+        print("| measurement | samples/s | x predecessor | share of matmul limit |")
         print("| --- | ---: | ---: | ---: |")
         for label, rate in rows.items():
             share = "" if label == "loader alone" else f"{rate / limit:.0%}"

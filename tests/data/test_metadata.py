@@ -268,15 +268,15 @@ def test_nonsense_parameters_are_refused(settings, message):
         MetadataConfig.from_dict(settings, "metadata.")
 
 
-def test_the_seed_projects_parquet_loads_with_its_minus_one_as_missing(tmp_path):
-    # The seed wrote labels as int64, dense as float32 with NaN filled by 0, categories as int64 with -1 missing.
+def test_the_predecessor_projects_parquet_loads_with_its_minus_one_as_missing(tmp_path):
+    # The predecessor wrote labels as int64, dense as float32 with NaN filled by 0, categories as int64 with -1 missing.
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"labels": rng.integers(0, 2, 500)})
     for name in DENSE_COLUMNS:
         frame[name] = rng.integers(0, 50, 500).astype(np.float32)
     for name in SPARSE_COLUMNS:
         frame[name] = np.where(rng.random(500) < 0.2, -1, rng.integers(0, 30, 500)).astype(np.int64)
-    frame.loc[3, "DENSE_2"] = np.nan  # a NaN that escaped the seed's fillna counts as missing too
+    frame.loc[3, "DENSE_2"] = np.nan  # a NaN that escaped the predecessor's fillna counts as missing too
     path = tmp_path / "seed.parquet"
     frame.to_parquet(path)
     metadata, vocabularies = compute_feature_metadata(

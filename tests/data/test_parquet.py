@@ -17,7 +17,7 @@ def _columns(seed: int) -> list[pa.Array | pa.ChunkedArray]:
         with_nulls.slice(13, 600),  # an offset that is not a multiple of 8 bits in the validity bitmap
         pa.array(values, type=pa.int64()),  # no validity buffer at all
         pa.chunked_array([with_nulls.slice(0, 500), with_nulls.slice(500)]),
-        pa.array(values.astype(np.float64), mask=mask).cast(pa.float64()),  # the seed's float columns
+        pa.array(values.astype(np.float64), mask=mask).cast(pa.float64()),  # the predecessor's float columns
     ]
 
 

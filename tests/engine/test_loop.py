@@ -67,8 +67,10 @@ def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
     assert {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]} == {
         id(p) for p in model.embedding_parameters()
     }
-    seed_way = build_optimizers(_model(tiny_features, sparse=False), TrainingConfig(embedding_optimizer="dense_adam"))
-    assert list(seed_way) == ["dense"]
+    predecessor_way = build_optimizers(
+        _model(tiny_features, sparse=False), TrainingConfig(embedding_optimizer="dense_adam")
+    )
+    assert list(predecessor_way) == ["dense"]
 
 
 def test_warm_up_and_decay_schedules():

@@ -35,16 +35,20 @@ def available_memory() -> int:
 ROWS_PER_WORKER = 2_000_000
 
 
-def choose_workers(requested: int | None, tasks: int, memory_per_worker: int, rows: int | None = None) -> int:
-    """``requested``, or (None) one per core, never more than the tasks, than free memory allows, or (when
-    ``rows`` is known) than one per ``ROWS_PER_WORKER`` rows."""
+def choose_workers(
+    requested: int | None, tasks: int, memory_per_worker: int, rows: int | None = None, cores_per_worker: int = 1
+) -> int:
+    """``requested``, or (None) one worker per ``cores_per_worker`` cores (what one worker keeps busy by itself,
+    with pyarrow's threads: a second worker on those cores only competes with the first), never more than the
+    tasks, than free memory allows, or (when ``rows`` is known) than one per ``ROWS_PER_WORKER`` rows."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"workers must be >= 1 (or null for one per core), got {requested}")
         return max(1, min(requested, tasks))
+    by_cores = max(1, available_cores() // max(cores_per_worker, 1))
     by_memory = max(1, available_memory() // max(memory_per_worker, 1))
     by_size = max(1, rows // ROWS_PER_WORKER) if rows is not None else tasks
-    return max(1, min(available_cores(), tasks, by_memory, by_size))
+    return max(1, min(by_cores, tasks, by_memory, by_size))
 
 
 def peak_rss_bytes() -> int:

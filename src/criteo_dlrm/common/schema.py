@@ -1,7 +1,7 @@
 """The Criteo click-log layout, defined once.
 
 Raw rows are ``label \\t I1..I13 \\t C1..C26`` with empty fields for missing values. Typed Parquet keeps
-the seed project's column names so its files load too.
+the predecessor project's column names so its files load too.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
 FEATURE_COLUMNS = [*DENSE_COLUMNS, *SPARSE_COLUMNS]
 LINE_COLUMN = "line"
 
-# Missing values are nulls in our Parquet. The seed's Parquet used 0 for dense and -1 for sparse;
-# SEED_SPARSE_MISSING is read as missing too so those files still load.
-SEED_SPARSE_MISSING = -1
+# Missing values are nulls in our Parquet. The predecessor's Parquet used 0 for dense and -1 for sparse;
+# PREDECESSOR_SPARSE_MISSING is read as missing too so those files still load.
+PREDECESSOR_SPARSE_MISSING = -1
 
 PARQUET_SCHEMA = pa.schema(
     [pa.field(LABEL_COLUMN, pa.int8(), nullable=False)]
@@ -59,7 +59,7 @@ class RawLayout:
 def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) -> None:
     """Raise ``DataError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
 
-    Integer widths may differ (the seed wrote int32/float columns); anything non-numeric is refused.
+    Integer widths may differ (the predecessor wrote int32/float columns); anything non-numeric is refused.
     """
     expected = COLUMNS if labelled else FEATURE_COLUMNS
     missing = [name for name in expected if name not in schema.names]

@@ -257,7 +257,7 @@ class FeatureEncoder:
                 except OSError as error:
                     raise disk_full_error(into, f"{rows:,} encoded rows", needed) from error
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
-        workers = choose_workers(workers, len(paths), ENCODING_MEMORY, rows)
+        workers = choose_workers(workers, len(paths), ENCODING_MEMORY, rows, ENCODING_CORES)
         tasks = [(str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
             for index, _ in run_parallel(_encode_day_into, tasks, workers, shared=self):
@@ -309,6 +309,9 @@ def _hash_tables(vocabularies: list[np.ndarray] | None) -> list[pd.Index] | None
 # Per encoding worker: the vocabularies' hash tables (sent once per worker, built on its first day) and
 # one 262,144-row batch in flight.
 ENCODING_MEMORY = 1 << 30
+# Cores one encoding worker keeps busy by itself (56-60% of 2 cores, measured by benchmarks/preprocessing.py):
+# a second worker on 2 cores measured 1.19x in one run and 0.62x in another, so by default one per 2 cores.
+ENCODING_CORES = 2
 
 
 def _encode_day_into(encoder: FeatureEncoder, path: str, folder: str, start: int) -> None:

@@ -208,6 +208,9 @@ def feature_groups(features_per_pass: int, workers: int) -> list[tuple[list[str]
 # Per worker: the exact counts of its group (16 bytes per distinct value) and their merge; a guess for
 # choosing the number of workers by free memory. Criteo 1TB needs a few features per pass (README).
 COUNTING_MEMORY = 2 << 30
+# Cores one counting pass keeps busy by itself (pyarrow decodes its columns on every core: 92% of 2 cores,
+# measured by benchmarks/preprocessing.py): by default one worker per that many cores.
+COUNTING_CORES = 2
 
 
 def compute_feature_metadata(
@@ -236,7 +239,7 @@ def compute_feature_metadata(
             total_rows, min_frequency, config.min_frequency, config.small_data_rows,
         )  # fmt: skip
         config = replace(config, min_frequency=min_frequency)
-    workers = choose_workers(config.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows)
+    workers = choose_workers(config.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows, COUNTING_CORES)
     paths = list(map(str, train_paths))
     groups = feature_groups(config.features_per_pass, workers)
     tasks = [(paths, group, dense_group, index == 0) for index, (group, dense_group) in enumerate(groups)]

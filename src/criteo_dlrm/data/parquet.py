@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import DataError
-from criteo_dlrm.common.schema import COLUMNS, LABEL_COLUMN, SEED_SPARSE_MISSING, check_parquet_schema
+from criteo_dlrm.common.schema import COLUMNS, LABEL_COLUMN, PREDECESSOR_SPARSE_MISSING, check_parquet_schema
 from criteo_dlrm.common.storage import write_bytes_atomically
 from criteo_dlrm.data.lineage import FORMAT_KEY, PARQUET_FORMAT, parquet_fingerprint
 
@@ -117,11 +117,11 @@ def _int64_parts(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.nda
 
 
 def sparse_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """int64 ids with -1 for missing (our nulls and the seed's -1 alike)."""
+    """int64 ids with -1 for missing (our nulls and the predecessor's -1 alike)."""
     if column.type == pa.int64():
         values, present = _int64_parts(column)
-        return values.copy() if present is None else np.where(present, values, SEED_SPARSE_MISSING)
-    return pc.fill_null(column.cast(pa.int64()), SEED_SPARSE_MISSING).to_numpy(zero_copy_only=False)
+        return values.copy() if present is None else np.where(present, values, PREDECESSOR_SPARSE_MISSING)
+    return pc.fill_null(column.cast(pa.int64()), PREDECESSOR_SPARSE_MISSING).to_numpy(zero_copy_only=False)
 
 
 def dense_values(column: pa.Array | pa.ChunkedArray, dtype: type = np.float64) -> tuple[np.ndarray, np.ndarray]:

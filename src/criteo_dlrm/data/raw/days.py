@@ -7,6 +7,7 @@ the day, about 0.1 s per million rows); a damaged or outdated day is converted a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
 from pathlib import Path
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 from loguru import logger
 
 from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
@@ -31,6 +33,9 @@ from criteo_dlrm.data.raw.files import day_name
 
 # Peak memory of one conversion: a 4 MB block, one 262,144-row group in flight, the interpreter and pyarrow.
 CONVERSION_MEMORY = 1 << 30
+# Cores one conversion keeps busy by itself (reading, parsing and writing threads: 94% of 2 cores, measured by
+# benchmarks/preprocessing.py): by default one worker per that many cores.
+CONVERSION_CORES = 2
 
 
 def _intact(parquet: Path, source: Path, layout: RawLayout | None = None) -> bool:
@@ -124,7 +129,8 @@ def convert_days(
 
     Args:
         pairs: raw files and their Parquet destinations.
-        workers: processes; None: one per core, bounded by free memory (``CONVERSION_MEMORY`` each).
+        workers: processes; None: one per ``CONVERSION_CORES`` cores, bounded by free memory
+            (``CONVERSION_MEMORY`` each) and by the data (one per 2 million rows).
         layouts: one per pair (default: labelled, no line numbers).
         force: convert every day again.
         rows_per_day: split each file into days of that many rows (``split_day``).
@@ -140,13 +146,21 @@ def convert_days(
     """
     # About 80 bytes of gzip (about 250 of plain text) per row: the size only decides the default worker count.
     rows_guess = sum(Path(source).stat().st_size // (80 if str(source).endswith(".gz") else 250) for source, _ in pairs)
-    workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY, rows_guess)
+    workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY, rows_guess, CONVERSION_CORES)
     options = {**options, "progress": False} if workers > 1 else options
     convert = partial(_convert_task, force=force, rows_per_day=rows_per_day, **options)
     tasks = [(*pair, layout) for pair, layout in zip(pairs, layouts or [TRAINING_LAYOUT] * len(pairs), strict=True)]
     reports: list[list[DayReport]] = [[] for _ in pairs]
     started = time.perf_counter()
-    with progress_bar(len(pairs), f"converting ({workers} workers)", "file") as bar:
+    with contextlib.ExitStack() as locks:
+        for folder in sorted({Path(destination).parent for _, destination in pairs}):
+            locks.enter_context(exclusive(folder, "the Parquet days"))
+        _convert_all(convert, tasks, workers, reports, started, len(pairs))
+    return [report for converted in reports for report in converted]
+
+
+def _convert_all(convert, tasks: list, workers: int, reports: list, started: float, files: int) -> None:
+    with progress_bar(files, f"converting ({workers} workers)", "file") as bar:
         for index, converted in run_parallel(convert, tasks, workers):
             reports[index] = converted
             rows = sum(r.rows for done in reports for r in done)
@@ -154,7 +168,6 @@ def convert_days(
                 rows=f"{rows:,}", rows_per_s=f"{rows / (time.perf_counter() - started):,.0f}", refresh=False
             )
             bar.update(1)
-    return [report for converted in reports for report in converted]
 
 
 def _convert_task(

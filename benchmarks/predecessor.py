@@ -1,4 +1,4 @@
-"""The seed project's model and data path (DESIGN.md section 2), rebuilt as a baseline for benchmarks.
+"""The predecessor project's model (the lecture trainer this project replaced; and data path DESIGN.md section 2), rebuilt as a baseline for benchmarks.
 
 Kept faithful where it costs time: 26 separate embedding lookups with a modulus hash in Python, the
 L x L outer product of all vectors fed to the prediction MLP, a sigmoid output with BCELoss, dense Adam
@@ -16,7 +16,7 @@ from criteo_dlrm.data.encoding import EncodedArrays
 
 
 class SeedRowDataset(Dataset):
-    """One ``__getitem__`` per row, as the seed did."""
+    """One ``__getitem__`` per row, as the predecessor did."""
 
     def __init__(self, arrays: EncodedArrays):
         self.arrays = arrays
@@ -32,7 +32,7 @@ class SeedRowDataset(Dataset):
         )
 
 
-class SeedDLRM(nn.Module):
+class PredecessorDLRM(nn.Module):
     def __init__(self, table_sizes: list[int], dim: int, dense_sizes: list[int], prediction_sizes: list[int]):
         super().__init__()
         self.table_sizes = table_sizes
@@ -56,5 +56,5 @@ class SeedDLRM(nn.Module):
         return self.prediction_mlp(outer).squeeze(1)
 
 
-def seed_loader(arrays: EncodedArrays, batch_size: int) -> DataLoader:
+def predecessor_loader(arrays: EncodedArrays, batch_size: int) -> DataLoader:
     return DataLoader(SeedRowDataset(arrays), batch_size=batch_size, shuffle=True)
