@@ -158,7 +158,7 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
         train_dlrm(
             tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r1"
         )
-    [in_progress] = (tmp_path / "progress").iterdir()
+    [in_progress] = (tmp_path / "progress").glob("dlrm_*.pt")
     monkeypatch.setattr(TrainStep, "__call__", original_step)
 
     # Other validation days (metadata.validation_days changed): another run, never resumed into.
