@@ -84,7 +84,7 @@ def main() -> None:
         model = DLRM(DLRMConfig(sizes, [16] * 26, dense_hidden_sizes=[64], prediction_hidden_sizes=[128, 64]))
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})
-        [checkpoint] = (folder / "checkpoint.pt").glob("*")
+        checkpoint = folder / "checkpoint.pt"
         measured["load a checkpoint, digest checked"] = best(repeats, dataset.load)
         measured["load a checkpoint, torch.load alone (baseline)"] = best(
             repeats, lambda: torch.load(checkpoint, map_location="cpu", weights_only=True)
