@@ -25,7 +25,7 @@ from criteo_dlrm.data.parquet import BATCH_ROWS, verify_day
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
 from threads import cpu_model
 
@@ -81,7 +81,7 @@ def main() -> None:
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
         sizes = [metadata["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-        model = DLRM(DLRMConfig(sizes, [16] * 26, dense_hidden_sizes=[64], prediction_hidden_sizes=[128, 64]))
+        model = DLRM(DLRMConfig(sizes, [16] * 26, dense_mlp=DenseMLP([64]), prediction_hidden_sizes=[128, 64]))
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})
         checkpoint = folder / "checkpoint.pt"

@@ -31,7 +31,7 @@ from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine import scoring
 from criteo_dlrm.engine.export import export_onnx
 from criteo_dlrm.engine.scoring import score_days, write_predictions
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
 CPU = torch.device("cpu")
 
@@ -56,7 +56,7 @@ def main() -> None:
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         torch.manual_seed(0)
         # The project's default model sizes (parameters_training.yml).
-        config = DLRMConfig(encoder.table_sizes, [16] * 26, dense_hidden_sizes=[64], prediction_hidden_sizes=[128, 64])
+        config = DLRMConfig(encoder.table_sizes, [16] * 26, dense_mlp=DenseMLP([64]), prediction_hidden_sizes=[128, 64])
         model = DLRM(config).eval()
         encoded = encoder.encode_days([parquet])
         loader = BatchLoader(encoded, 16384)
@@ -93,8 +93,11 @@ def main() -> None:
                     lambda: score_days(model, encoder, [parquet], CPU, progress=False)
                 ),
                 "batch scoring (`write_predictions`: encode + model + Parquet out)": timed(
-                    lambda: write_predictions(
-                        model, encoder, [("day_0", parquet)], work / "p.parquet", CPU, progress=False
+                    lambda: (
+                        (work / "p.parquet").unlink(missing_ok=True)
+                        or write_predictions(
+                            model, encoder, [("day_0", parquet)], work / "p.parquet", CPU, progress=False
+                        )
                     )
                 ),
                 "onnxruntime on the exported model (encoded rows, batch 16,384)": timed(onnx_scores),

@@ -74,7 +74,9 @@ def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: in
         types = sorted({t["sharding_type"] for t in model.plan})
     else:
         model = DLRM(model_config).to(device)
-        memory = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+        memory = embedding_bytes(
+            model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer
+        )
         types = ["replicated"]
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)

@@ -26,7 +26,7 @@ from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.modes import parallel_mode
 from criteo_dlrm.engine.step import TrainStep
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
 from predecessor import PredecessorDLRM, predecessor_loader
 
@@ -57,8 +57,7 @@ def spec_config(spec: dict) -> DLRMConfig:
     return DLRMConfig(
         spec["tables"],
         [spec["dim"]] * 26,
-        dense_hidden_sizes=spec["dense"][:-1],
-        dense_output_size=spec["dense"][-1],
+        dense_mlp=DenseMLP(spec["dense"][:-1], spec["dense"][-1]),
         prediction_hidden_sizes=spec["top"],
     )
 
@@ -81,11 +80,11 @@ def synthetic_arrays(rows: int, tables: list[int], seed: int = 0) -> EncodedArra
 
 def flops_per_sample(config: DLRMConfig) -> float:
     """Forward + backward (3x forward) multiply-adds x 2 of the MLPs and the dot interaction."""
-    sizes = [13, *config.dense_hidden_sizes, config.dense_output_size]
+    sizes = [13, *config.dense_mlp.hidden_layer_sizes, config.dense_mlp.output_size]
     macs = sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     top = [config.interaction_size, *config.prediction_hidden_sizes, 1]
     macs += sum(a * b for a, b in zip(top[:-1], top[1:], strict=True))
-    macs += config.num_features**2 * config.dense_output_size
+    macs += config.num_features**2 * config.dense_mlp.output_size
     return 3 * 2 * macs
 
 

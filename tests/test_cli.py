@@ -101,4 +101,4 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert listed.returncode == 0, (listed.stdout + listed.stderr)[-3000:]
     newest = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1]
     checkpoint = torch.load(newest / "dlrm_checkpoint.pt", weights_only=True)
-    assert checkpoint["model_config"]["dense_hidden_sizes"] == [32, 8]
+    assert checkpoint["model_config"]["dense_mlp"]["hidden_layer_sizes"] == [32, 8]

@@ -76,3 +76,20 @@ def test_stored_rows_take_fewer_bytes_and_folders_of_the_old_layout_still_load(t
         np.save(old / f"{name}.npy", getattr(in_memory, name))
     loaded = open_encoded(old)
     assert np.array_equal(loaded.sparse, stored.sparse) and np.array_equal(loaded.labels, stored.labels)
+
+
+def test_missing_and_unseen_values_land_on_rows_of_their_own_and_the_earlier_layout_still_encodes():
+    from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
+
+    vocabularies = [np.array([7, 3, 9])] + [np.array([1])] * 25
+    encoder = FeatureEncoder([5] + [3] * 25, np.zeros(13), np.ones(13), vocabularies)
+    values = np.array([7, 3, 9, 42, -1])  # three known, one unseen, one missing
+    assert encoder.encode_sparse_column(0, values).tolist() == [2, 3, 4, OUT_OF_VOCABULARY_ROW, MISSING_ROW]
+    assert OUT_OF_VOCABULARY_ROW != MISSING_ROW
+    round_trip = FeatureEncoder.from_state_dict(encoder.state_dict())
+    assert round_trip.encode_sparse_column(0, values).tolist() == [2, 3, 4, 0, 1]
+    # A checkpoint made before missing values had a row (no "missing_row" in its encoder): its own layout.
+    earlier = encoder.state_dict()
+    del earlier["missing_row"]
+    legacy = FeatureEncoder.from_state_dict(earlier)
+    assert legacy.encode_sparse_column(0, values).tolist() == [1, 2, 3, 0, 0]

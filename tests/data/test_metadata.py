@@ -48,7 +48,7 @@ def _check_against_pandas(paths, settings, threshold: int | None = None):
         assert stats["distinct"] == column.nunique()
         expected = _expected_vocabulary(column, threshold or settings.min_frequency, settings.cap(name))
         assert vocabularies[name].tolist() == expected, name
-        assert stats["table_size"] == len(expected) + 1
+        assert stats["table_size"] == len(expected) + 2, "the vocabulary, a row for unseen and one for missing"
     for name in DENSE_COLUMNS:
         column, stats = frame[name].dropna(), metadata["dense"][name]
         transformed = np.log1p(np.maximum(column.to_numpy(dtype=float), 0))
@@ -100,18 +100,18 @@ def test_per_feature_cap_override(generated_days):
         small_data_rows=0, min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7}
     )
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
-    assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 8
+    assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 9
     assert len(vocabularies["SPARSE_3"]) == 100
 
 
-def test_missing_and_unseen_values_encode_to_zero(generated_days):
+def test_missing_and_unseen_values_encode_to_rows_of_their_own(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(small_data_rows=0, min_frequency=1)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     vocabulary = vocabularies["SPARSE_0"]
     values = np.array([vocabulary[0], vocabulary[-1], -1, 2**40, vocabulary[3]])
-    assert encoder.encode_sparse_column(0, values).tolist() == [1, len(vocabulary), 0, 0, 4]
+    assert encoder.encode_sparse_column(0, values).tolist() == [2, len(vocabulary) + 1, 1, 0, 5]
 
 
 def test_encoder_matches_a_python_dict_lookup(generated_days):
@@ -122,8 +122,8 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
     table = pq.read_table(generated_days[1])
     encoded = encoder.encode_batch(table)
     for feature, name in enumerate(SPARSE_COLUMNS):
-        lookup = {int(v): i + 1 for i, v in enumerate(vocabularies[name])}
-        expected = [0 if v is None else lookup.get(v, 0) for v in table.column(name).to_pylist()]
+        lookup = {int(v): i + 2 for i, v in enumerate(vocabularies[name])}
+        expected = [1 if v is None else lookup.get(v, 0) for v in table.column(name).to_pylist()]
         assert encoded.sparse[:, feature].tolist() == expected, name
     stats = metadata["dense"]["DENSE_4"]
     raw = table.column("DENSE_4").to_pylist()
@@ -138,14 +138,14 @@ def test_modulus_hash_mode(generated_days):
     assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
     assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
-    values = np.array([0, 998, 999, 123456, -1])
-    assert encoder.encode_sparse_column(5, values).tolist() == [1, 999, 1, 1 + 123456 % 999, 0]
+    values = np.array([0, 997, 998, 123456, -1])
+    assert encoder.encode_sparse_column(5, values).tolist() == [2, 999, 2, 2 + 123456 % 998, 1]
     default = compute_feature_metadata(
         generated_days,
         MetadataConfig(min_frequency=1, small_data_rows=0, use_modulus_hash=True, max_vocabulary_size=50),
     )[0]
-    assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 1
-    assert default["sparse"]["SPARSE_2"]["table_size"] == 51
+    assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 2
+    assert default["sparse"]["SPARSE_2"]["table_size"] == 52
 
 
 def test_encoder_state_round_trips(generated_days):
@@ -258,7 +258,7 @@ def test_empty_training_set_is_refused(tmp_path):
         ({"min_frequency": 0}, "min_frequency must be >= 1"),
         ({"max_vocabulary_size": -5}, "max_vocabulary_size must be >= 1"),
         ({"vocabulary_size_overrides": {"SPARSE_99": 3}}, "unknown feature 'SPARSE_99'"),
-        ({"modulus_hash_size": 1}, "modulus_hash_size must be >= 2"),
+        ({"modulus_hash_size": 2}, "modulus_hash_size must be >= 3"),
         ({"features_per_pass": 0}, "features_per_pass must be 1 to 26"),
         ({"small_data_rows": -1}, "small_data_rows must be >= 0"),
     ],
@@ -287,7 +287,7 @@ def test_the_predecessor_projects_parquet_loads_with_its_minus_one_as_missing(tm
         assert -1 not in vocabularies[name]
     assert metadata["dense"]["DENSE_2"]["missing"] == 1
     encoded = FeatureEncoder.from_metadata(metadata, vocabularies).encode_days([path])
-    assert (encoded.sparse[(frame[SPARSE_COLUMNS] == -1).to_numpy()] == 0).all()
+    assert (encoded.sparse[(frame[SPARSE_COLUMNS] == -1).to_numpy()] == 1).all(), "the missing row"
     assert np.isfinite(encoded.dense).all() and encoded.dense[3, 2] == 0.0
 
 

@@ -15,7 +15,7 @@ from criteo_dlrm.engine.export import (
     export_program,
     serving_encoder,
 )
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def model():
     torch.manual_seed(0)
     sizes = [3, 50, 1000, 7] + [20] * 22
-    config = DLRMConfig(sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[32, 16])
+    config = DLRMConfig(sizes, [8] * 26, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[32, 16])
     return DLRM(config).eval()
 
 

@@ -15,14 +15,15 @@ from criteo_dlrm.engine.modes import SingleProcess, build_optimizers
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
 from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DCN, DLRM, DenseMLP, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
 
 
 def _model(features, seed=0, sparse=True) -> DLRM:
     torch.manual_seed(seed)
     sizes = [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-    config = DLRMConfig(sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[16])
+    ctr = features["metadata"]["label"]["ctr"]  # the output starts at the prior, as a run's model does
+    config = DLRMConfig(sizes, [8] * 26, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16], initial_ctr=ctr)
     return DLRM(config, sparse_gradients=sparse)
 
 
@@ -260,7 +261,7 @@ def _poison_after_step(trainer: Trainer, step: int) -> None:
         loss = original_step(batch, *args)
         if trainer.step == step - 1:
             with torch.no_grad():
-                trainer.mode.model.top_mlp[0].weight.fill_(float("nan"))
+                trainer.mode.model.prediction_mlp[0].weight.fill_(float("nan"))
         return loss
 
     trainer.train_step = poisoned
@@ -349,8 +350,8 @@ def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
     torch.manual_seed(0)
     sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
     config = DLRMConfig(
-        sizes, [4] * 13 + [8] * 13, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[16],
-        interaction="dcn", dcn_layers=2, dcn_rank=16,
+        sizes, [4] * 13 + [8] * 13, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16],
+        interaction="dcn", dcn=DCN(2, 16),
     )  # fmt: skip
     settings = _settings(num_epochs=3)
     trainer = Trainer(

@@ -7,7 +7,7 @@ import torch
 from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
 
 @pytest.fixture
@@ -15,7 +15,7 @@ def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
     encoder = FeatureEncoder.from_metadata(metadata, tiny_features["vocabularies"].arrays)
-    config = DLRMConfig(encoder.table_sizes, [8] * 26, dense_hidden_sizes=[16], dense_output_size=8)
+    config = DLRMConfig(encoder.table_sizes, [8] * 26, dense_mlp=DenseMLP([16], 8))
     return DLRM(config).eval(), encoder, metadata["source_days"]
 
 
@@ -23,7 +23,7 @@ def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_
     model, encoder, days = scorer
     paths = [day["parquet"] for day in days["train"] + days["validation"]]
     labels, expected = score_days(model, encoder, paths, torch.device("cpu"))
-    scores, written_labels = write_predictions(
+    scores, written_labels, _ = write_predictions(
         model, encoder, [("a", paths[0]), ("b", paths[1])], tmp_path / "p.parquet", torch.device("cpu")
     )
     table = pq.read_table(tmp_path / "p.parquet")
@@ -40,7 +40,9 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
     unlabelled = tmp_path / "unlabelled.parquet"
     pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
     _, expected = score_days(model, encoder, [path], torch.device("cpu"))
-    scores, labels = write_predictions(model, encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu"))
+    scores, labels, _ = write_predictions(
+        model, encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
+    )
     assert labels is None and np.array_equal(scores, expected)
     assert pq.read_table(tmp_path / "p.parquet").column("label").null_count == 1000
     assert pa.types.is_int8(pq.read_schema(tmp_path / "p.parquet").field("label").type)

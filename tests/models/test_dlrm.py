@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from criteo_dlrm.models import DLRM, DLRMConfig
+from criteo_dlrm.models import DCN, DLRM, DenseMLP, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
 
 TABLES = [3, 7, 50, 11, 2, 9, 100, 4, 5, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
@@ -11,9 +11,8 @@ TABLES = [3, 7, 50, 11, 2, 9, 100, 4, 5, 6, 8, 10, 12, 13, 14, 15, 16, 17, 18, 1
 def _config(**overrides) -> DLRMConfig:
     values = {
         "table_sizes": TABLES,
-        "embedding_dims": [4] * 26,
-        "dense_hidden_sizes": [8],
-        "dense_output_size": 4,
+        "sparse_embedding_sizes": [4] * 26,
+        "dense_mlp": DenseMLP([8], 4),
         "prediction_hidden_sizes": [16],
     }
     return DLRMConfig(**{**values, **overrides})
@@ -30,7 +29,7 @@ def test_dot_interaction_matches_a_naive_double_loop():
     torch.manual_seed(0)
     model = DLRM(_config())
     dense, sparse = _inputs()
-    x = model.bottom_mlp(dense)
+    x = model.dense_mlp(dense)
     embedded = model.embed(sparse)
     result = model.interact(x, embedded)
     vectors = [x] + [embedded[0][:, f] for f in range(26)]
@@ -56,7 +55,7 @@ def test_fused_table_rows_belong_to_their_feature():
 def test_forward_returns_one_logit_per_row_for_both_interactions():
     dense, sparse = _inputs(batch=5)
     assert DLRM(_config())(dense, sparse).shape == (5,)
-    mixed = _config(interaction="cat", embedding_dims=[2] * 10 + [6] * 16)
+    mixed = _config(interaction="cat", sparse_embedding_sizes=[2] * 10 + [6] * 16)
     model = DLRM(mixed)
     assert len(model.embeddings) == 2
     assert model(dense, sparse).shape == (5,)
@@ -66,7 +65,7 @@ def test_forward_returns_one_logit_per_row_for_both_interactions():
 def test_outputs_are_logits_not_probabilities():
     model = DLRM(_config())
     with torch.no_grad():
-        model.top_mlp[-1].bias.fill_(5.0)
+        model.prediction_mlp[-1].bias.fill_(5.0)
     logits = model(*_inputs())
     assert (logits > 1).all(), "no sigmoid inside the model"
 
@@ -102,12 +101,12 @@ def test_a_tiny_batch_can_be_overfitted():
     ("overrides", "message"),
     [
         (
-            {"embedding_dims": [8] * 26},
+            {"sparse_embedding_sizes": [8] * 26},
             r"interaction 'dot' needs every embedding size equal to dense_mlp.output_size \(4\)",
         ),
-        ({"embedding_dims": [4] * 25}, "sparse_embedding_sizes has 25 entries for 26 features"),
+        ({"sparse_embedding_sizes": [4] * 25}, "sparse_embedding_sizes has 25 entries for 26 features"),
         ({"interaction": "outer"}, "interaction must be one of"),
-        ({"dense_hidden_sizes": [0]}, "sizes must be positive"),
+        ({"dense_mlp": DenseMLP([0], 4)}, "sizes must be positive"),
     ],
 )
 def test_inconsistent_settings_fail_with_what_to_change(overrides, message):
@@ -128,7 +127,7 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
     def layers(sequential):
         return [(m.weight.detach().double().numpy(), m.bias.detach().double().numpy()) for m in sequential if isinstance(m, nn.Linear)]  # fmt: skip
 
-    bottom, top = layers(model.bottom_mlp), layers(model.top_mlp)
+    bottom, top = layers(model.dense_mlp), layers(model.prediction_mlp)
     table = model.embeddings[0].weight.weight.detach().double().numpy()
     starts = np.concatenate([[0], np.cumsum(TABLES)[:-1]])
     logits = []
@@ -160,7 +159,7 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
 def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
     torch.manual_seed(3)
     config = _config(
-        dense_hidden_sizes=[8, 6], prediction_hidden_sizes=[16, 8], interaction=interaction, dcn_layers=2, dcn_rank=5
+        dense_mlp=DenseMLP([8, 6], 4), prediction_hidden_sizes=[16, 8], interaction=interaction, dcn=DCN(2, 5)
     )
     model = DLRM(config)
     if interaction == "dcn":  # weights larger than the default initialisation make every cross term count
@@ -179,9 +178,9 @@ def test_prediction_dropout_acts_in_training_only_and_keeps_the_weights_layout()
     torch.manual_seed(3)
     dropped = DLRM(_config(prediction_dropout=0.5))
     assert not any(isinstance(m, nn.Dropout) for m in plain.modules()), "no Dropout module at 0"
-    assert sum(isinstance(m, nn.Dropout) for m in dropped.top_mlp) == len(_config().prediction_hidden_sizes)
+    assert sum(isinstance(m, nn.Dropout) for m in dropped.prediction_mlp) == len(_config().prediction_hidden_sizes)
     for (name, weight), (_, same) in zip(
-        plain.top_mlp.named_parameters(), dropped.top_mlp.named_parameters(), strict=True
+        plain.prediction_mlp.named_parameters(), dropped.prediction_mlp.named_parameters(), strict=True
     ):
         assert torch.equal(weight, same), name  # the same layers, initialised alike
     dense, sparse = _inputs()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
+from criteo_dlrm.models.dlrm import DLRM, DenseMLP, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables, table_key
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
@@ -15,7 +15,7 @@ NAMES = [f"T{f}" for f in range(26)]
 
 def _config(interaction: str, dims: list[int]) -> DLRMConfig:
     sizes = [3 + 7 * f for f in range(26)]
-    return DLRMConfig(sizes, dims, dense_hidden_sizes=[16], dense_output_size=8, prediction_hidden_sizes=[16],
+    return DLRMConfig(sizes, dims, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16],
                       interaction=interaction)  # fmt: skip
 
 
@@ -57,7 +57,7 @@ def test_grouped_and_split_tables_are_inverse():
     state = DLRM(config).state_dict()
     tables = split_tables(state, config)
     assert [tables[f].shape for f in range(26)] == [
-        (rows, dim) for rows, dim in zip(config.table_sizes, config.embedding_dims, strict=True)
+        (rows, dim) for rows, dim in zip(config.table_sizes, config.sparse_embedding_sizes, strict=True)
     ]
     regrouped = grouped_tables(tables, config)
     for key, tensor in regrouped.items():

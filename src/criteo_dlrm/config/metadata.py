@@ -29,7 +29,7 @@ class MetadataConfig(Config):
         checks.at_least(1, "min_frequency", "max_vocabulary_size")
         checks.at_least(0, "small_data_rows")
         checks.at_least(1, "workers", optional=True)
-        checks.at_least(2, "modulus_hash_size", optional=True)
+        checks.at_least(3, "modulus_hash_size", optional=True)  # the out-of-vocabulary and missing rows, and one
         checks.need(1 <= self.features_per_pass <= len(SPARSE_COLUMNS), "features_per_pass", "must be 1 to 26")
         for name, size in self.vocabulary_size_overrides.items():
             if name not in SPARSE_COLUMNS:

@@ -12,7 +12,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
-from criteo_dlrm.models.dlrm import DLRMConfig
+from criteo_dlrm.models.dlrm import DCN, DenseMLP, DLRMConfig
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
 EMBEDDING_BACKENDS = ("torch", "torchrec")
@@ -21,18 +21,6 @@ SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", 
 DECAYS = ("none", "linear", "cosine")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BACKENDS = ("auto", "gloo", "nccl")
-
-
-@dataclass
-class DenseMLP:
-    hidden_layer_sizes: list[int] = field(default_factory=lambda: [64])
-    output_size: int = 16
-
-
-@dataclass
-class DCN:
-    num_layers: int = 3
-    low_rank: int = 64
 
 
 @dataclass
@@ -176,17 +164,17 @@ class TrainingConfig(Config):
         """More than this process trains (the elastic launcher or torchrun starts them)."""
         return self.distributed.nproc_per_node > 1 or self.distributed.nnodes > 1
 
-    def model_config(self, table_sizes: list[int]) -> DLRMConfig:
-        """The DLRM's sizes: table sizes from the feature metadata, everything else from here."""
+    def model_config(self, table_sizes: list[int], initial_ctr: float | None = None) -> DLRMConfig:
+        """The DLRM's sizes: table sizes (and the click rate the output starts at) from the feature metadata,
+        everything else from here, under the same names."""
         sizes = self.sparse_embedding_sizes
         return DLRMConfig(
             table_sizes=list(table_sizes),
-            embedding_dims=[sizes] * NUM_SPARSE if isinstance(sizes, int) else list(sizes),
-            dense_hidden_sizes=list(self.dense_mlp.hidden_layer_sizes),
-            dense_output_size=self.dense_mlp.output_size,
+            sparse_embedding_sizes=[sizes] * NUM_SPARSE if isinstance(sizes, int) else list(sizes),
+            dense_mlp=DenseMLP(list(self.dense_mlp.hidden_layer_sizes), self.dense_mlp.output_size),
             prediction_hidden_sizes=list(self.prediction_hidden_sizes),
-            interaction=self.interaction,
-            dcn_layers=self.dcn.num_layers,
-            dcn_rank=self.dcn.low_rank,
             prediction_dropout=self.prediction_dropout,
+            interaction=self.interaction,
+            dcn=DCN(self.dcn.num_layers, self.dcn.low_rank),
+            initial_ctr=initial_ctr,
         )

@@ -103,7 +103,7 @@ class EncodedArrays:
 
     labels: np.ndarray | None  # (N,) 0 or 1 (float32 in memory, uint8 on disk); None for unlabelled rows
     dense: np.ndarray  # (N, 13) float32, standardised log1p counts
-    sparse: np.ndarray | PackedIndices  # (N, 26) int32 table indices, 0 = missing or out of vocabulary
+    sparse: np.ndarray | PackedIndices  # (N, 26) int32 table indices: 0 out of vocabulary, 1 missing, 2.. values
     lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
 
     def __len__(self) -> int:
@@ -133,12 +133,28 @@ class EncodedDays:
         return self.encoder.encode_days(self.paths, into=folder, workers=self.workers)
 
 
+# Table rows of each categorical feature: a value the vocabulary does not hold, a missing value (a row of
+# its own: in click logs a missing value has an effect of its own, while rare values average out), then the
+# vocabulary, most frequent first. feature_metadata of format 1 (and the checkpoints made with it) kept
+# missing and unseen values together in row 0, the vocabulary from row 1.
+OUT_OF_VOCABULARY_ROW = 0
+MISSING_ROW = 1
+RESERVED_ROWS = 2
+
+
+def reserved_rows(missing_row: bool) -> int:
+    """Rows before the vocabulary: 2 (unseen, missing), or 1 in the earlier layout (unseen or missing)."""
+    return RESERVED_ROWS if missing_row else 1
+
+
 class FeatureEncoder:
     """Encodes typed Criteo rows with the statistics and vocabularies of ``feature_metadata``.
 
-    Sparse value ``v`` of feature ``f`` maps to ``1 + position of v in f's vocabulary``, or 0 when missing
-    or unseen. In modulus-hash mode it maps to ``1 + v mod (table_size - 1)`` and missing to 0. Dense
-    value ``x`` maps to ``(log1p(max(x, 0)) - mean) / std``; missing maps to 0 (the mean).
+    Sparse value ``v`` of feature ``f`` maps to ``2 + position of v in f's vocabulary``, to 0 when the
+    vocabulary does not hold it, to 1 when it is missing. In modulus-hash mode it maps to
+    ``2 + v mod (table_size - 2)`` and missing to 1. With ``missing_row=False`` (the earlier layout) missing and
+    unseen share row 0 and everything else is one row lower. Dense value ``x`` maps to
+    ``(log1p(max(x, 0)) - mean) / std``; missing maps to 0 (the mean).
     """
 
     def __init__(
@@ -147,9 +163,11 @@ class FeatureEncoder:
         dense_mean: np.ndarray,
         dense_std: np.ndarray,
         vocabularies: list[np.ndarray] | None,
+        missing_row: bool = True,
     ):
         if len(table_sizes) != NUM_SPARSE or len(dense_mean) != NUM_DENSE:
             raise ValueError(f"Expected {NUM_SPARSE} tables and {NUM_DENSE} dense statistics.")
+        self.missing_row = missing_row
         self.table_sizes = [int(size) for size in table_sizes]
         self.dense_mean = np.asarray(dense_mean, dtype=np.float64)
         self.dense_std = np.asarray(dense_std, dtype=np.float64)
@@ -177,15 +195,22 @@ class FeatureEncoder:
             dense_mean=np.array([metadata["dense"][name]["log1p_mean"] for name in DENSE_COLUMNS]),
             dense_std=np.array([metadata["dense"][name]["log1p_std"] for name in DENSE_COLUMNS]),
             vocabularies=None if modulus else [np.asarray(vocabularies[name]) for name in SPARSE_COLUMNS],
+            missing_row=metadata.get("format", 1) >= 2,
         )
+
+    @property
+    def first_vocabulary_row(self) -> int:
+        return reserved_rows(self.missing_row)
 
     def encode_sparse_column(self, feature: int, values: np.ndarray) -> np.ndarray:
         """``values``: (N,) int64 ids, -1 for missing -> (N,) int32 table indices."""
+        first = self.first_vocabulary_row
         if self.vocabularies is None:
-            indices = 1 + np.mod(values, self.table_sizes[feature] - 1)
+            indices = first + np.mod(values, self.table_sizes[feature] - first)
         else:
-            indices = self._indexes[feature].get_indexer(values) + 1  # get_indexer gives -1 when absent
-        indices[values < 0] = 0
+            position = self._indexes[feature].get_indexer(values)  # -1 when the vocabulary does not hold it
+            indices = np.where(position >= 0, position + first, OUT_OF_VOCABULARY_ROW)
+        indices[values < 0] = MISSING_ROW if self.missing_row else OUT_OF_VOCABULARY_ROW
         return indices.astype(np.int32)
 
     def encode_dense(self, values: np.ndarray, missing: np.ndarray) -> np.ndarray:
@@ -282,6 +307,7 @@ class FeatureEncoder:
         import torch  # here only: encoding workers never import torch (it takes seconds)
 
         return {
+            "missing_row": self.missing_row,
             "table_sizes": list(self.table_sizes),
             "dense_mean": torch.from_numpy(self.dense_mean.copy()),
             "dense_std": torch.from_numpy(self.dense_std.copy()),
@@ -298,6 +324,7 @@ class FeatureEncoder:
             dense_mean=state["dense_mean"].numpy(),
             dense_std=state["dense_std"].numpy(),
             vocabularies=None if vocabularies is None else [v.numpy() for v in vocabularies],
+            missing_row=state.get("missing_row", False),  # checkpoints before the missing row: the earlier layout
         )
 
 

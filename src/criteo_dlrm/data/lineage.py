@@ -92,6 +92,8 @@ def encoded_lineage(metadata: dict, metadata_version: str | None, days: list[dic
     """What encoded model-input rows depend on: the vocabularies (and their version) and each day's data."""
     return {
         "metadata_version": metadata_version,
+        # The table layout (format 2: a row for missing values of its own): rows encoded in another are never reused.
+        "metadata_format": metadata.get("format", 1),
         "vocabulary_sha256": metadata["vocabulary_sha256"],
         "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint")} for day in days],
     }

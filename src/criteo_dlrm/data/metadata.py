@@ -21,9 +21,12 @@ from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_para
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.data.encoding import RESERVED_ROWS
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 
-METADATA_FORMAT = 1
+# 2: each table has a row for missing values of its own (``encoding.MISSING_ROW``); 1: missing and unseen
+# values shared row 0.
+METADATA_FORMAT = 2
 # Buffered (value, count) pairs per feature before a merge: at most max(distinct values, this) pairs.
 MERGE_FLOOR = 1 << 16
 
@@ -71,7 +74,7 @@ def build_vocabulary(values: np.ndarray, counts: np.ndarray, min_frequency: int,
     """Values seen at least ``min_frequency`` times, most frequent first, at most ``cap`` of them.
 
     Ties are broken by the smaller value, so the vocabulary never depends on the input order.
-    Entry ``i`` gets table index ``i + 1``; index 0 is missing or out of vocabulary.
+    Entry ``i`` gets table index ``i + 2`` (``encoding.RESERVED_ROWS``): 0 is out of vocabulary, 1 missing.
     """
     keep = counts >= min_frequency
     values, counts = values[keep], counts[keep]
@@ -140,11 +143,11 @@ def _sparse_summary(
 ) -> tuple[dict, np.ndarray]:
     if config.use_modulus_hash:
         vocabulary = np.zeros(0, dtype=np.int64)
-        table_size = config.modulus_hash_size or min(len(values), config.cap(name)) + 1
+        table_size = config.modulus_hash_size or min(len(values), config.cap(name)) + RESERVED_ROWS
         covered = int(counts.sum())
     else:
         vocabulary = build_vocabulary(values, counts, config.min_frequency, config.cap(name))
-        table_size = len(vocabulary) + 1
+        table_size = len(vocabulary) + RESERVED_ROWS
         covered = int(counts[np.isin(values, vocabulary)].sum())
     present = rows - missing
     summary = {
@@ -152,7 +155,7 @@ def _sparse_summary(
         "missing": missing,
         "distinct": len(values),
         "vocabulary_size": len(vocabulary),
-        "table_size": int(max(table_size, 2)),
+        "table_size": int(max(table_size, RESERVED_ROWS + 1)),
         "coverage": covered / present if present else 0.0,
     }
     return summary, vocabulary

@@ -13,7 +13,9 @@ import torch
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 
-CHECKPOINT_FORMAT = 1
+# 2: the model's names are the YAML's (dense_mlp, prediction_mlp); 1: bottom_mlp, top_mlp and flat size names.
+CHECKPOINT_FORMAT = 2
+_FORMER_MODULES = {"bottom_mlp.": "dense_mlp.", "top_mlp.": "prediction_mlp."}
 
 
 def library_versions() -> dict[str, str]:
@@ -88,6 +90,10 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
     """The DLRM a checkpoint describes, with its weights (on the CPU, in eval mode)."""
     from criteo_dlrm.models import DLRM, DLRMConfig
 
-    model = DLRM(DLRMConfig(**checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model_state"])
+    model = DLRM(DLRMConfig.from_dict(checkpoint["model_config"]))
+    state = {}
+    for key, value in checkpoint["model_state"].items():
+        prefix = next((old for old in _FORMER_MODULES if key.startswith(old)), None)
+        state[_FORMER_MODULES[prefix] + key.removeprefix(prefix) if prefix else key] = value
+    model.load_state_dict(state)
     return model.eval()

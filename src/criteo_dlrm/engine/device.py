@@ -97,6 +97,6 @@ def compile_model(model: torch.nn.Module, mode: str = "default") -> torch.nn.Mod
 
     The embedding lookups stay eager: their sparse gradients are not supported by compiled autograd.
     """
-    for name in ("bottom_mlp", "top_mlp"):
+    for name in ("dense_mlp", "prediction_mlp"):
         getattr(model, name).compile(mode=mode)
     return model

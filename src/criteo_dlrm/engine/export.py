@@ -3,8 +3,9 @@
 The exported graph takes the encoded inputs and returns click probabilities:
 
 - ``dense``: (B, 13) float32, ``(log1p(max(x, 0)) - dense_mean) / dense_std``, 0 where the count is missing;
-- ``sparse``: (B, 26) int64, ``1 + position of the value in its feature's vocabulary``, 0 when missing
-  or unseen (or ``1 + value mod (table_size - 1)`` in modulus-hash mode);
+- ``sparse``: (B, 26) int64, ``first_row + position of the value in its feature's vocabulary``,
+  ``unseen_row`` when the vocabulary does not hold it, ``missing_row`` when missing (or ``first_row + value mod
+  (table_size - first_row)`` in modulus-hash mode); the serving encoder records the three;
 - ``probability``: (B,) float32.
 
 ``serving_encoder`` writes what that preprocessing needs into one ``.npz`` (see ``ENCODER_FORMAT``), so a
@@ -24,13 +25,15 @@ from torch import nn
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
-from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
 
 INPUT_NAMES = ["dense", "sparse"]
 OUTPUT_NAMES = ["probability"]
 ENCODER_FORMAT = (
     "npz: table_sizes int64 (26,), dense_mean float64 (13,), dense_std float64 (13,), modulus_hash bool (), "
-    "and SPARSE_0 .. SPARSE_25 int64 vocabularies (entry i is table index i + 1; empty in modulus-hash mode)"
+    "unseen_row int64 () (0), missing_row int64 () (1; 0 for checkpoints made before missing values had a row "
+    "of their own), first_row int64 () (2, or 1 before), and SPARSE_0 .. SPARSE_25 int64 vocabularies (entry i "
+    "is table index first_row + i; empty in modulus-hash mode)"
 )
 
 
@@ -138,6 +141,9 @@ def serving_encoder(encoder: FeatureEncoder) -> bytes:
         dense_mean=encoder.dense_mean,
         dense_std=encoder.dense_std,
         modulus_hash=np.asarray(encoder.use_modulus_hash),
+        unseen_row=np.asarray(OUT_OF_VOCABULARY_ROW, dtype=np.int64),
+        missing_row=np.asarray(MISSING_ROW if encoder.missing_row else OUT_OF_VOCABULARY_ROW, dtype=np.int64),
+        first_row=np.asarray(encoder.first_vocabulary_row, dtype=np.int64),
         **{name: np.asarray(values, dtype=np.int64) for name, values in zip(SPARSE_COLUMNS, vocabularies, strict=True)},
     )
     return buffer.getvalue()

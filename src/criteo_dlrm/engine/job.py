@@ -32,6 +32,7 @@ class TrainingJob:
     table_sizes: list[int]
     fingerprint: str
     run_version: str
+    initial_ctr: float | None = None  # the training rows' click rate: where the model's output starts
 
     @property
     def run_dir(self) -> Path:

@@ -43,14 +43,16 @@ def _train(job: TrainingJob, config: TrainingConfig, device: torch.device) -> Tr
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     backends = configure_backends(device, config.allow_tf32, config.num_threads)
     torch.manual_seed(config.seed)  # the same initial weights in every process
-    model_config = config.model_config(job.table_sizes)
+    model_config = config.model_config(job.table_sizes, job.initial_ctr)
     if config.embedding_backend == "torchrec":
         model = shard_model(model_config, config, device, SPARSE_COLUMNS)
         embeddings = model.summary()
         module = model.module
     else:
         model = module = DLRM(model_config, sparse_gradients=config.sparse_gradients).to(device)
-        replicated = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+        replicated = embedding_bytes(
+            model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer
+        )
         embeddings = {"backend": "torch", "bytes_per_process": replicated}
     if config.compile:
         compile_model(module, config.compile_mode)
@@ -88,5 +90,7 @@ def _train(job: TrainingJob, config: TrainingConfig, device: torch.device) -> Tr
 
 
 def _parameter_count(model: DLRM, model_config: DLRMConfig) -> int:
-    tables = sum(rows * dim for rows, dim in zip(model_config.table_sizes, model_config.embedding_dims, strict=True))
+    tables = sum(
+        rows * dim for rows, dim in zip(model_config.table_sizes, model_config.sparse_embedding_sizes, strict=True)
+    )
     return tables + sum(p.numel() for p in model.dense_parameters())

@@ -63,7 +63,8 @@ def run_training(
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
-    model_config = config.model_config(table_sizes)  # impossible sizes fail before any process starts
+    initial_ctr = metadata["label"]["ctr"] if 0 < metadata["label"]["ctr"] < 1 else None
+    model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)
     device = resolve_device(config.device, "training.device")
     if config.embedding_backend == "torchrec":
@@ -78,6 +79,7 @@ def run_training(
         # Validating on other days is another run, never resumed into.
         fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
         run_version=run_version,
+        initial_ctr=initial_ctr,
     )
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
     with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():

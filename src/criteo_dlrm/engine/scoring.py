@@ -20,7 +20,7 @@ from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import create_exclusive
-from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import count_rows, iter_batches, open_day
 from criteo_dlrm.engine.device import autocast
@@ -76,11 +76,19 @@ def score_batches(
     batches: Iterable[pa.RecordBatch],
     device: torch.device,
     precision: str = "fp32",
+    seen: dict[str, int] | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
-    """Encode and score typed record batches one at a time: yields ``(batch, probabilities float32 (N,))``."""
+    """Encode and score typed record batches one at a time: yields ``(batch, probabilities float32 (N,))``.
+
+    ``seen``, when given, counts the category values that were present (``present``) and those the vocabularies
+    do not hold (``unseen``), where the encoder keeps the two apart.
+    """
     model = model.to(device).eval()
     for record_batch in batches:
         encoded = encoder.encode_batch(record_batch)
+        if seen is not None and encoder.missing_row:
+            seen["present"] = seen.get("present", 0) + int((encoded.sparse != MISSING_ROW).sum())
+            seen["unseen"] = seen.get("unseen", 0) + int((encoded.sparse == OUT_OF_VOCABULARY_ROW).sum())
         dense, sparse = torch.from_numpy(encoded.dense), torch.from_numpy(encoded.sparse.astype(np.int64))
         scores = [
             probabilities(
@@ -136,15 +144,16 @@ def write_predictions(
     device: torch.device,
     precision: str = "fp32",
     progress: bool | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | None, float | None]:
     """Score Parquet days (labelled or not) into one Parquet file of ``PREDICTIONS_SCHEMA``, streaming.
 
     Memory holds one batch, plus 5 bytes per row for the metrics when every day is labelled.
 
     Returns:
-        ``(probabilities float32 (N,), labels int8 (N,) or None when a day had no label)``.
+        ``(probabilities float32 (N,), labels int8 (N,) or None when a day had no label, the share of present
+        category values the checkpoint's vocabularies do not hold, or None for an encoder of the earlier layout)``.
     """
-    scores, labels, labelled = [], [], True
+    scores, labels, labelled, seen = [], [], True, {}
     with (
         create_exclusive(destination) as handle,
         pq.ParquetWriter(handle, PREDICTIONS_SCHEMA) as writer,
@@ -154,7 +163,8 @@ def write_predictions(
             names = open_day(path, labelled=False).schema_arrow.names
             columns = [*FEATURE_COLUMNS, *(name for name in (LABEL_COLUMN, LINE_COLUMN) if name in names)]
             position = 0
-            for batch, batch_scores in score_batches(model, encoder, iter_batches([path], columns), device, precision):
+            batches = iter_batches([path], columns)
+            for batch, batch_scores in score_batches(model, encoder, batches, device, precision, seen):
                 rows = len(batch_scores)
                 if LINE_COLUMN in names:
                     row_ids = batch.column(LINE_COLUMN)
@@ -176,7 +186,8 @@ def write_predictions(
                 position += rows
                 bar.update(rows)
     all_scores = np.concatenate(scores) if scores else np.zeros(0, np.float32)
-    return all_scores, (np.concatenate(labels) if labelled and labels else None)
+    unseen = seen["unseen"] / max(seen["present"], 1) if seen else None
+    return all_scores, (np.concatenate(labels) if labelled and labels else None), unseen
 
 
 @torch.no_grad()

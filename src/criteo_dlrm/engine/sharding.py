@@ -86,7 +86,7 @@ def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) ->
     budget = config.sharding.memory_per_process_gb
     if config.embedding_backend != "torch" or budget is None:
         return
-    needed = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+    needed = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     if needed > budget * 1e9:
         raise ConfigError(
             f"The embedding tables and their {config.embedding_optimizer} state need {needed / 1e9:.2f} GB in every "
@@ -104,7 +104,7 @@ def check_table_memory(config: TrainingConfig, metadata: dict, device: torch.dev
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
         return
-    needed = embedding_bytes(model_config.table_sizes, model_config.embedding_dims, config.embedding_optimizer)
+    needed = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     if device.type == "cuda":
         available, where = torch.cuda.mem_get_info(device)[1], f"{torch.cuda.get_device_name(device)}'s memory"
     else:
@@ -259,7 +259,7 @@ def _describe_plan(plan, model_config: DLRMConfig, names: list[str], world_size:
             {
                 "table": name,
                 "rows": model_config.table_sizes[f],
-                "dim": model_config.embedding_dims[f],
+                "dim": model_config.sparse_embedding_sizes[f],
                 "sharding_type": sharding.sharding_type,
                 "ranks": sorted({s["rank"] for s in shards}),
                 "shards": shards,

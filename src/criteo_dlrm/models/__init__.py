@@ -1,3 +1,3 @@
-from .dlrm import DLRM, DLRMConfig
+from .dlrm import DCN, DLRM, DenseMLP, DLRMConfig
 
-__all__ = ["DLRM", "DLRMConfig"]
+__all__ = ["DCN", "DLRM", "DLRMConfig", "DenseMLP"]

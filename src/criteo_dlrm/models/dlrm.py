@@ -15,54 +15,99 @@ from torch import nn
 
 from criteo_dlrm.common.errors import ConfigError
 
-__all__ = ["DLRM", "ConfigError", "DLRMConfig"]
+__all__ = ["DCN", "DLRM", "ConfigError", "DLRMConfig", "DenseMLP"]
 
 INTERACTIONS = ("dot", "cat", "dcn")
 
 
 @dataclass
+class DenseMLP:
+    """The bottom MLP over the 13 dense features (``training.dense_mlp``)."""
+
+    hidden_layer_sizes: list[int] = field(default_factory=lambda: [64])
+    output_size: int = 16
+
+
+@dataclass
+class DCN:
+    """DCN-v2's low-rank cross network (``training.dcn``, with ``interaction: dcn``)."""
+
+    num_layers: int = 3
+    low_rank: int = 64
+
+
+# DLRMConfig's names before they became the YAML's (checkpoints of format 1 hold them).
+_FORMER_NAMES = {"embedding_dims": "sparse_embedding_sizes"}
+
+
+@dataclass
 class DLRMConfig:
-    """Sizes of the model. ``table_sizes`` come from ``feature_metadata``; the rest from parameters."""
+    """Sizes of the model, named as in ``parameters_training.yml``. ``table_sizes`` come from
+    ``feature_metadata``; ``sparse_embedding_sizes`` has one size per table; ``initial_ctr`` (the training
+    data's click rate) starts the output bias at its logit, so the untrained model predicts the prior."""
 
     table_sizes: list[int]
-    embedding_dims: list[int]
-    dense_in_features: int = 13
-    dense_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256, 64])
-    dense_output_size: int = 16
-    prediction_hidden_sizes: list[int] = field(default_factory=lambda: [512, 256])
-    interaction: str = "dot"
-    # DCN-v2 cross network (``interaction: dcn``): number of low-rank cross layers and their rank.
-    dcn_layers: int = 3
-    dcn_rank: int = 64
-    # Dropout after each hidden layer of the top MLP while training (0: none, and no Dropout module at all).
+    sparse_embedding_sizes: list[int]
+    dense_mlp: DenseMLP = field(default_factory=DenseMLP)
+    prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     prediction_dropout: float = 0.0
+    interaction: str = "dot"
+    dcn: DCN = field(default_factory=DCN)
+    dense_in_features: int = 13
+    initial_ctr: float | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.dense_mlp, dict):
+            self.dense_mlp = DenseMLP(**self.dense_mlp)
+        if isinstance(self.dcn, dict):
+            self.dcn = DCN(**self.dcn)
         problems = []
-        if len(self.embedding_dims) != len(self.table_sizes):
+        if len(self.sparse_embedding_sizes) != len(self.table_sizes):
             problems.append(
-                f"sparse_embedding_sizes has {len(self.embedding_dims)} entries for {len(self.table_sizes)} features: "
-                "give one number for all, or one per feature"
+                f"sparse_embedding_sizes has {len(self.sparse_embedding_sizes)} entries for {len(self.table_sizes)} "
+                "features: give one number for all, or one per feature"
             )
         if self.interaction not in INTERACTIONS:
             problems.append(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
-        if self.interaction == "dot" and any(dim != self.dense_output_size for dim in self.embedding_dims):
+        output = self.dense_mlp.output_size
+        if self.interaction == "dot" and any(size != output for size in self.sparse_embedding_sizes):
             problems.append(
-                f"interaction 'dot' needs every embedding size equal to dense_mlp.output_size "
-                f"({self.dense_output_size}), got sparse_embedding_sizes {sorted(set(self.embedding_dims))}: "
-                "make them equal, or use interaction 'cat'"
+                f"interaction 'dot' needs every embedding size equal to dense_mlp.output_size ({output}), got "
+                f"sparse_embedding_sizes {sorted(set(self.sparse_embedding_sizes))}: make them equal, or use "
+                "interaction 'cat'"
             )
-        sizes = [*self.dense_hidden_sizes, self.dense_output_size, *self.prediction_hidden_sizes, *self.embedding_dims]
+        sizes = [
+            *self.dense_mlp.hidden_layer_sizes,
+            output,
+            *self.prediction_hidden_sizes,
+            *self.sparse_embedding_sizes,
+        ]
         if any(int(size) < 1 for size in sizes):
             problems.append(f"layer and embedding sizes must be positive, got {sizes}")
         if any(int(size) < 1 for size in self.table_sizes):
             problems.append("every table needs at least one row (check feature_metadata)")
-        if self.interaction == "dcn" and (self.dcn_layers < 1 or self.dcn_rank < 1):
-            problems.append(f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn_layers}, {self.dcn_rank}")
+        if self.interaction == "dcn" and (self.dcn.num_layers < 1 or self.dcn.low_rank < 1):
+            problems.append(
+                f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn.num_layers}, {self.dcn.low_rank}"
+            )
         if not 0.0 <= self.prediction_dropout < 1.0:
             problems.append(f"prediction_dropout must be in [0, 1), got {self.prediction_dropout}")
+        if self.initial_ctr is not None and not 0.0 < self.initial_ctr < 1.0:
+            problems.append(f"initial_ctr must be in (0, 1), got {self.initial_ctr}")
         if problems:
             raise ConfigError("Invalid DLRM settings:\n  " + "\n  ".join(problems))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> DLRMConfig:
+        """From ``to_dict()``'s output, or a checkpoint's ``model_config`` of either format."""
+        values = {_FORMER_NAMES.get(key, key): value for key, value in values.items()}
+        if "dense_hidden_sizes" in values:  # format 1: flat names
+            values["dense_mlp"] = {
+                "hidden_layer_sizes": values.pop("dense_hidden_sizes"),
+                "output_size": values.pop("dense_output_size"),
+            }
+            values["dcn"] = {"num_layers": values.pop("dcn_layers", 3), "low_rank": values.pop("dcn_rank", 64)}
+        return cls(**values)
 
     @property
     def num_features(self) -> int:
@@ -72,8 +117,8 @@ class DLRMConfig:
     @property
     def interaction_size(self) -> int:
         if self.interaction == "dot":
-            return self.dense_output_size + self.num_features * (self.num_features - 1) // 2
-        return self.dense_output_size + sum(self.embedding_dims)
+            return self.dense_mlp.output_size + self.num_features * (self.num_features - 1) // 2
+        return self.dense_mlp.output_size + sum(self.sparse_embedding_sizes)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,8 +180,8 @@ def embedding_groups(config: DLRMConfig) -> list[list[int]]:
     """Features grouped by embedding size (sizes ascending, features in order within a group). 'dot' needs one
     size, so its single group keeps feature order; for 'cat'/'dcn' the grouped order is a fixed permutation of
     the MLP's inputs. Every embedding backend returns its vectors in this order."""
-    dims = sorted(set(config.embedding_dims))
-    return [[f for f, d in enumerate(config.embedding_dims) if d == dim] for dim in dims]
+    dims = sorted(set(config.sparse_embedding_sizes))
+    return [[f for f, d in enumerate(config.sparse_embedding_sizes) if d == dim] for dim in dims]
 
 
 class GroupedTables(nn.ModuleList):
@@ -145,7 +190,9 @@ class GroupedTables(nn.ModuleList):
     def __init__(self, config: DLRMConfig, sparse_gradients: bool):
         self.groups = embedding_groups(config)
         super().__init__(
-            FusedEmbedding([config.table_sizes[f] for f in group], config.embedding_dims[group[0]], sparse_gradients)
+            FusedEmbedding(
+                [config.table_sizes[f] for f in group], config.sparse_embedding_sizes[group[0]], sparse_gradients
+            )
             for group in self.groups
         )
 
@@ -167,8 +214,9 @@ class DLRM(nn.Module):
     def __init__(self, config: DLRMConfig, sparse_gradients: bool = True, embeddings: nn.Module | None = None):
         super().__init__()
         self.config = config
-        self.bottom_mlp = mlp(
-            [config.dense_in_features, *config.dense_hidden_sizes, config.dense_output_size], final_activation=True
+        self.dense_mlp = mlp(
+            [config.dense_in_features, *config.dense_mlp.hidden_layer_sizes, config.dense_mlp.output_size],
+            final_activation=True,
         )
         self.embeddings = GroupedTables(config, sparse_gradients) if embeddings is None else embeddings
         # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
@@ -176,12 +224,16 @@ class DLRM(nn.Module):
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
         self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
         if config.interaction == "dcn":
-            self.cross = LowRankCrossNet(config.interaction_size, config.dcn_layers, config.dcn_rank)
-        self.top_mlp = mlp(
+            self.cross = LowRankCrossNet(config.interaction_size, config.dcn.num_layers, config.dcn.low_rank)
+        self.prediction_mlp = mlp(
             [config.interaction_size, *config.prediction_hidden_sizes, 1],
             final_activation=False,
             dropout=config.prediction_dropout,
         )
+        if config.initial_ctr is not None:
+            # At a 3% click rate a 0.5 start spends the first steps learning the base rate.
+            with torch.no_grad():
+                self.prediction_mlp[-1].bias.fill_(math.log(config.initial_ctr / (1.0 - config.initial_ctr)))
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group."""
@@ -203,9 +255,9 @@ class DLRM(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,); with ``embedding_squares`` also the sum of
         the squared embedding values the batch looked up, () (for an L2 penalty that reaches only those rows)."""
-        x = self.bottom_mlp(dense)  # (B, D)
+        x = self.dense_mlp(dense)  # (B, D)
         embedded = self.embed(sparse)
-        logits = self.top_mlp(self.interact(x, embedded)).squeeze(1)  # (B,)
+        logits = self.prediction_mlp(self.interact(x, embedded)).squeeze(1)  # (B,)
         if not embedding_squares:
             return logits
         return logits, sum(e.float().square().sum() for e in embedded)

@@ -32,7 +32,7 @@ class TorchRecEmbeddings(nn.Module):
         from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 
         self.groups = embedding_groups(config)
-        self.dims = [config.embedding_dims[group[0]] for group in self.groups]
+        self.dims = [config.sparse_embedding_sizes[group[0]] for group in self.groups]
         self.order = [f for group in self.groups for f in group]  # features in the order of the output
         self.names = list(names)
         self.register_buffer("columns", torch.tensor(self.order), persistent=False)
@@ -41,7 +41,7 @@ class TorchRecEmbeddings(nn.Module):
             tables=[
                 EmbeddingBagConfig(
                     name=names[f],
-                    embedding_dim=config.embedding_dims[f],
+                    embedding_dim=config.sparse_embedding_sizes[f],
                     num_embeddings=config.table_sizes[f],
                     feature_names=[names[f]],
                     pooling=PoolingType.SUM,

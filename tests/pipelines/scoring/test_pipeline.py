@@ -116,7 +116,9 @@ def test_raw_rows_through_the_exported_files_give_the_scoring_pipelines_probabil
     session = onnxruntime.InferenceSession(
         str(_newest(trained, "data/06_models/dlrm.onnx")), providers=["CPUExecutionProvider"]
     )
-    lookups = [{int(v): i + 1 for i, v in enumerate(encoder[f"SPARSE_{f}"])} for f in range(26)]
+    first, unseen, missing = (int(encoder[name]) for name in ("first_row", "unseen_row", "missing_row"))
+    assert (first, unseen, missing) == (2, 0, 1)
+    lookups = [{int(v): first + i for i, v in enumerate(encoder[f"SPARSE_{f}"])} for f in range(26)]
     with gzip.open(trained / "data/01_raw/day_1.gz", "rt") as handle:
         lines = [next(handle) for _ in range(500)]
     dense = np.zeros((500, 13), np.float32)
@@ -127,7 +129,7 @@ def test_raw_rows_through_the_exported_files_give_the_scoring_pipelines_probabil
             if text:
                 dense[row, i] = (np.log1p(max(int(text), 0)) - encoder["dense_mean"][i]) / encoder["dense_std"][i]
         for f, text in enumerate(fields[14:]):
-            sparse[row, f] = lookups[f].get(int(text, 16), 0) if text else 0
+            sparse[row, f] = lookups[f].get(int(text, 16), unseen) if text else missing
     [served] = session.run(["probability"], {"dense": dense, "sparse": sparse})
     scored = pd.read_parquet(_first_scoring_run(trained))
     expected = scored[scored["day"] == "day_1"]["click_probability"].to_numpy()[:500]

@@ -71,7 +71,7 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     assert checkpoint["training_parameters"] == params
     assert set(checkpoint["optimizer_state"]) == {"dense", "embeddings"}
 
-    model = DLRM(DLRMConfig(**checkpoint["model_config"]))
+    model = DLRM(DLRMConfig.from_dict(checkpoint["model_config"]))
     model.load_state_dict(checkpoint["model_state"])
     encoder = FeatureEncoder.from_state_dict(checkpoint["encoder"])
     assert encoder.table_sizes == model.config.table_sizes
@@ -100,7 +100,7 @@ def test_dot_with_mismatched_sizes_fails_before_training(tiny_features, tmp_path
 def test_per_feature_embedding_sizes_with_cat(tiny_features, tmp_path):
     params = training_params(tmp_path, interaction="cat", sparse_embedding_sizes=[4] * 13 + [8] * 13)
     config = TrainingConfig.from_dict(params).model_config(_table_sizes(tiny_features))
-    assert config.embedding_dims == [4] * 13 + [8] * 13
+    assert config.sparse_embedding_sizes == [4] * 13 + [8] * 13
 
 
 def _table_sizes(features) -> list[int]:

@@ -44,6 +44,11 @@ def input_days(config: ScoringConfig) -> list[dict]:
     return days
 
 
+# A share of category values unseen in training above this is worth a warning: later days of the same logs
+# keep most values known, days of other data (another hash, another product) leave most of them unseen.
+UNSEEN_WARNING = 0.5
+
+
 def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
     """Click probabilities for every row of ``scoring.input_dir``, with the checkpoint's own encoder.
 
@@ -60,7 +65,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
     # killed run left there is removed by the next one.
     remove_stale_partials(config.parquet_dir)
     staged = staging_path(Path(config.parquet_dir) / "predictions.parquet")
-    scores, labels = write_predictions(
+    scores, labels, unseen = write_predictions(
         model_from_checkpoint(dlrm_checkpoint),
         encoder,
         [(day["day"], day["parquet"]) for day in days],
@@ -75,9 +80,17 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         "rows": int(len(scores)),
         "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
         "labelled": labels is not None,
+        # Category values the checkpoint never saw in training: high when these days come from other data.
+        "unseen_share": unseen,
         "metrics": binary_metrics(labels, scores) if labels is not None and len(scores) else None,
         "source_days": days,
     }
+    if unseen is not None and unseen > UNSEEN_WARNING:
+        logger.warning(
+            "{:.0%} of the category values scored are not in {}'s vocabularies: these days look like other data "
+            "than the model was trained on, and its predictions for them rest on the dense features alone.",
+            unseen, source,
+        )  # fmt: skip
     logger.info(
         "{}: scored {:,} rows of {} (mean prediction {:.4f}){}",
         source, report["rows"], [day["day"] for day in days], report["mean_prediction"] or 0.0,

@@ -1,18 +1,6 @@
-import logging
+"""Which pipelines must run first, named in messages."""
 
-from loguru import logger
-
-from criteo_dlrm.logs import bridge_loguru
 from criteo_dlrm.pipeline_registry import pipelines_to_run_first, producers_of
-
-
-def test_loguru_messages_reach_standard_logging_under_the_module_name(caplog):
-    bridge_loguru()
-    with caplog.at_level(logging.INFO):
-        logger.info("hello {}", "kedro")
-    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
-        ("tests.test_hooks", "INFO", "hello kedro")
-    ]
 
 
 def test_producers_are_found_from_the_pipeline_modules():

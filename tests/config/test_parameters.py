@@ -102,7 +102,7 @@ def test_a_partial_override_in_conf_local_merges_into_conf_base(project):
     assert params["training"]["sparse_embedding_sizes"] == 16 and params["training"]["max_steps"] == 3
     [version] = (project / "data/06_models/dlrm_checkpoint.pt").iterdir()
     checkpoint = torch.load(version / "dlrm_checkpoint.pt", weights_only=True)
-    assert checkpoint["model_config"]["dense_hidden_sizes"] == [128, 64]
+    assert checkpoint["model_config"]["dense_mlp"]["hidden_layer_sizes"] == [128, 64]
 
 
 @pytest.mark.slow

@@ -1,0 +1,89 @@
+"""Checkpoints: the content digest, and checkpoints of the earlier format still evaluate, score and export."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from criteo_dlrm.common.storage import DamagedFileError
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint, save_atomically
+from criteo_dlrm.engine.export import serving_encoder
+from criteo_dlrm.engine.scoring import probabilities
+from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables
+
+
+def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
+    path = tmp_path / "progress.pt"
+    save_atomically({"weights": torch.arange(100.0), "step": 7}, path)
+    assert load_checkpoint(path)["step"] == 7
+    state = torch.load(path, weights_only=True)
+    state["weights"][3] = 0.5  # the file is valid but not what was written
+    torch.save(state, path)
+    with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
+        load_checkpoint(path)
+
+
+def test_the_untrained_model_predicts_the_training_click_rate():
+    torch.manual_seed(0)
+    config = DLRMConfig([50] * 26, [16] * 26, initial_ctr=0.03)
+    model = DLRM(config).eval()
+    dense = torch.randn(2000, 13)
+    sparse = torch.randint(0, 50, (2000, 26))
+    predicted = probabilities(model, dense, sparse, torch.device("cpu"))
+    assert float(predicted.mean()) == pytest.approx(0.03, rel=0.25), "at the prior, not at 0.5"
+    assert float(DLRM(DLRMConfig([50] * 26, [16] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
+
+
+def _legacy(checkpoint: dict, vocabularies: list[np.ndarray]) -> dict:
+    """The same model as a checkpoint of format 1: bottom_mlp / top_mlp, flat size names, and tables whose row 0
+    is missing-or-unseen with the vocabulary from row 1 (the missing row dropped)."""
+    config = DLRMConfig.from_dict(checkpoint["model_config"])
+    tables = split_tables(checkpoint["model_state"], config)
+    legacy_tables = {f: torch.cat([table[:1], table[2:]]) for f, table in tables.items()}
+    legacy_config = DLRMConfig(**{**config.__dict__, "table_sizes": [s - 1 for s in config.table_sizes]})
+    state = {k: v for k, v in checkpoint["model_state"].items() if not k.startswith("embeddings.")}
+    state = {k.replace("dense_mlp.", "bottom_mlp.").replace("prediction_mlp.", "top_mlp."): v for k, v in state.items()}
+    state.update(grouped_tables(legacy_tables, legacy_config))
+    flat = {
+        "table_sizes": legacy_config.table_sizes,
+        "embedding_dims": config.sparse_embedding_sizes,
+        "dense_hidden_sizes": config.dense_mlp.hidden_layer_sizes,
+        "dense_output_size": config.dense_mlp.output_size,
+        "prediction_hidden_sizes": config.prediction_hidden_sizes,
+        "interaction": config.interaction,
+        "dcn_layers": 3,
+        "dcn_rank": 64,
+    }
+    encoder = FeatureEncoder(legacy_config.table_sizes, np.zeros(13), np.ones(13), vocabularies, missing_row=False)
+    encoder_state = encoder.state_dict()
+    del encoder_state["missing_row"]
+    return {"format": 1, "model_state": state, "model_config": flat, "encoder": encoder_state}
+
+
+def test_a_checkpoint_of_the_earlier_format_scores_the_rows_it_scored(tmp_path):
+    torch.manual_seed(1)
+    vocabularies = [np.arange(10, 10 + 6)] * 26
+    config = DLRMConfig([8] * 26, [4] * 26, dense_mlp=DenseMLP([8], 4), prediction_hidden_sizes=[8])
+    model = DLRM(config).eval()
+    encoder = FeatureEncoder(config.table_sizes, np.zeros(13), np.ones(13), vocabularies)
+    current = {"model_state": model.state_dict(), "model_config": config.to_dict(), "encoder": encoder.state_dict()}
+    legacy = _legacy(current, vocabularies)
+    path = tmp_path / "legacy.pt"
+    torch.save(legacy, path)
+    loaded = torch.load(path, weights_only=True)
+    old_model, old_encoder = model_from_checkpoint(loaded), FeatureEncoder.from_state_dict(loaded["encoder"])
+    assert old_encoder.missing_row is False and old_model.config.table_sizes == [7] * 26
+    rng = np.random.default_rng(0)
+    raw = rng.choice(np.r_[np.arange(10, 16), [99]], size=(300, 26))  # known values and an unseen one, no missing
+    dense = torch.randn(300, 13)
+    new_rows = torch.from_numpy(np.stack([encoder.encode_sparse_column(f, raw[:, f]) for f in range(26)], 1))
+    old_rows = torch.from_numpy(np.stack([old_encoder.encode_sparse_column(f, raw[:, f]) for f in range(26)], 1))
+    cpu = torch.device("cpu")
+    torch.testing.assert_close(
+        probabilities(old_model, dense, old_rows.long(), cpu), probabilities(model, dense, new_rows.long(), cpu)
+    )
+    exported = np.load(io.BytesIO(serving_encoder(old_encoder)))
+    assert (int(exported["unseen_row"]), int(exported["missing_row"]), int(exported["first_row"])) == (0, 0, 1)
