@@ -70,7 +70,7 @@ def tiny_features(tmp_path_factory):
         write_day(folder / f"day_{day}", rows, day=day, model=model)
         parquet.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(
-        parquet[:1], MetadataConfig(small_data_rows=0, min_frequency=2), progress=False
+        parquet[:1], MetadataConfig(small_data_clicks=0, min_frequency=2), progress=False
     )
     metadata["source_days"] = {
         "train": [day_lineage("day_0", parquet[0])],
@@ -107,3 +107,14 @@ def ran_project(tmp_path_factory) -> Path:
     finally:
         os.chdir(previous)
     return path
+
+
+@pytest.fixture
+def logged():
+    """The messages loguru logs during the test, one string each."""
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    yield lines
+    logger.remove(sink)

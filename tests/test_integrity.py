@@ -105,7 +105,7 @@ def test_ingestion_rebuilds_a_damaged_day_instead_of_calling_it_converted(day, t
 
 def _encoded(day, tmp_path) -> tuple[EncodedArraysDataset, EncodedDays]:
     _, parquet, _ = day
-    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_rows=0), progress=False)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_clicks=0), progress=False)
     metadata["source_days"] = {"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     lineage = encoded_lineage(metadata, "v1", metadata["source_days"]["train"])
@@ -329,9 +329,9 @@ def test_a_version_a_killed_run_began_is_never_the_latest(tmp_path):
 
 
 def test_json_reports_are_refused_when_damaged(tmp_path):
-    path = tmp_path / "validation_metrics.json"
+    path = tmp_path / "evaluation_metrics.json"
     JSONDataset(str(path), version=Version(None, None)).save({"auc": 0.7})
-    [file] = path.glob("*/validation_metrics.json")
+    [file] = path.glob("*/evaluation_metrics.json")
     file.write_text(json.dumps({"auc": 0.9}))
     assert "is damaged" in _refused(JSONDataset(str(path), version=Version(None, None)).load, file)
 
@@ -394,7 +394,7 @@ def _checkpoint(tmp_path: Path) -> dict:
     write_day(tmp_path / "raw" / "day_0", 400, day=0, model=ClickModel(seed=3))
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
     parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
-    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_rows=0), progress=False)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_clicks=0), progress=False)
     metadata["source_days"] = {"train": [], "validation": []}
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     rows = encoder.encode_days([parquet])

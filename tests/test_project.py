@@ -42,8 +42,8 @@ def test_kedro_run_then_catalog_driven_reruns_and_pinned_evaluation(project):
     _run(project, runtime_params=fast)
     [first_checkpoint] = _versions(project, "data/06_models/dlrm_checkpoint.pt")
     [first_metadata] = _versions(project, "data/04_feature/feature_metadata.json")
-    [first_eval] = _versions(project, "data/08_reporting/validation_metrics.json")
-    first_metrics = _load(project, "data/08_reporting/validation_metrics.json", first_eval)
+    [first_eval] = _versions(project, "data/08_reporting/evaluation_metrics.json")
+    first_metrics = _load(project, "data/08_reporting/evaluation_metrics.json", first_eval)
     assert (
         first_metrics["checkpoint_version"] == first_checkpoint and first_metrics["metadata_version"] == first_metadata
     )
@@ -60,7 +60,7 @@ def test_kedro_run_then_catalog_driven_reruns_and_pinned_evaluation(project):
         project,
         pipeline_names=["metadata", "training"],
         runtime_params={
-            "metadata": {"min_frequency": 1, "small_data_rows": 0},
+            "metadata": {"min_frequency": 1, "small_data_clicks": 0},
             "training": {"num_epochs": 1, "seed": 3},
         },
     )
@@ -77,8 +77,8 @@ def test_kedro_run_then_catalog_driven_reruns_and_pinned_evaluation(project):
     _run(project, pipeline_names=["evaluation"], load_versions={"dlrm_checkpoint": first_checkpoint})
     pinned = _load(
         project,
-        "data/08_reporting/validation_metrics.json",
-        _versions(project, "data/08_reporting/validation_metrics.json")[-1],
+        "data/08_reporting/evaluation_metrics.json",
+        _versions(project, "data/08_reporting/evaluation_metrics.json")[-1],
     )
     assert pinned["checkpoint_version"] == first_checkpoint
     assert pinned["metadata_version"] == first_metadata != metadata_versions[-1]
@@ -120,7 +120,7 @@ def test_pinned_reruns_on_real_rows_use_exactly_their_data_or_refuse(project, re
     terabyte_rows = (real_data / "terabyte_day0_first10k.tsv").read_text().splitlines(keepends=True)
     terabyte = _real_folder(tmp_path / "terabyte", [terabyte_rows[:5000], terabyte_rows[5000:]])
     fast = {"num_epochs": 1, "batch_size": {"train": 128, "validation": 16384}}
-    checkpoints, metrics = "data/06_models/dlrm_checkpoint.pt", "data/08_reporting/validation_metrics.json"
+    checkpoints, metrics = "data/06_models/dlrm_checkpoint.pt", "data/08_reporting/evaluation_metrics.json"
 
     # 1. Kaggle rows: checkpoint A.
     _run(project, runtime_params={"ingestion": {"raw_dir": str(kaggle)}, "training": fast})

@@ -24,7 +24,7 @@ LAYERS = {
     "feature_vocabularies": "feature",
     "train_features": "model_input",
     "dlrm_checkpoint": "models",
-    "validation_metrics": "reporting",
+    "evaluation_metrics": "reporting",
     "roc_curve_plot": "reporting",
 }
 SCORING_LAYERS = {"predictions": "model_output", "scoring_report": "model_output", "dlrm_onnx": "models"}
@@ -103,7 +103,7 @@ def test_api_previews_metadata_and_metrics(viz):
     metadata = json.loads(_get(f"{viz}/api/nodes/{ids['feature_metadata']}"))
     preview = json.loads(metadata["preview"]) if isinstance(metadata["preview"], str) else metadata["preview"]
     assert "label" in json.dumps(preview) and "SPARSE_0" in json.dumps(preview)
-    metrics = json.loads(_get(f"{viz}/api/nodes/{ids['validation_metrics']}"))
+    metrics = json.loads(_get(f"{viz}/api/nodes/{ids['evaluation_metrics']}"))
     assert "auc" in json.dumps(metrics["preview"])
     report = json.loads(_get(f"{viz}/api/nodes/{ids['ingestion_report']}"))
     assert report["preview_type"] == "JSONPreview" and "day_0.parquet" in report["preview"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SUMMARISED = (
-    "ingestion_report", "feature_metadata", "training_summary", "validation_metrics", "scoring_report",
+    "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
     "export_report", "predictions", "dlrm_onnx",
 )  # fmt: skip
 
@@ -34,7 +34,7 @@ def _below_prior(metrics: dict) -> str | None:
         return None
     return (
         "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
-        "and the model (see the small-data rule, metadata.small_data_rows), or a learning rate too high."
+        "and the model (see the small-data rule, metadata.small_data_clicks), or a learning rate too high."
     )
 
 
@@ -59,13 +59,21 @@ def render(record: RunRecord) -> str:
             f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"
         )
-        if "validation_metrics" not in saved:  # evaluation did not run: say what the kept model measured
+        if "evaluation_metrics" not in saved:  # evaluation did not run: say what the kept model measured
             lines.append(f"            validation {_metrics_line(summary['best_validation'])}")
             if warning := _below_prior(summary["best_validation"]):
                 lines.append(f"            {warning}")
-    if metrics := saved.get("validation_metrics"):
-        lines.append(f"evaluation  checkpoint {metrics['checkpoint_version']} on {', '.join(metrics['days'])}:")
+    if metrics := saved.get("evaluation_metrics"):
+        rows = metrics.get("rows_evaluated", "validation")
+        lines.append(f"evaluation  checkpoint {metrics['checkpoint_version']}, {rows} rows of {', '.join(metrics['days'])}:")
         lines.append(f"            {_metrics_line(metrics['model'])}")
+        if (method := metrics.get("calibration_method", "none")) != "none":
+            raw = metrics["model_raw"]
+            ece = metrics["calibration_by_decile"]["calibrated"]["expected_calibration_error"]
+            lines.append(
+                f"            {method} calibration: ECE {ece:.4f}; raw output: log loss {raw['log_loss']:.5f}, "
+                f"calibration {raw['calibration']:.3f}"
+            )
         lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
         if metrics["oracle"]:
             lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"

@@ -31,3 +31,25 @@ def test_sparse_and_dense_values_match_arrow(index: int) -> None:
     assert missing.tolist() == [v is None for v in expected]
     assert values.dtype == np.float32
     np.testing.assert_array_equal(values, np.array([0 if v is None else v for v in expected], dtype=np.float32))
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 2_500), (2_500, 5_000), (999, 1_001), (1_000, 4_000), (4_999, 5_000)])
+def test_a_part_of_a_day_reads_exactly_those_rows_across_row_groups(tmp_path, start, stop, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from criteo_dlrm.data import parquet
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+
+    write_day(tmp_path / "day_0", 5_000, day=0, model=ClickModel(seed=1))
+    path = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet", progress=False).parquet
+    whole = pq.read_table(path)
+    # Row groups of 1,000 rows and batches of 700: a range starts and ends inside both.
+    pq.write_table(whole, tmp_path / "groups.parquet", row_group_size=1_000)
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 700)
+    part = parquet.DayRows(str(tmp_path / "groups.parquet"), start, stop)
+    read = pa.Table.from_batches(list(parquet.iter_batches([part])))
+    assert read.equals(whole.slice(start, stop - start).select(read.column_names))
+    assert parquet.count_rows([part, path]) == stop - start + 5_000
+    record = {"parquet": str(tmp_path / "groups.parquet"), "row_range": [start, stop]}
+    assert parquet.recorded_rows(record) == part and parquet.recorded_rows({"parquet": path}) == str(path)

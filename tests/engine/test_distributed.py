@@ -64,6 +64,10 @@ def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tin
     other, _ = _run(tiny_features, _config(tmp_path / "other", 1, seed=1), "other")
     moved = max((other["model_state"][n] - w).abs().max().item() for n, w in one["model_state"].items())
     assert moved > 1e-2
+    # Calibrated once, after training, by the launching process: the same as one process's.
+    assert two["calibration"]["method"] == "platt" and two["calibration"]["rows"] == 1000
+    for name in ("slope", "intercept"):
+        assert two["calibration"][name] == pytest.approx(one["calibration"][name], abs=1e-3), name
 
 
 def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path):
@@ -89,6 +93,16 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_fea
     metrics = binary_metrics(validation.labels, predicted.double().numpy())
     for name in ("log_loss", "auc", "calibration"):
         assert metrics[name] == pytest.approx(checkpoint["best_validation"][name], abs=1e-6), name
+    # The calibration is the maximum-likelihood Platt fit on the kept model's validation logits: both
+    # gradients of the log loss (intercept and slope) vanish there.
+    logits = np.log(predicted.double().numpy() / (1 - predicted.double().numpy()))
+    state = checkpoint["calibration"]
+    residual = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"]))) - validation.labels
+    assert abs(residual.mean()) < 1e-4 and abs((residual * logits).mean()) < 1e-4
+    assert (
+        summary["calibration"]["validation_log_loss"]["calibrated"]
+        <= summary["calibration"]["validation_log_loss"]["raw"]
+    )
 
 
 def _workers(launcher: psutil.Process) -> list[psutil.Process]:
@@ -139,6 +153,7 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
     steps_per_epoch = -(-3000 // 16)
     assert checkpoint["step"] > 0 and summary["steps"] == 3 * steps_per_epoch
     assert summary["history"][0]["step"] >= steps_per_epoch, "the validations before the kill came from the file"
+    assert checkpoint["calibration"]["method"] == "platt" and checkpoint["calibration"]["rows"] == 1000, "resumed too"
     assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary["in_progress_checkpoint"]]
 
 

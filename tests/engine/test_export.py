@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.calibration import Calibration, fit_calibration
 from criteo_dlrm.engine.export import (
     ExportError,
     ScoringModel,
@@ -38,9 +39,10 @@ def test_onnxruntime_gives_pytorchs_probabilities_at_any_batch_size(model, onnx_
     session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["dense", "sparse"]
     dense, sparse = example_inputs(model.config.table_sizes, rows, seed=rows + 100)
-    [exported] = session.run(["probability"], {"dense": dense.numpy(), "sparse": sparse.numpy()})
+    exported, logits = session.run(["probability", "logit"], {"dense": dense.numpy(), "sparse": sparse.numpy()})
     with torch.no_grad():
         expected = torch.sigmoid(model(dense, sparse)).numpy()
+        np.testing.assert_allclose(logits, model(dense, sparse).numpy(), atol=1e-5)
     difference = np.abs(exported - expected).max()
     print(f"onnxruntime vs PyTorch, {rows} rows: max |difference| {difference:.2e}")  # noqa: T201 - reported
     assert exported.shape == (rows,) and difference <= 1e-5
@@ -59,6 +61,25 @@ def test_torch_export_program_loads_and_matches(model):
     dense, sparse = example_inputs(model.config.table_sizes, 33, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(program.module()(dense, sparse), ScoringModel(model)(dense, sparse))
+
+
+@pytest.mark.parametrize("method", ["platt", "isotonic"])
+def test_the_onnx_graph_applies_the_calibration_as_numpy_does(model, method):
+    dense, sparse = example_inputs(model.config.table_sizes, 500, seed=9)
+    with torch.no_grad():
+        logits = model(dense, sparse).numpy().astype(np.float64)
+    labels = (np.random.default_rng(0).random(500) < 1 / (1 + np.exp(-(1.5 * logits + 0.3)))).astype(np.int8)
+    state = fit_calibration(labels, logits, method)
+    onnx_model = export_onnx(ScoringModel(model, Calibration(state)), model.config.table_sizes)
+    session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
+    probability, logit = session.run(["probability", "logit"], {"dense": dense.numpy(), "sparse": sparse.numpy()})
+    if method == "platt":
+        expected = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"])))
+    else:  # linear between the knots, flat beyond them: numpy's interp
+        expected = np.interp(logits, state["knots_logit"].numpy(), state["knots_probability"].numpy())
+    np.testing.assert_allclose(logit, logits, atol=1e-5)
+    np.testing.assert_allclose(probability, expected, atol=1e-5)
+    assert check_onnx(onnx_model, ScoringModel(model, Calibration(state)), model.config.table_sizes, 64, 1e-5)
 
 
 def test_serving_encoder_holds_what_preprocessing_needs():

@@ -78,3 +78,24 @@ def test_reliability_curve_bins_cover_every_row():
     assert curve["rows"].tolist() == [2, 2, 2]
     np.testing.assert_allclose(curve["predicted"], [0.15, 0.5, 0.85])
     np.testing.assert_allclose(curve["observed"], [0.0, 1.0, 0.5])
+
+
+def test_calibration_report_bins_equal_rows_and_weights_the_gaps():
+    from criteo_dlrm.engine.metrics import calibration_report
+
+    # Four bins of 5 rows, by prediction; a naive loop over the sorted rows is the reference.
+    rng = np.random.default_rng(3)
+    probabilities = rng.random(20)
+    labels = (rng.random(20) < probabilities).astype(int)
+    report = calibration_report(labels, probabilities, bins=4)
+    order = np.argsort(probabilities)
+    gaps = []
+    for index, chunk in enumerate(np.split(order, 4)):
+        predicted, observed = probabilities[chunk].mean(), labels[chunk].mean()
+        gaps.append(abs(predicted - observed))
+        assert report["bins"][index]["rows"] == 5
+        assert report["bins"][index]["mean_prediction"] == pytest.approx(predicted)
+        assert report["bins"][index]["calibration"] == (pytest.approx(predicted / observed) if observed else None)
+    assert report["expected_calibration_error"] == pytest.approx(np.mean(gaps))
+    perfect = calibration_report(np.array([0, 1] * 50), np.full(100, 0.5), bins=10)
+    assert perfect["expected_calibration_error"] == pytest.approx(0.0)

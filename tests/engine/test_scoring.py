@@ -6,6 +6,7 @@ import torch
 
 from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.calibration import Calibration
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
 from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
 
@@ -22,13 +23,20 @@ def scorer(tiny_features):
 def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_path):
     model, encoder, days = scorer
     paths = [day["parquet"] for day in days["train"] + days["validation"]]
-    labels, expected = score_days(model, encoder, paths, torch.device("cpu"))
+    labels, logits = score_days(model, encoder, paths, torch.device("cpu"))
     scores, written_labels, _ = write_predictions(
-        model, encoder, [("a", paths[0]), ("b", paths[1])], tmp_path / "p.parquet", torch.device("cpu")
+        model,
+        Calibration(None),
+        encoder,
+        [("a", paths[0]), ("b", paths[1])],
+        tmp_path / "p.parquet",
+        torch.device("cpu"),
     )
     table = pq.read_table(tmp_path / "p.parquet")
     assert table.schema.equals(PREDICTIONS_SCHEMA)
+    expected = torch.sigmoid(torch.from_numpy(logits)).numpy()
     assert np.array_equal(table.column("click_probability").to_numpy(), expected) and np.array_equal(scores, expected)
+    assert np.array_equal(table.column("logit").to_numpy(), logits)
     assert np.array_equal(written_labels, labels) and np.array_equal(table.column("label").to_numpy(), labels)
     assert table.column("day").to_pylist() == ["a"] * 3000 + ["b"] * 1000
     assert table.column("row").to_pylist() == list(range(3000)) + list(range(1000)), "positions in Parquet input"
@@ -39,10 +47,21 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
     path = days["validation"][0]["parquet"]
     unlabelled = tmp_path / "unlabelled.parquet"
     pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
-    _, expected = score_days(model, encoder, [path], torch.device("cpu"))
+    _, logits = score_days(model, encoder, [path], torch.device("cpu"))
     scores, labels, _ = write_predictions(
-        model, encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
+        model, Calibration(None), encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
     )
-    assert labels is None and np.array_equal(scores, expected)
+    assert labels is None and np.array_equal(scores, torch.sigmoid(torch.from_numpy(logits)).numpy())
     assert pq.read_table(tmp_path / "p.parquet").column("label").null_count == 1000
     assert pa.types.is_int8(pq.read_schema(tmp_path / "p.parquet").field("label").type)
+
+
+def test_written_probabilities_are_the_calibration_of_the_written_logits(scorer, tmp_path):
+    model, encoder, days = scorer
+    path = days["validation"][0]["parquet"]
+    calibration = Calibration({"method": "platt", "slope": 0.5, "intercept": -1.25, "rows": 10})
+    write_predictions(model, calibration, encoder, [("d", path)], tmp_path / "p.parquet", torch.device("cpu"))
+    table = pq.read_table(tmp_path / "p.parquet")
+    logits = table.column("logit").to_numpy().astype(np.float64)
+    expected = 1 / (1 + np.exp(-(0.5 * logits - 1.25)))
+    np.testing.assert_allclose(table.column("click_probability").to_numpy(), expected, rtol=1e-5)

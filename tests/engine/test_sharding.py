@@ -166,7 +166,7 @@ def _run(features, config: TrainingConfig, name: str, metadata: dict | None = No
     )
 
 
-def _evaluate_alone(checkpoint: dict, features) -> dict:
+def _probabilities(checkpoint: dict, features) -> np.ndarray:
     validation = features["validation"]
     predicted = probabilities(
         model_from_checkpoint(checkpoint),
@@ -174,7 +174,11 @@ def _evaluate_alone(checkpoint: dict, features) -> dict:
         torch.from_numpy(validation.sparse.astype(np.int64)),
         torch.device("cpu"),
     )
-    return binary_metrics(validation.labels, predicted.double().numpy())
+    return predicted.double().numpy()
+
+
+def _evaluate_alone(checkpoint: dict, features) -> dict:
+    return binary_metrics(features["validation"].labels, _probabilities(checkpoint, features))
 
 
 @pytest.mark.slow
@@ -199,6 +203,14 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     alone = _evaluate_alone(checkpoint, tiny_features)
     for name in ("log_loss", "auc", "calibration"):
         assert alone[name] == pytest.approx(best[name], abs=1e-6), name
+    # Calibrated once after training, as any run: the validation rows' click rate on average.
+    assert checkpoint["calibration"]["method"] == "platt" and checkpoint["calibration"]["rows"] == 1000
+    state = checkpoint["calibration"]
+    validation = tiny_features["validation"]
+    raw = _probabilities(checkpoint, tiny_features)
+    logits = np.log(raw) - np.log1p(-raw)
+    calibrated = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"])))
+    assert calibrated.mean() == pytest.approx(validation.labels.mean(), abs=1e-4)
 
 
 @pytest.mark.slow

@@ -14,9 +14,13 @@ from criteo_dlrm.config.base import Checks, Config
 class MetadataConfig(Config):
     validation_days: list[str] | None = None
     train_days: list[str] | None = None
+    # Day names that test (what evaluation reports on): null splits each validation day instead, its last
+    # test_share of rows testing (MLPerf's split of Criteo 1TB's day 23); test_share 0: no test rows.
+    test_days: list[str] | None = None
+    test_share: float = 0.5
     min_frequency: int = 3
-    # Small data: the threshold becomes small_data_rows / training rows when that is larger (0: off).
-    small_data_rows: int = 400_000
+    # Few clicks: the threshold becomes small_data_clicks / training clicks when that is larger (0: off).
+    small_data_clicks: int = 20_000
     max_vocabulary_size: int = 1_000_000
     vocabulary_size_overrides: dict[str, int] = field(default_factory=dict)
     use_modulus_hash: bool = False
@@ -27,7 +31,7 @@ class MetadataConfig(Config):
     def problems(self, prefix: str = "") -> list[str]:
         checks = Checks(self, prefix)
         checks.at_least(1, "min_frequency", "max_vocabulary_size")
-        checks.at_least(0, "small_data_rows")
+        checks.at_least(0, "small_data_clicks")
         checks.at_least(1, "workers", optional=True)
         checks.at_least(3, "modulus_hash_size", optional=True)  # the out-of-vocabulary and missing rows, and one
         checks.need(1 <= self.features_per_pass <= len(SPARSE_COLUMNS), "features_per_pass", "must be 1 to 26")
@@ -38,34 +42,38 @@ class MetadataConfig(Config):
                 )
             elif size < 1:
                 checks.problems.append(f"{prefix}vocabulary_size_overrides.{name} must be >= 1, got {size}")
-        for name in ("validation_days", "train_days"):
+        checks.need(0 <= self.test_share < 1, "test_share", "must be at least 0 and below 1")
+        for name in ("validation_days", "train_days", "test_days"):
             days = getattr(self, name)
             checks.need(days is None or len(days) > 0, name, "must list at least one day (or be null)")
             checks.need(days is None or len(set(days)) == len(days), name, "lists a day twice")
-        overlap = sorted(set(self.train_days or ()) & set(self.validation_days or ()))
-        if overlap:
-            checks.problems.append(
-                f"{prefix}train_days and {prefix}validation_days both list {overlap}: a day either trains or "
-                "validates. Change one of them."
-            )
+        for first, second in (("train_days", "validation_days"), ("train_days", "test_days"),
+                              ("validation_days", "test_days")):  # fmt: skip
+            overlap = sorted(set(getattr(self, first) or ()) & set(getattr(self, second) or ()))
+            if overlap:
+                checks.problems.append(
+                    f"{prefix}{first} and {prefix}{second} both list {overlap}: a day trains, validates or tests, "
+                    "one of the three. Change one of them."
+                )
         return checks.problems
 
-    def effective_min_frequency(self, training_rows: int) -> int:
-        """The vocabulary threshold for ``training_rows`` rows: ``min_frequency``, raised on small data to
-        ``small_data_rows / training_rows`` (rounded), since with few rows most values are rare and their
-        embeddings mostly noise (measured: benchmarks, model quality)."""
-        if not self.small_data_rows or training_rows <= 0:
+    def effective_min_frequency(self, training_clicks: int) -> int:
+        """The vocabulary threshold for ``training_clicks`` clicks: ``min_frequency``, raised where clicks are few
+        to ``small_data_clicks / training_clicks`` (rounded): what an embedding can learn from a value is bounded
+        by the clicks it was seen with, so with few clicks most values' embeddings are noise (measured:
+        benchmarks, model quality, at 3% and 25% click rates)."""
+        if not self.small_data_clicks or training_clicks <= 0:
             return self.min_frequency
-        return max(self.min_frequency, round(self.small_data_rows / training_rows))
+        return max(self.min_frequency, round(self.small_data_clicks / training_clicks))
 
     def cap(self, feature: str) -> int:
         return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))
 
 
 def check_day_names(config: MetadataConfig, names: list[str], where: str = "the ingested days") -> None:
-    """Raise ``ConfigError`` when ``validation_days`` or ``train_days`` name a day that is not in ``names``."""
+    """Raise ``ConfigError`` when ``validation_days``, ``train_days`` or ``test_days`` name a day not in ``names``."""
     problems = []
-    for setting in ("validation_days", "train_days"):
+    for setting in ("validation_days", "train_days", "test_days"):
         unknown = [day for day in getattr(config, setting) or () if day not in names]
         if unknown:
             close = {day: difflib.get_close_matches(day, names, n=1) for day in unknown}

@@ -12,6 +12,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
+from criteo_dlrm.engine.calibration import CALIBRATION_METHODS
 from criteo_dlrm.models.dlrm import DCN, DenseMLP, DLRMConfig
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
@@ -99,6 +100,7 @@ class TrainingConfig(Config):
     validations_per_epoch: int = 4
     validate_every_steps: int = 0  # > 0: overrides validations_per_epoch
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    calibration: str = "platt"  # fitted on the validation rows after training: platt, isotonic or none
     log_every_steps: int = 20
     phase_timing: bool = True
     resume: bool = True
@@ -114,6 +116,7 @@ class TrainingConfig(Config):
         need = checks.need
         checks.one_of("embedding_optimizer", EMBEDDING_OPTIMIZERS)
         checks.one_of("decay", DECAYS)
+        checks.one_of("calibration", CALIBRATION_METHODS)
         checks.one_of("embedding_backend", EMBEDDING_BACKENDS)
         checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
         checks.positive("sharding.memory_per_process_gb", optional=True)

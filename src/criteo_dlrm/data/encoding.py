@@ -30,7 +30,7 @@ from criteo_dlrm.common.storage import (
     reserve,
     size_text,
 )
-from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
+from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 
 
 def index_widths(table_sizes: list[int]) -> list[int]:
@@ -121,7 +121,7 @@ class EncodedDays:
     """Days to encode, not encoded yet: whoever stores them decides where the rows go (see ``write``)."""
 
     encoder: FeatureEncoder
-    paths: list[str]
+    paths: list[Day]  # whole days, or parts of them (DayRows)
     lineage: dict | None = None  # stored with the rows, so they are reused only for the same inputs
     workers: int | None = None  # processes encoding whole days; None: one per core (bounded by memory)
 
@@ -243,7 +243,7 @@ class FeatureEncoder:
             dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)
         return EncodedArrays(labels, dense, sparse)
 
-    def encode_days(self, paths: list[str | Path], into: Path | None = None, workers: int | None = 1) -> EncodedArrays:
+    def encode_days(self, paths: list[Day], into: Path | None = None, workers: int | None = 1) -> EncodedArrays:
         """Encode whole days, into memory or, with ``into``, into files in that folder (``open_encoded``).
 
         In memory: float32 labels, dense and int32 indices, 160 bytes per row. On disk: uint8 labels,
@@ -283,7 +283,10 @@ class FeatureEncoder:
                     raise disk_full_error(into, f"{rows:,} encoded rows", needed) from error
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
         workers = choose_workers(workers, len(paths), ENCODING_MEMORY, rows, ENCODING_CORES)
-        tasks = [(str(path), str(into), start) for path, start in zip(paths, starts, strict=True)]
+        tasks = [
+            (path if isinstance(path, DayRows) else str(path), str(into), start)
+            for path, start in zip(paths, starts, strict=True)
+        ]
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
             for index, _ in run_parallel(_encode_day_into, tasks, workers, shared=self):
                 bar.update(rows_per_day[index])
@@ -292,7 +295,7 @@ class FeatureEncoder:
         logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
-    def _encode_rows(self, paths: list[str | Path], out: EncodedArrays, start: int) -> None:
+    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int) -> None:
         """Encode ``paths`` batch by batch into ``out`` from row ``start`` on."""
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
@@ -341,7 +344,7 @@ ENCODING_MEMORY = 1 << 30
 ENCODING_CORES = 2
 
 
-def _encode_day_into(encoder: FeatureEncoder, path: str, folder: str, start: int) -> None:
+def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int) -> None:
     """A worker's task: encode one day into its rows of the files in ``folder``."""
     out = open_encoded(Path(folder), writable=True)
     encoder._encode_rows([path], out, start)

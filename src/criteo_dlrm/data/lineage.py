@@ -95,7 +95,8 @@ def encoded_lineage(metadata: dict, metadata_version: str | None, days: list[dic
         # The table layout (format 2: a row for missing values of its own): rows encoded in another are never reused.
         "metadata_format": metadata.get("format", 1),
         "vocabulary_sha256": metadata["vocabulary_sha256"],
-        "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint")} for day in days],
+        # row_range: the validation or test part of a day (None: all of it).
+        "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint", "row_range")} for day in days],
     }
 
 

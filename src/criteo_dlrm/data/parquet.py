@@ -10,6 +10,7 @@ anywhere in the file is refused with the day's name, never read as other numbers
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -139,12 +140,62 @@ def dense_values(column: pa.Array | pa.ChunkedArray, dtype: type = np.float64) -
     return values.astype(dtype, copy=False), missing
 
 
-def iter_batches(paths: Sequence[str | Path], columns: Sequence[str] = COLUMNS) -> Iterator[pa.RecordBatch]:
-    """Stream the given days as record batches of at most ``BATCH_ROWS`` rows."""
+@dataclass(frozen=True)
+class DayRows:
+    """Rows ``start`` to ``stop`` (excluded) of one Parquet day: a validation day's validation and test halves.
+
+    Wherever days are read (``iter_batches``, ``count_rows``) a ``DayRows`` stands for those rows only.
+    """
+
+    path: str
+    start: int
+    stop: int
+
+    def __str__(self) -> str:
+        return f"{self.path} rows {self.start:,} to {self.stop:,}"
+
+
+Day = str | Path | DayRows
+
+
+def _day_batches(path: Day, columns: list[str], labelled: bool) -> Iterator[pa.RecordBatch]:
+    if not isinstance(path, DayRows):
+        day = open_day(path, labelled=labelled)
+        yield from read_checked(path, day.iter_batches(batch_size=BATCH_ROWS, columns=columns))
+        return
+    day = open_day(path.path, labelled=labelled)
+    # Only the row groups that hold the range are read; batches are cut to it.
+    groups, position, first = [], 0, None
+    for index in range(day.metadata.num_row_groups):
+        rows = day.metadata.row_group(index).num_rows
+        if position < path.stop and position + rows > path.start:
+            groups.append(index)
+            first = position if first is None else first
+        position += rows
+    position = first or 0
+    for batch in read_checked(path.path, day.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns)):
+        begin, end = max(path.start - position, 0), min(path.stop - position, len(batch))
+        position += len(batch)
+        if end > begin:
+            yield batch.slice(begin, end - begin)
+
+
+def iter_batches(paths: Sequence[Day], columns: Sequence[str] = COLUMNS) -> Iterator[pa.RecordBatch]:
+    """Stream the given days (or parts of days, ``DayRows``) as record batches of at most ``BATCH_ROWS`` rows."""
     for path in paths:
-        day = open_day(path, labelled=LABEL_COLUMN in columns)
-        yield from read_checked(path, day.iter_batches(batch_size=BATCH_ROWS, columns=list(columns)))
+        yield from _day_batches(path, list(columns), LABEL_COLUMN in columns)
 
 
-def count_rows(paths: Sequence[str | Path]) -> int:
-    return sum(open_day(path, labelled=False).metadata.num_rows for path in paths)
+def count_rows(paths: Sequence[Day]) -> int:
+    return sum(
+        path.stop - path.start if isinstance(path, DayRows) else open_day(path, labelled=False).metadata.num_rows
+        for path in paths
+    )
+
+
+def recorded_rows(day: dict) -> Day:
+    """The rows a lineage record (``lineage.day_lineage``) stands for: its ``row_range`` of the day, or all of it."""
+    if day.get("row_range"):
+        start, stop = day["row_range"]
+        return DayRows(str(day["parquet"]), int(start), int(stop))
+    return str(day["parquet"])

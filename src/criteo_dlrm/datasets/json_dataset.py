@@ -16,9 +16,9 @@ class JSONDataset(VersionedFileDataset):
     Unlike ``kedro_datasets.json.JSONDataset`` nothing is written in place: a full disk or a kill mid-save
     never leaves a truncated newest version. Example ``catalog.yml`` entry::
 
-        validation_metrics:
+        evaluation_metrics:
           type: criteo_dlrm.datasets.JSONDataset
-          filepath: data/08_reporting/validation_metrics.json
+          filepath: data/08_reporting/evaluation_metrics.json
           versioned: true
     """
 

@@ -1,12 +1,13 @@
 """Exporting a trained DLRM for serving: ONNX (checked with onnxruntime), ``torch.export`` and the encoder.
 
-The exported graph takes the encoded inputs and returns click probabilities:
+The exported graph takes the encoded inputs and returns calibrated click probabilities and the raw logits:
 
 - ``dense``: (B, 13) float32, ``(log1p(max(x, 0)) - dense_mean) / dense_std``, 0 where the count is missing;
 - ``sparse``: (B, 26) int64, ``first_row + position of the value in its feature's vocabulary``,
   ``unseen_row`` when the vocabulary does not hold it, ``missing_row`` when missing (or ``first_row + value mod
   (table_size - first_row)`` in modulus-hash mode); the serving encoder records the three;
-- ``probability``: (B,) float32.
+- ``probability``: (B,) float32, the checkpoint's calibration applied (``engine.calibration``);
+- ``logit``: (B,) float32, the model's output before calibration.
 
 ``serving_encoder`` writes what that preprocessing needs into one ``.npz`` (see ``ENCODER_FORMAT``), so a
 serving system reproduces raw row -> probability without this package.
@@ -26,9 +27,10 @@ from torch import nn
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
+from criteo_dlrm.engine.calibration import Calibration
 
 INPUT_NAMES = ["dense", "sparse"]
-OUTPUT_NAMES = ["probability"]
+OUTPUT_NAMES = ["probability", "logit"]
 ENCODER_FORMAT = (
     "npz: table_sizes int64 (26,), dense_mean float64 (13,), dense_std float64 (13,), modulus_hash bool (), "
     "unseen_row int64 () (0), missing_row int64 () (1; 0 for checkpoints made before missing values had a row "
@@ -42,15 +44,22 @@ class ExportError(UserError, RuntimeError):
 
 
 class ScoringModel(nn.Module):
-    """A DLRM that returns probabilities: the function a serving system calls."""
+    """A DLRM and its calibration: the function a serving system calls."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, calibration: Calibration | None = None):
         super().__init__()
         self.model = model
+        self.calibration = calibration if calibration is not None else Calibration(None)
 
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        """dense: (B, 13) float32; sparse: (B, 26) int64 -> (B,) probabilities."""
-        return torch.sigmoid(self.model(dense, sparse))
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """dense: (B, 13) float32; sparse: (B, 26) int64 -> ((B,) calibrated probabilities, (B,) logits)."""
+        logits = self.model(dense, sparse)
+        return self.calibration(logits), logits
+
+
+def scoring_model(model: nn.Module) -> ScoringModel:
+    """``model`` itself when it is a ``ScoringModel``, else the DLRM with no calibration (its own probabilities)."""
+    return model if isinstance(model, ScoringModel) else ScoringModel(model)
 
 
 def example_inputs(table_sizes: list[int], rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,8 +76,8 @@ def _dynamic_batch() -> dict:
 
 
 def export_onnx(model: nn.Module, table_sizes: list[int]) -> bytes:
-    """ONNX bytes of ``ScoringModel(model)`` with a dynamic batch dimension (torch.onnx's dynamo exporter)."""
-    scoring = ScoringModel(model).eval()
+    """ONNX bytes of ``scoring_model(model)`` with a dynamic batch dimension (torch.onnx's dynamo exporter)."""
+    scoring = scoring_model(model).eval()
     # The exporter notes, for every run, that torchvision's operators are not there: nothing this model uses.
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
@@ -91,9 +100,9 @@ def export_onnx(model: nn.Module, table_sizes: list[int]) -> bytes:
 
 
 def export_program(model: nn.Module, table_sizes: list[int]) -> bytes:
-    """``torch.export`` of ``ScoringModel(model)`` (a ``.pt2``, loaded with ``torch.export.load``)."""
+    """``torch.export`` of ``scoring_model(model)`` (a ``.pt2``, loaded with ``torch.export.load``)."""
     program = torch.export.export(
-        ScoringModel(model).eval(), example_inputs(table_sizes, 8), dynamic_shapes=_dynamic_batch()
+        scoring_model(model).eval(), example_inputs(table_sizes, 8), dynamic_shapes=_dynamic_batch()
     )
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
@@ -101,14 +110,14 @@ def export_program(model: nn.Module, table_sizes: list[int]) -> bytes:
 
 
 def onnx_max_difference(onnx_model: bytes, model: nn.Module, dense: torch.Tensor, sparse: torch.Tensor) -> float:
-    """Largest |onnxruntime - PyTorch| probability over the given rows, on the CPU."""
+    """Largest |onnxruntime - PyTorch| over the given rows and both outputs (probability, logit), on the CPU."""
     import onnxruntime
 
     session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
-    [exported] = session.run(OUTPUT_NAMES, {"dense": dense.numpy(), "sparse": sparse.numpy()})
+    exported = session.run(OUTPUT_NAMES, {"dense": dense.numpy(), "sparse": sparse.numpy()})
     with torch.no_grad():
-        expected = ScoringModel(model).eval()(dense, sparse).numpy()
-    return float(np.abs(exported - expected).max())
+        expected = [output.numpy() for output in scoring_model(model).eval()(dense, sparse)]
+    return max(float(np.abs(a - b).max()) for a, b in zip(exported, expected, strict=True))
 
 
 def check_onnx(onnx_model: bytes, model: nn.Module, table_sizes: list[int], rows: int, tolerance: float) -> dict:
@@ -124,7 +133,7 @@ def check_onnx(onnx_model: bytes, model: nn.Module, table_sizes: list[int], rows
     worst = max(differences.values())
     if worst > tolerance:
         raise ExportError(
-            f"onnxruntime's probabilities differ from PyTorch's by up to {worst:.2e} (tolerance {tolerance:.0e}): "
+            f"onnxruntime's outputs differ from PyTorch's by up to {worst:.2e} (tolerance {tolerance:.0e}): "
             "the ONNX export is not faithful; report it with your torch and onnxruntime versions."
         )
     logger.info("ONNX export checked with onnxruntime: max |difference| {:.2e} over {:,} rows", worst, rows)

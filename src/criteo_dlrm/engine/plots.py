@@ -11,8 +11,9 @@ from criteo_dlrm.engine.metrics import reliability_curve, roc_curve
 # (a notebook importing the project keeps its inline plots), and nothing is left open.
 
 
-def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float]) -> Figure:
-    """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend."""
+def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float], rows: str = "test") -> Figure:
+    """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend; ``rows``: which
+    rows they are on (test or validation), for the title."""
     figure = Figure(figsize=(6, 6))
     axes = figure.subplots()
     for name, scores in curves.items():
@@ -22,7 +23,7 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
     axes.set(
         xlabel="false positive rate",
         ylabel="true positive rate",
-        title="ROC curve on the validation days",
+        title=f"ROC curve on the {rows} rows",
         xlim=(0, 1),
         ylim=(0, 1),
     )
@@ -32,18 +33,21 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
     return figure
 
 
-def calibration_figure(labels: np.ndarray, probabilities: np.ndarray, bins: int = 20) -> Figure:
-    """Observed CTR against mean predicted CTR in bins of equal row counts; the diagonal is perfect."""
-    curve = reliability_curve(labels, probabilities, bins)
+def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], rows: str = "test", bins: int = 20) -> Figure:
+    """Observed CTR against mean predicted CTR in bins of equal row counts, one curve per set of predictions
+    (the raw model output and the calibrated probabilities); the diagonal is perfect."""
+    points = {name: reliability_curve(labels, probabilities, bins) for name, probabilities in curves.items()}
     figure = Figure(figsize=(6, 6))
     axes = figure.subplots()
-    top = max(curve["predicted"].max(), curve["observed"].max()) * 1.05
+    top = max(max(c["predicted"].max(), c["observed"].max()) for c in points.values()) * 1.05
     axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
-    axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"model ({bins} bins of equal rows)")
+    for name, curve in points.items():
+        ratio = curves[name].mean() / max(labels.mean(), 1e-12)
+        axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"{name} (calibration {ratio:.3f})")
     axes.set(
-        xlabel="mean predicted CTR",
+        xlabel=f"mean predicted CTR ({bins} bins of equal rows)",
         ylabel="observed CTR",
-        title="Calibration on the validation days",
+        title=f"Calibration on the {rows} rows",
         xlim=(0, top),
         ylim=(0, top),
     )

@@ -14,26 +14,32 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
+from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
-from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions
+from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
+from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.loop import TrainingResult
+from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
+from criteo_dlrm.engine.scoring import calibrated, predict
 from criteo_dlrm.engine.sharding import check_fused_optimizer, check_replicated_memory, require_torchrec
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
 NOT_IN_FINGERPRINT = (
     "resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads",
-    "encoding_workers", "distributed",
+    "encoding_workers", "distributed", "calibration",
 )  # fmt: skip
 
 
@@ -100,6 +106,9 @@ def run_training(
     checkpoint = training_checkpoint(
         result, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
     )
+    # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
+    # logits on the validation rows.
+    checkpoint["calibration"] = calibrate(checkpoint, validation, config, device)
     summary = {
         **run,
         "device": outcome.device,
@@ -110,6 +119,7 @@ def run_training(
         "stopped_early": result.stopped_early,
         "samples_per_second": result.samples_per_second,
         "best_validation": result.best_metrics,
+        "calibration": {key: value for key, value in checkpoint["calibration"].items() if not key.startswith("knots")},
         "history": result.history,
         "metadata_version": metadata_version,
         "source_days": metadata.get("source_days"),
@@ -117,6 +127,24 @@ def run_training(
         "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
     }
     return checkpoint, summary
+
+
+def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfig, device: torch.device) -> dict:
+    """Fit ``config.calibration`` on the checkpoint's model's logits for the validation rows (``engine.calibration``).
+
+    Returns:
+        the calibration's state, with the validation log loss before and after (``validation_log_loss``).
+    """
+    model = model_from_checkpoint(checkpoint).to(device)
+    loader = BatchLoader(validation, config.batch_size.validation)
+    scores = predict(model, loader, device, config.precision, output="logit")
+    labels = np.asarray(validation.labels)
+    state = fit_calibration(labels, scores, config.calibration)
+    raw = log_loss(labels, 1 / (1 + np.exp(-scores)))
+    after = log_loss(labels, calibrated(Calibration(state), scores.astype(np.float32)))
+    state["validation_log_loss"] = {"raw": raw, "calibrated": after}
+    logger.info("calibration: {}; validation log loss {:.5f} -> {:.5f}", describe(state), raw, after)
+    return state
 
 
 def finish_run(summary: dict) -> None:

@@ -1,8 +1,9 @@
 """Scoring with a trained model and its own encoder: one home for turning rows into click probabilities.
 
-``probabilities`` is the only place a model's logits become probabilities; training's validation
-(``predict``, over encoded rows), evaluation (``score_days``) and batch scoring (``write_predictions``,
-streaming to Parquet) all call it.
+``logits`` is the only place a model scores rows: training's validation (``predict``, over encoded rows, the
+model's own probabilities), evaluation (``score_days``) and batch scoring (``write_predictions``, streaming to
+Parquet) all call it; evaluation and batch scoring turn the logits into probabilities through the checkpoint's
+calibration (``engine.calibration``, ``calibrated``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN
 from criteo_dlrm.common.storage import create_exclusive
 from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
-from criteo_dlrm.data.parquet import count_rows, iter_batches, open_day
+from criteo_dlrm.data.parquet import Day, count_rows, iter_batches, open_day
+from criteo_dlrm.engine.calibration import Calibration
 from criteo_dlrm.engine.device import autocast
 
 if TYPE_CHECKING:
     from criteo_dlrm.data.batches import BatchLoader
 
 PREDICTION_COLUMN = "click_probability"
+LOGIT_COLUMN = "logit"
 # Rows per forward pass when scoring. On the CPU a DLRM scores about 2.5x faster in slices of a few thousand
 # rows than in whole Parquet batches (262,144 rows), whose (B, 27, 27) products no longer fit in cache.
 MODEL_BATCH_ROWS = 4096
@@ -60,14 +63,33 @@ def checkpoint_encoder(checkpoint: dict, source: str) -> FeatureEncoder:
 
 
 @torch.no_grad()
+def logits(
+    model: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor, device: torch.device, precision: str = "fp32"
+) -> torch.Tensor:
+    """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 logits on the CPU."""
+    dense, sparse = dense.to(device, non_blocking=True), sparse.to(device, non_blocking=True)
+    with autocast(device, precision):
+        scores = model(dense, sparse)
+    return scores.float().cpu()
+
+
 def probabilities(
     model: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor, device: torch.device, precision: str = "fp32"
 ) -> torch.Tensor:
-    """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 click probabilities on the CPU."""
-    dense, sparse = dense.to(device, non_blocking=True), sparse.to(device, non_blocking=True)
-    with autocast(device, precision):
-        logits = model(dense, sparse)
-    return torch.sigmoid(logits.float()).cpu()
+    """The model's own click probabilities (before calibration): ``sigmoid(logits(...))``, (B,) float32."""
+    return torch.sigmoid(logits(model, dense, sparse, device, precision))
+
+
+@torch.no_grad()
+def calibrated(calibration: Calibration, scores: np.ndarray) -> np.ndarray:
+    """logits (N,) float32 -> calibrated click probabilities (N,) float32, a slice at a time (an isotonic
+    calibration holds a (rows, knots) matrix while it runs)."""
+    calibration = calibration.cpu().eval()
+    parts = [
+        calibration(torch.from_numpy(np.ascontiguousarray(scores[begin : begin + MODEL_BATCH_ROWS]))).numpy()
+        for begin in range(0, len(scores), MODEL_BATCH_ROWS)
+    ]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
 def score_batches(
@@ -78,7 +100,7 @@ def score_batches(
     precision: str = "fp32",
     seen: dict[str, int] | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
-    """Encode and score typed record batches one at a time: yields ``(batch, probabilities float32 (N,))``.
+    """Encode and score typed record batches one at a time: yields ``(batch, logits float32 (N,))``.
 
     ``seen``, when given, counts the category values that were present (``present``) and those the vocabularies
     do not hold (``unseen``), where the encoder keeps the two apart.
@@ -91,7 +113,7 @@ def score_batches(
             seen["unseen"] = seen.get("unseen", 0) + int((encoded.sparse == OUT_OF_VOCABULARY_ROW).sum())
         dense, sparse = torch.from_numpy(encoded.dense), torch.from_numpy(encoded.sparse.astype(np.int64))
         scores = [
-            probabilities(
+            logits(
                 model,
                 dense[begin : begin + MODEL_BATCH_ROWS],
                 sparse[begin : begin + MODEL_BATCH_ROWS],
@@ -106,15 +128,15 @@ def score_batches(
 def score_days(
     model: torch.nn.Module,
     encoder: FeatureEncoder,
-    paths: Sequence[str | Path],
+    paths: Sequence[Day],
     device: torch.device,
     precision: str = "fp32",
     progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Score labelled Parquet days, keeping only labels and predictions (5 bytes per row).
+    """Score labelled Parquet days (or parts of days), keeping only labels and logits (5 bytes per row).
 
     Returns:
-        ``(labels int8 (N,), click probabilities float32 (N,))`` in file order.
+        ``(labels int8 (N,), logits float32 (N,))`` in file order.
     """
     labels, predictions = [], []
     with progress_bar(count_rows(paths), "scoring", "rows", progress) as bar:
@@ -130,7 +152,8 @@ PREDICTIONS_SCHEMA = pa.schema(
         pa.field("day", pa.string(), nullable=False),
         # The row's line in its raw file (1-based), or its position in a Parquet day given as input (0-based).
         pa.field("row", pa.int64(), nullable=False),
-        pa.field(PREDICTION_COLUMN, pa.float32(), nullable=False),
+        pa.field(PREDICTION_COLUMN, pa.float32(), nullable=False),  # calibrated (the checkpoint's calibration)
+        pa.field(LOGIT_COLUMN, pa.float32(), nullable=False),  # the model's raw output, before calibration
         pa.field("label", pa.int8()),  # null where the input had no label
     ]
 )
@@ -138,6 +161,7 @@ PREDICTIONS_SCHEMA = pa.schema(
 
 def write_predictions(
     model: torch.nn.Module,
+    calibration: Calibration,
     encoder: FeatureEncoder,
     days: Sequence[tuple[str, str | Path]],
     destination: str | Path,
@@ -150,7 +174,7 @@ def write_predictions(
     Memory holds one batch, plus 5 bytes per row for the metrics when every day is labelled.
 
     Returns:
-        ``(probabilities float32 (N,), labels int8 (N,) or None when a day had no label, the share of present
+        ``(calibrated probabilities float32 (N,), labels int8 (N,) or None when a day had no label, the share of present
         category values the checkpoint's vocabularies do not hold, or None for an encoder of the earlier layout)``.
     """
     scores, labels, labelled, seen = [], [], True, {}
@@ -164,7 +188,8 @@ def write_predictions(
             columns = [*FEATURE_COLUMNS, *(name for name in (LABEL_COLUMN, LINE_COLUMN) if name in names)]
             position = 0
             batches = iter_batches([path], columns)
-            for batch, batch_scores in score_batches(model, encoder, batches, device, precision, seen):
+            for batch, batch_logits in score_batches(model, encoder, batches, device, precision, seen):
+                batch_scores = calibrated(calibration, batch_logits)
                 rows = len(batch_scores)
                 if LINE_COLUMN in names:
                     row_ids = batch.column(LINE_COLUMN)
@@ -175,7 +200,13 @@ def write_predictions(
                 )
                 writer.write_batch(
                     pa.RecordBatch.from_arrays(
-                        [pa.array([day] * rows, pa.string()), row_ids, pa.array(batch_scores), label],
+                        [
+                            pa.array([day] * rows, pa.string()),
+                            row_ids,
+                            pa.array(batch_scores),
+                            pa.array(batch_logits),
+                            label,
+                        ],  # fmt: skip
                         schema=PREDICTIONS_SCHEMA,
                     )
                 )
@@ -197,12 +228,15 @@ def predict(
     device: torch.device,
     precision: str = "fp32",
     progress: bool | None = False,
+    output: str = "probability",
 ) -> np.ndarray:
-    """Click probabilities for every encoded row of ``loader``, in order: (N,) float64 (training's validation)."""
+    """The model's own click probabilities (``output="logit"``: its logits) for every encoded row of ``loader``,
+    in order: (N,) float64 (training's validation, and the rows calibration is fitted on)."""
     model.eval()
+    score = probabilities if output == "probability" else logits
     outputs = []
     with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
         for batch in loader.batches():
-            outputs.append(probabilities(model, batch.dense, batch.sparse, device, precision))
+            outputs.append(score(model, batch.dense, batch.sparse, device, precision))
             bar.update(len(batch))
     return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)

@@ -13,8 +13,10 @@ from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.engine.calibration import calibration_from_checkpoint
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
-from criteo_dlrm.engine.scoring import score_days
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.scoring import calibrated, score_days
 
 pytestmark = pytest.mark.slow
 
@@ -60,22 +62,28 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
         node_names=["score_new_days"],
     )
     report = json.loads(_newest(trained, "data/07_model_output/scoring_report.json").read_text())
-    evaluation = json.loads(_newest(trained, "data/08_reporting/validation_metrics.json").read_text())
+    evaluation = json.loads(_newest(trained, "data/08_reporting/evaluation_metrics.json").read_text())
     assert report["checkpoint_version"] == evaluation["checkpoint_version"]
-    assert report["metrics"] == evaluation["model"], "the same rows, encoder and model give the same metrics"
+    assert report["calibration_method"] == evaluation["calibration_method"] == "platt"
+    # Evaluation reports on the test rows, the day's second half: the same rows of the predictions give the same.
+    [test] = evaluation["source_days"]
+    assert test["day"] == "day_2" and test["row_range"] == [10_000, 20_000]
+    predictions = pd.read_parquet(_newest(trained, "data/07_model_output/predictions.parquet"))
+    tested = predictions.iloc[10_000:]
+    assert binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy()) == evaluation["model"]
 
     import torch
 
     checkpoint = torch.load(_newest(trained, "data/06_models/dlrm_checkpoint.pt"), weights_only=True)
-    validation_parquet = checkpoint["metadata"]["source_days"]["validation"][0]["parquet"]
-    _, expected = score_days(
+    _, logits = score_days(
         model_from_checkpoint(checkpoint),
         FeatureEncoder.from_state_dict(checkpoint["encoder"]),
-        [validation_parquet],
+        [test["parquet"]],
         torch.device("cpu"),
     )
-    predictions = pd.read_parquet(_newest(trained, "data/07_model_output/predictions.parquet"))
-    assert np.array_equal(predictions["click_probability"].to_numpy(), expected), "evaluation's predictions, exactly"
+    assert np.array_equal(predictions["logit"].to_numpy(), logits), "evaluation's logits, exactly"
+    expected = calibrated(calibration_from_checkpoint(checkpoint), logits)
+    assert np.array_equal(predictions["click_probability"].to_numpy(), expected)
     assert predictions["row"].tolist() == list(range(1, 20_001)), "line numbers of the raw file"
 
 

@@ -9,7 +9,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             Node(
                 evaluate_checkpoint,
                 inputs=["dlrm_checkpoint", "params:evaluation"],
-                outputs=["validation_metrics", "roc_curve_plot", "calibration_plot", "score_histogram_plot"],
+                outputs=["evaluation_metrics", "roc_curve_plot", "calibration_plot", "score_histogram_plot"],
                 name="evaluate_checkpoint",
                 tags=["evaluation"],
             )

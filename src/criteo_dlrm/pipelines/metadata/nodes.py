@@ -12,45 +12,62 @@ from criteo_dlrm.data.lineage import check_days, day_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, compute_feature_metadata
 
 
-def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], list[dict]]:
-    """Split the ingested days into training and validation days (default: the last day validates).
+def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], list[dict], list[dict]]:
+    """Split the ingested days into training, validation and test days (default: the last day validates and
+    tests, its first half validating, its second half testing).
 
     Raises:
-        ConfigError: an unknown day name, or no day left to train on.
+        ConfigError: an unknown day name, no day left to train on, or a day too small to split.
+        LineageError: a day the ingestion report names is gone or has changed.
     """
     names = [day["day"] for day in days]
     check_day_names(config, names)
-    validation = list(config.validation_days) if config.validation_days else names[-1:]
-    train = list(config.train_days) if config.train_days else [name for name in names if name not in validation]
+    test = list(config.test_days or ())
+    validation = list(config.validation_days) if config.validation_days else [n for n in names if n not in test][-1:]
+    train = list(config.train_days) if config.train_days else [n for n in names if n not in validation + test]
     if not train and len(days) == 1:
         # One big file (Kaggle's train.txt has no day structure): split it into 7 days, as Kaggle's 7 days.
         rows_per_day = -(-days[0].get("rows", 7) // 7)
         raise ConfigError(
             f"metadata: the only ingested day, {names[0]}, would validate and none would train. Split the file "
             f"into days: `{kedro_run(params={'ingestion.rows_per_day': rows_per_day})}` (7 days of {rows_per_day:,} "
-            "rows; the last one validates)."
+            "rows; the last one validates and tests)."
         )
     if not train:
         raise ConfigError(
-            f"metadata: no training day is left (days {names}, validation {validation}): leave at least one day "
-            "out of metadata.validation_days."
+            f"metadata: no training day is left (days {names}, validation {validation}, test {test}): leave at "
+            "least one day out of metadata.validation_days and metadata.test_days."
         )
     by_name = {day["day"]: day for day in days}
-    return [by_name[name] for name in train], [by_name[name] for name in validation]
+    check_days([by_name[name] for name in train + validation + test], "ingestion_report")
+    records = {name: day_lineage(name, by_name[name]["parquet"]) for name in train + validation + test}
+    for name in validation + test:
+        records[name]["click_probability"] = by_name[name].get("click_probability")
+    validating = [records[name] for name in validation]
+    testing = [records[name] for name in test]
+    if not test and config.test_share > 0:
+        validating, testing = [], []
+        for name in validation:
+            rows = records[name]["rows"]
+            test_rows = int(rows * config.test_share)
+            if test_rows < 1 or test_rows >= rows:
+                raise ConfigError(
+                    f"metadata: the validation day {name} has {rows:,} rows, too few to keep "
+                    f"{config.test_share:.0%} of them for testing (metadata.test_share). Name whole test days with "
+                    f"metadata.test_days, or report on the validation rows: "
+                    f"`{kedro_run(params={'metadata.test_share': 0})}`."
+                )
+            validating.append({**records[name], "row_range": [0, rows - test_rows]})
+            testing.append({**records[name], "row_range": [rows - test_rows, rows]})
+    return [records[name] for name in train], validating, testing
 
 
 def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, FeatureVocabularies]:
     """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days."""
     config = MetadataConfig.from_dict(metadata, "metadata.")
-    train, validation = split_days(ingestion_report["days"], config)
-    check_days(train + validation, "ingestion_report")
-    source_days = {
-        "train": [day_lineage(day["day"], day["parquet"]) for day in train],
-        "validation": [
-            {**day_lineage(day["day"], day["parquet"]), "click_probability": day.get("click_probability")}
-            for day in validation
-        ],
-    }
+    train, validation, test = split_days(ingestion_report["days"], config)
+    # test: what evaluation reports on, never used to choose or calibrate the model (empty: the validation rows).
+    source_days = {"train": train, "validation": validation, "test": test}
     feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], config)
     feature_metadata["source_days"] = source_days
     feature_metadata["parameters"] = config.to_dict()

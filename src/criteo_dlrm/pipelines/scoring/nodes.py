@@ -13,9 +13,17 @@ from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import IngestionError, convert_days, day_name, is_labelled, parquet_folder, scan_raw_folder
+from criteo_dlrm.engine.calibration import calibration_from_checkpoint
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
-from criteo_dlrm.engine.export import ENCODER_FORMAT, check_onnx, export_onnx, export_program, serving_encoder
+from criteo_dlrm.engine.export import (
+    ENCODER_FORMAT,
+    ScoringModel,
+    check_onnx,
+    export_onnx,
+    export_program,
+    serving_encoder,
+)
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
 
@@ -65,8 +73,11 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
     # killed run left there is removed by the next one.
     remove_stale_partials(config.parquet_dir)
     staged = staging_path(Path(config.parquet_dir) / "predictions.parquet")
+    if dlrm_checkpoint.get("calibration") is None:
+        logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
     scores, labels, unseen = write_predictions(
         model_from_checkpoint(dlrm_checkpoint),
+        calibration_from_checkpoint(dlrm_checkpoint),
         encoder,
         [(day["day"], day["parquet"]) for day in days],
         staged,
@@ -78,6 +89,8 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         "metadata_version": dlrm_checkpoint["metadata"]["version"],
         "input_dir": str(config.input_dir),
         "rows": int(len(scores)),
+        # click_probability is the checkpoint's calibration of the logit (none: the model's raw output).
+        "calibration_method": (dlrm_checkpoint.get("calibration") or {}).get("method", "none"),
         "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
         "labelled": labels is not None,
         # Category values the checkpoint never saw in training: high when these days come from other data.
@@ -106,9 +119,10 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    model = model_from_checkpoint(dlrm_checkpoint)
+    dlrm = model_from_checkpoint(dlrm_checkpoint)
+    model = ScoringModel(dlrm, calibration_from_checkpoint(dlrm_checkpoint))
     encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
-    sizes = model.config.table_sizes
+    sizes = dlrm.config.table_sizes
     onnx_model = export_onnx(model, sizes)
     check = check_onnx(onnx_model, model, sizes, config.export.check_rows, config.export.tolerance)
     program = export_program(model, sizes)
@@ -116,7 +130,11 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
         "metadata_version": dlrm_checkpoint["metadata"]["version"],
         "inputs": {"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
-        "output": {"probability": "(batch,) float32"},
+        "output": {
+            "probability": "(batch,) float32, calibrated",
+            "logit": "(batch,) float32, the model's output before calibration",
+        },
+        "calibration_method": model.calibration.method,
         "onnx_check": check,
         "onnx_bytes": len(onnx_model),
         "exported_program_bytes": len(program),

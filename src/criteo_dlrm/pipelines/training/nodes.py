@@ -9,6 +9,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, check_vocabularies
+from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.sharding import check_table_memory
@@ -37,7 +38,7 @@ def encode_features(
     train, validation = (
         EncodedDays(
             encoder,
-            [day["parquet"] for day in days[split]],
+            [recorded_rows(day) for day in days[split]],
             encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
             config.encoding_workers,
         )

@@ -1,0 +1,125 @@
+"""Post-hoc calibration on test rows nobody tuned on: the raw model output against Platt scaling and isotonic
+regression, each fitted on the validation rows, on generated worlds at 25% and 3% click rates, the bundled
+sample, and the real Kaggle rows.
+
+Each world is split as ``kedro run`` splits it: training days, and a validation day whose first half
+validates (early stopping, the calibration fit) and whose second half tests (every figure here). The DLRM
+has the project's defaults (conf/base), trained by the product's recipe (``engine.recipe.run_training``).
+
+    python benchmarks/calibration.py [--train-rows 1000000] [--validation-rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.parquet import DayRows, count_rows
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
+from criteo_dlrm.engine.recipe import calibrate, run_training
+from criteo_dlrm.engine.scoring import calibrated, score_days
+
+from threads import cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_DATA = ROOT.parent / "shared" / "data" / "criteo_real"
+CPU = torch.device("cpu")
+DAY_ROWS = 100_000
+
+
+def halves(path: Path) -> tuple[DayRows, DayRows]:
+    """The validation day's first half (validation) and second half (test), as ``metadata.test_share: 0.5``."""
+    rows = count_rows([path])
+    test = int(rows * MetadataConfig().test_share)
+    return DayRows(str(path), 0, rows - test), DayRows(str(path), rows - test, rows)
+
+
+def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> list[str]:
+    """Train with the defaults, calibrate each way on the validation half, report each on the test half."""
+    validation, test = halves(validation_day)
+    metadata, vocabularies = compute_feature_metadata(train, MetadataConfig(), progress=False)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    train_rows, validation_rows = encoder.encode_days(train), encoder.encode_days([validation])
+    config = TrainingConfig.from_dict(
+        {"device": "cpu", "resume": False, "tensorboard_dir": str(work / "tb"), "log_every_steps": 1000}
+    )
+    checkpoint, _ = run_training(config, train_rows, validation_rows, metadata, vocabularies, name)
+    fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
+    fits["isotonic"] = calibrate(checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU)
+    labels, logits = score_days(model_from_checkpoint(checkpoint), encoder, [test], CPU, progress=False)
+    ctr = labels.mean()
+    # The calibration ratio's standard error from the test rows alone (binomial): the noise floor of "1.00".
+    noise = math.sqrt((1 - ctr) / (ctr * len(labels)))
+    rows = []
+    for method, state in fits.items():
+        probabilities = calibrated(Calibration(state), logits)
+        metrics = binary_metrics(labels, probabilities)
+        report = calibration_report(labels, probabilities)
+        deciles = [b["calibration"] for b in report["bins"] if b["calibration"] is not None]
+        rows.append(
+            f"| {name} | {len(labels):,} ({ctr:.1%}) | {method} | {metrics['calibration']:.3f} +- {noise:.3f} | "
+            f"{report['expected_calibration_error']:.4f} | {min(deciles):.2f} - {max(deciles):.2f} | "
+            f"{metrics['log_loss']:.5f} | {metrics['auc']:.4f} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def generated(work: Path, ctr: float, train_rows: int, validation_rows: int) -> tuple[list[Path], Path]:
+    model, paths = ClickModel(0, ctr=ctr), []
+    days = -(-train_rows // DAY_ROWS)
+    for day in range(days + 1):
+        rows = validation_rows if day == days else min(DAY_ROWS, train_rows - day * DAY_ROWS)
+        write_day(work / f"day_{day}", rows, day=day, model=model)
+        paths.append(Path(convert_day(work / f"day_{day}", work / f"day_{day}.parquet", progress=False).parquet))
+    return paths[:-1], paths[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-rows", type=int, default=1_000_000)
+    parser.add_argument("--validation-rows", type=int, default=1_000_000)
+    parser.add_argument("--ctrs", type=float, nargs="+", default=[0.25, 0.03])
+    args = parser.parse_args()
+    print(f"{cpu_model()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n")
+    header = (
+        "| data | test rows (CTR) | calibration | test calibration +- its standard error | ECE (deciles) | "
+        "decile calibration, lowest - highest | test log loss | test AUC |\n"
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
+    )
+    print(header, flush=True)
+    table = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        sample = [Path(convert_day(ROOT / "data/01_raw" / f"day_{d}.gz", work / f"sample_{d}.parquet",
+                                   progress=False).parquet) for d in range(3)]  # fmt: skip
+        table += measure("bundled sample (25%)", sample[:2], sample[2], work / "sample")
+        if REAL_DATA.is_dir():
+            train = convert_day(REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "kaggle.parquet", progress=False)
+            held_out = convert_day(REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "held.parquet", progress=False)
+            table += measure("real Kaggle rows", [Path(train.parquet)], Path(held_out.parquet), work / "kaggle")
+        for ctr in args.ctrs:
+            folder = work / f"ctr_{ctr}"
+            folder.mkdir()
+            train_paths, validation_day = generated(folder, ctr, args.train_rows, args.validation_rows)
+            name = f"planted {ctr:.0%}, {args.train_rows:,} training rows"
+            table += measure(name, train_paths, validation_day, folder)
+    print("\n" + header + "\n" + "\n".join(table))
+
+
+if __name__ == "__main__":
+    main()

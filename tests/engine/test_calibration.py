@@ -1,0 +1,72 @@
+import io
+
+import numpy as np
+import pytest
+import torch
+from sklearn.isotonic import IsotonicRegression
+from sklearn.metrics import roc_auc_score
+
+from criteo_dlrm.engine.calibration import Calibration, calibration_from_checkpoint, describe, fit_calibration
+
+
+def _miscalibrated(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Logits of a model that is right about the order but off in scale and level: the true probability is
+    sigmoid(2 * logit - 1)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(-1.0, 1.0, rows)
+    labels = rng.random(rows) < 1 / (1 + np.exp(-(2 * logits - 1)))
+    return labels.astype(np.int8), logits
+
+
+def test_platt_scaling_recovers_the_true_slope_and_intercept():
+    labels, logits = _miscalibrated(400_000)
+    state = fit_calibration(labels, logits, "platt")
+    assert state["slope"] == pytest.approx(2.0, abs=0.03) and state["intercept"] == pytest.approx(-1.0, abs=0.03)
+    probabilities = Calibration(state)(torch.from_numpy(logits).float()).numpy()
+    expected = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"])))
+    np.testing.assert_allclose(probabilities, expected, rtol=1e-5)
+    # Fitted by maximum likelihood with an intercept: the mean prediction is the observed click rate.
+    assert probabilities.mean() == pytest.approx(labels.mean(), rel=1e-3)
+
+
+def test_platt_scaling_keeps_the_order_so_auc_is_unchanged():
+    labels, logits = _miscalibrated(50_000, seed=1)
+    probabilities = Calibration(fit_calibration(labels, logits, "platt"))(torch.from_numpy(logits).float())
+    assert roc_auc_score(labels, probabilities.numpy()) == pytest.approx(roc_auc_score(labels, logits), abs=1e-6)
+
+
+def test_isotonic_calibration_is_scikit_learns_curve_inside_and_beyond_its_knots():
+    labels, logits = _miscalibrated(20_000, seed=2)
+    state = fit_calibration(labels, logits, "isotonic")
+    reference = IsotonicRegression(out_of_bounds="clip", y_min=1e-6, y_max=1 - 1e-6).fit(logits, labels)
+    points = np.concatenate([np.linspace(-8, 6, 5_000), logits[:1_000]])  # beyond both ends too
+    ours = Calibration(state)(torch.from_numpy(points).float()).numpy()
+    np.testing.assert_allclose(ours, reference.predict(points), atol=1e-5)  # float32 knots
+    assert np.all(np.diff(Calibration(state)(torch.linspace(-8, 6, 1_000)).numpy()) >= -1e-7), "non-decreasing"
+
+
+def test_no_calibration_is_the_models_own_probability_and_is_what_old_checkpoints_get():
+    logits = torch.linspace(-5, 5, 11)
+    torch.testing.assert_close(Calibration(fit_calibration([0, 1], [0.0, 1.0], "none"))(logits), torch.sigmoid(logits))
+    torch.testing.assert_close(calibration_from_checkpoint({"step": 3})(logits), torch.sigmoid(logits))
+    assert describe(None) == "none (the model's own output)"
+
+
+@pytest.mark.parametrize("method", ["platt", "isotonic"])
+def test_a_calibration_state_survives_a_weights_only_checkpoint(method):
+    labels, logits = _miscalibrated(5_000, seed=3)
+    state = fit_calibration(labels, logits, method)
+    buffer = io.BytesIO()
+    torch.save({"calibration": state}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    points = torch.linspace(-4, 4, 101)
+    torch.testing.assert_close(calibration_from_checkpoint(loaded)(points), Calibration(state)(points))
+    assert "fitted on 5,000 validation rows" in describe(state)
+
+
+def test_calibration_refuses_one_class_and_unknown_methods():
+    with pytest.raises(ValueError, match="both clicks and non-clicks"):
+        fit_calibration(np.zeros(100), np.arange(100.0), "platt")
+    with pytest.raises(ValueError, match="unknown calibration method 'beta'"):
+        fit_calibration(np.array([0, 1]), np.array([0.0, 1.0]), "beta")
