@@ -44,7 +44,7 @@ def main() -> None:
         parquet = convert_day(work / "day_0", work / "day_0.parquet", progress=False).parquet
         start = time.perf_counter()
         metadata, vocabularies = compute_feature_metadata(
-            [parquet], MetadataConfig(small_data_clicks=0, min_frequency=3), progress=False
+            [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
         metadata_seconds = time.perf_counter() - start
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)

@@ -90,12 +90,12 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
 
     raw = sorted(data.glob("raw/day_*.gz"))
     parquet = [data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet" for path in raw]
-    settings = MetadataConfig(small_data_clicks=0, min_frequency=3, workers=workers)
+    settings = MetadataConfig(min_expected_clicks=0, min_frequency=3, workers=workers)
     if stage == "metadata" or stage == "encoding":
         rows = count_rows(parquet)
     if stage == "encoding":
         metadata, vocabularies = compute_feature_metadata(
-            parquet, MetadataConfig(small_data_clicks=0, min_frequency=3, workers=1), False
+            parquet, MetadataConfig(min_expected_clicks=0, min_frequency=3, workers=1), False
         )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     # A repeat starts from nothing: ingestion would skip days whose Parquet is already up to date.

@@ -51,7 +51,7 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
 
 
 # The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
-CURVE_SETTINGS = {"min_frequency": 3, "small_data_clicks": 20_000, "dim": 16}
+CURVE_SETTINGS = {"min_frequency": 3, "min_expected_clicks": 3, "dim": 16}
 INTERACTIONS = ("dot", "dcn")
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
@@ -67,10 +67,10 @@ def encode(train_paths: list[Path], validation_paths: list[Path], options: dict)
     """``(metadata, vocabularies, train, validation)``: the metadata pass over the training days with the
     options' ``min_frequency`` (and small-data rule), and both sides encoded with it. ``shared_missing_row``:
     the layout before missing values had a row of their own (missing and unseen share row 0)."""
-    rule = {key: options[key] for key in ("small_data_clicks",) if key in options}
+    rule = {key: options[key] for key in ("min_expected_clicks",) if key in options}
     metadata, vocabularies = compute_feature_metadata(
         train_paths,
-        MetadataConfig(min_frequency=options["min_frequency"], **{"small_data_clicks": 0, **rule}),
+        MetadataConfig(min_frequency=options["min_frequency"], **{"min_expected_clicks": 0, **rule}),
         progress=False,
     )
     if options.get("shared_missing_row"):
@@ -134,7 +134,7 @@ def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
 def train_logistic(train_paths: list[Path], validation_paths: list[Path], options: dict) -> dict:
     # Dense inputs standardised like the DLRM's; categories hashed from their raw values.
     metadata, _ = compute_feature_metadata(
-        train_paths, MetadataConfig(min_frequency=1, small_data_clicks=0, use_modulus_hash=True), progress=False
+        train_paths, MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True), progress=False
     )
     encoder = FeatureEncoder.from_metadata(metadata, None)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
@@ -171,6 +171,9 @@ REMEDIES = {
     "defaults": {},
     "output bias at 0 (probability 0.5) to start, as before": {"initial_ctr": 0.5},
     "missing and unseen values share row 0, as before": {"shared_missing_row": True},
+    "min_expected_clicks 1": {"min_expected_clicks": 1},
+    "min_expected_clicks 12": {"min_expected_clicks": 12},
+    "min_expected_clicks 30": {"min_expected_clicks": 30},
     "embedding learning rate 0.001": {"embedding_lr": 0.001},
     "embedding learning rate 0.01": {"embedding_lr": 0.01},
     "warm-up 500 steps": {"warmup": 500},
@@ -321,7 +324,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
                 train_dlrm(
                     train,
                     validation,
-                    {**CURVE_SETTINGS, "min_frequency": frequency, "small_data_clicks": 0, "seed": seed},
+                    {**CURVE_SETTINGS, "min_frequency": frequency, "min_expected_clicks": 0, "seed": seed},
                     work / "r",
                 )
                 for seed in range(3)
@@ -341,7 +344,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
     for size in sizes:
         logistic = train_logistic(paths[: size // DAY_ROWS], paths[-1:], {})
         for frequency in frequencies:
-            options = {**CURVE_SETTINGS, "min_frequency": frequency, "small_data_clicks": 0}
+            options = {**CURVE_SETTINGS, "min_frequency": frequency, "min_expected_clicks": 0}
             d = train_dlrm(paths[: size // DAY_ROWS], paths[-1:], options, work / "runs")
             print(
                 f"| {size:,} | {frequency} | {d['auc']:.4f} | {d['log_loss']:.4f} | {logistic['auc']:.4f} | "
@@ -365,14 +368,14 @@ def terabyte_days(work: Path, train_rows: int) -> tuple[list[Path], list[Path]]:
 
 def small_data_rule(work: Path, frequencies: list[int], sizes: list[int], validation_rows: int) -> None:
     """The DLRM with the defaults but ``min_frequency`` (the small-data rule off), and with the defaults
-    (``rule``: the threshold ``metadata.small_data_clicks`` sets), against the logistic regression's best of
+    (``rule``: the threshold ``metadata.min_expected_clicks`` sets), against the logistic regression's best of
     4, where clicks are few: the real Terabyte rows (at two splits), the real Kaggle rows, and the planted
     click model at ``--ctr`` for ``sizes`` training rows. Seeds 0-2 up to 100,000 rows, seed 0 above.
     NE above 1: worse than predicting the average click rate."""
     import statistics
 
     default = MetadataConfig()
-    print(f"\nthe rule: min_frequency {default.min_frequency}, small_data_clicks {default.small_data_clicks:,}")
+    print(f"\nthe rule: min_frequency {default.min_frequency}, min_expected_clicks {default.min_expected_clicks:g}")
     print(
         "\n| data | training rows | training clicks | min_frequency | DLRM AUC | DLRM NE (mean +- sd) | LR AUC | LR NE |"
     )
@@ -383,10 +386,10 @@ def small_data_rule(work: Path, frequencies: list[int], sizes: list[int], valida
         clicks = int(labels.sum())
         logistic = best([train_logistic(train, validation, options) for options in REAL_LOGISTIC_GRID])
         seeds = range(3) if len(labels) <= 100_000 else range(1)
-        settings = [(str(f), {"min_frequency": f, "small_data_clicks": 0}) for f in frequencies]
-        rule = default.effective_min_frequency(clicks)
+        settings = [(str(f), {"min_frequency": f, "min_expected_clicks": 0}) for f in frequencies]
+        rule = default.effective_min_frequency(clicks / len(labels))
         settings.append((f"rule: {rule}", {"min_frequency": default.min_frequency,
-                                           "small_data_clicks": default.small_data_clicks}))  # fmt: skip
+                                           "min_expected_clicks": default.min_expected_clicks}))  # fmt: skip
         for label, setting in settings:
             runs = [
                 train_dlrm(train, validation, {**CURVE_SETTINGS, **setting, "seed": s}, work / "runs") for s in seeds
@@ -455,11 +458,15 @@ def main() -> None:
     parser.add_argument("--min-frequencies", type=int, nargs="+", help="only compare these metadata.min_frequency")
     parser.add_argument("--ctr", type=float, default=0.25, help="the planted click model's base rate")
     parser.add_argument(
-        "--small-data", type=int, nargs="+", metavar="MIN_FREQUENCY", help="only the small-data study at these"
+        "--small-data",
+        type=int,
+        nargs="*",
+        metavar="MIN_FREQUENCY",
+        help="only the small-data study at these (and the default rule; none given: the rule alone)",
     )
     args = parser.parse_args()
     WORLD_CTR["ctr"] = args.ctr
-    if args.small_data:
+    if args.small_data is not None:
         with tempfile.TemporaryDirectory() as tmp:
             small_data_rule(Path(tmp), args.small_data, sorted(args.sizes), args.validation_rows)
         return

@@ -51,7 +51,7 @@ def main() -> None:
         write_day(work / "day_0", args.rows, day=0, model=ClickModel(seed=0))
         parquet = convert_day(work / "day_0", work / "day_0.parquet", progress=False).parquet
         metadata, vocabularies = compute_feature_metadata(
-            [parquet], MetadataConfig(small_data_clicks=0, min_frequency=3), progress=False
+            [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         torch.manual_seed(0)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,7 +75,7 @@ def tiny_features(tmp_path_factory):
         write_day(folder / f"day_{day}", rows, day=day, model=model)
         parquet.append(convert_day(folder / f"day_{day}", folder / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(
-        parquet[:1], MetadataConfig(small_data_clicks=0, min_frequency=2), progress=False
+        parquet[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
     metadata["source_days"] = {
         "train": [day_lineage("day_0", parquet[0])],
@@ -118,3 +123,30 @@ def logged():
     sink = logger.add(lines.append, format="{message}")
     yield lines
     logger.remove(sink)
+
+
+@contextlib.contextmanager
+def served(command: list[str], cwd: Path, log: Path, url, probe: str, what: str, timeout: float = 240):
+    """Start a server command in its own process group, wait until ``url() + probe`` answers, yield its URL,
+    and stop the whole group (the server and what it started) at the end. ``url``: a function, because a
+    server may move to another port and say so in its log."""
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    with log.open("w") as handle:
+        process = subprocess.Popen(command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            base = url()
+            try:
+                with urllib.request.urlopen(f"{base}{probe}", timeout=2):  # noqa: S310 - loopback only
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{what} did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(1)
+        yield base
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)

@@ -84,15 +84,16 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert [line.split()[0] for line in block[1:5]] == ["ingestion", "metadata", "training", "evaluation"]
     assert all(len(line) <= 100 for line in block), "short lines, never wrapped"
     checkpoint = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1].name
-    assert block[4] == f"  evaluation  checkpoint {checkpoint} on day_2:", (
-        "the summary names the checkpoint it evaluated"
+    assert block[4] == f"  evaluation  checkpoint {checkpoint}, test rows of day_2:", (
+        "the summary names the checkpoint it evaluated and the rows it evaluated on"
     )
     evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[5]))
     quoted = _readme_metrics()
     assert float(evaluation["AUC"]) == pytest.approx(quoted["AUC"], abs=2e-3), "README's quoted kedro run output"
     assert float(evaluation["log loss"]) == pytest.approx(quoted["log loss"], abs=2e-3)
     assert float(evaluation["calibration"]) == pytest.approx(quoted["calibration"], abs=5e-3)
-    assert float(re.search(r"oracle AUC ([0-9.]+)", block[6]).group(1)) == quoted["oracle AUC"]
+    assert block[6].lstrip().startswith("platt calibration: ECE "), "the calibration applied, and the raw output"
+    assert float(re.search(r"oracle AUC ([0-9.]+)", block[7]).group(1)) == quoted["oracle AUC"]
 
     # A list parameter on the command line, as the README's parameters section shows it.
     listed = _kedro(

@@ -105,7 +105,7 @@ def test_ingestion_rebuilds_a_damaged_day_instead_of_calling_it_converted(day, t
 
 def _encoded(day, tmp_path) -> tuple[EncodedArraysDataset, EncodedDays]:
     _, parquet, _ = day
-    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_clicks=0), progress=False)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
     metadata["source_days"] = {"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     lineage = encoded_lineage(metadata, "v1", metadata["source_days"]["train"])
@@ -394,7 +394,7 @@ def _checkpoint(tmp_path: Path) -> dict:
     write_day(tmp_path / "raw" / "day_0", 400, day=0, model=ClickModel(seed=3))
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
     parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
-    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(small_data_clicks=0), progress=False)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
     metadata["source_days"] = {"train": [], "validation": []}
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     rows = encoder.encode_days([parquet])

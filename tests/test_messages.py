@@ -153,3 +153,23 @@ def test_torchrec_with_an_optimiser_it_lacks_on_the_cpu_names_the_one_to_use(fre
     args = _suggested(message)
     params = next(arg for arg in args if arg.startswith("--params="))
     _succeeds(fresh, f"{params},training.num_epochs=1,training.validations_per_epoch=1")
+
+
+def test_an_absent_tracking_server_suggests_running_without_tracking_and_that_runs(fresh):
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (fresh / "conf/local").mkdir(parents=True, exist_ok=True)
+    (fresh / "conf/local/mlflow.yml").write_text(f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{port}\n")
+    message = _fails(fresh, FAST)
+    assert "TrackingServerError" in message
+    command = re.search(r"`(CRITEO_DLRM_TRACKING=off kedro run)`", message).group(1)
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    result = subprocess.run(f"{command} {FAST}", shell=True, cwd=fresh, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "evaluation  checkpoint" in result.stdout

@@ -60,7 +60,7 @@ def test_kedro_run_then_catalog_driven_reruns_and_pinned_evaluation(project):
         project,
         pipeline_names=["metadata", "training"],
         runtime_params={
-            "metadata": {"min_frequency": 1, "small_data_clicks": 0},
+            "metadata": {"min_frequency": 1, "min_expected_clicks": 0},
             "training": {"num_epochs": 1, "seed": 3},
         },
     )

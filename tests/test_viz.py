@@ -1,17 +1,16 @@
 """kedro viz on the project: its API lists what we expect, and headless Chromium draws the pipeline."""
 
 import json
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import served
 
 pytestmark = pytest.mark.slow
 
@@ -52,30 +51,14 @@ def viz(ran_project: Path):
     """`kedro viz run --no-browser` on the project copy; yields its base URL; stopped by process group."""
     port = _free_port()
     log = ran_project / "viz.log"
-    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
-    with log.open("w") as handle:
-        process = subprocess.Popen(
-            ["kedro", "viz", "run", "--no-browser", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ran_project, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            # kedro viz moves to the next port when one is taken: read the one it chose.
-            found = re.search(r"http://127\.0\.0\.1:(\d+)", log.read_text())
-            url = f"http://127.0.0.1:{found.group(1) if found else port}"
-            try:
-                _get(f"{url}/api/main", timeout=2)
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"kedro viz did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(1)
-        yield url
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
+
+    def url() -> str:  # kedro viz moves to the next port when one is taken: read the one it chose
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", log.read_text())
+        return f"http://127.0.0.1:{found.group(1) if found else port}"
+
+    command = ["kedro", "viz", "run", "--no-browser", "--host", "127.0.0.1", "--port", str(port)]
+    with served(command, ran_project, log, url, "/api/main", "kedro viz") as base:
+        yield base
 
 
 def test_api_lists_every_pipeline_node_dataset_and_layer(viz):

@@ -72,7 +72,9 @@ class ProjectHooks:
         self._catalog = catalog
         self.record = RunRecord(version=save_version)
 
-    @hook_impl
+    # First of every plugin's: a run refused here never opened an MLflow run (kedro-mlflow opens one in its own
+    # before_pipeline_run, and Kedro calls on_pipeline_error, which would close it, only for a failing node).
+    @hook_impl(tryfirst=True)
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
         # Raw inputs (no pipeline makes them) report their own problem when loaded.
         missing = [name for name in missing_inputs(pipeline, catalog) if producers_of(name)]

@@ -34,7 +34,7 @@ def _below_prior(metrics: dict) -> str | None:
         return None
     return (
         "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
-        "and the model (see the small-data rule, metadata.small_data_clicks), or a learning rate too high."
+        "and the model (see metadata.min_expected_clicks), or a learning rate too high."
     )
 
 
@@ -65,7 +65,9 @@ def render(record: RunRecord) -> str:
                 lines.append(f"            {warning}")
     if metrics := saved.get("evaluation_metrics"):
         rows = metrics.get("rows_evaluated", "validation")
-        lines.append(f"evaluation  checkpoint {metrics['checkpoint_version']}, {rows} rows of {', '.join(metrics['days'])}:")
+        lines.append(
+            f"evaluation  checkpoint {metrics['checkpoint_version']}, {rows} rows of {', '.join(metrics['days'])}:"
+        )
         lines.append(f"            {_metrics_line(metrics['model'])}")
         if (method := metrics.get("calibration_method", "none")) != "none":
             raw = metrics["model_raw"]

@@ -13,7 +13,7 @@ def test_days_encoded_in_parallel_give_the_same_arrays_as_one_process(tmp_path):
         write_day(tmp_path / f"day_{day}", 2000 + 700 * day, day=day, model=ClickModel(seed=8))
         days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(
-        days[:1], MetadataConfig(small_data_clicks=0, min_frequency=2, workers=1)
+        days[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2, workers=1)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     in_memory = encoder.encode_days(days)
@@ -60,7 +60,7 @@ def test_stored_rows_take_fewer_bytes_and_folders_of_the_old_layout_still_load(t
     write_day(tmp_path / "day_0", 3_000, day=0, model=ClickModel(seed=4))
     day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
     metadata, vocabularies = compute_feature_metadata(
-        [day], MetadataConfig(small_data_clicks=0, min_frequency=2, workers=1)
+        [day], MetadataConfig(min_expected_clicks=0, min_frequency=2, workers=1)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     in_memory = encoder.encode_days([day])

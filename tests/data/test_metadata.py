@@ -60,7 +60,9 @@ def _check_against_pandas(paths, settings, threshold: int | None = None):
 
 
 def test_metadata_matches_pandas_on_generated_days(generated_days):
-    _check_against_pandas(generated_days, MetadataConfig(small_data_clicks=0, min_frequency=2, max_vocabulary_size=500))
+    _check_against_pandas(
+        generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2, max_vocabulary_size=500)
+    )
 
 
 def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
@@ -68,7 +70,7 @@ def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
         convert_day(path, tmp_path / f"{path.stem}.parquet").parquet for path in sorted(real_data.glob("kaggle*.tsv"))
     ]
     metadata, _ = _check_against_pandas(
-        paths, MetadataConfig(small_data_clicks=0, min_frequency=1, max_vocabulary_size=10**6)
+        paths, MetadataConfig(min_expected_clicks=0, min_frequency=1, max_vocabulary_size=10**6)
     )
     assert metadata["label"]["rows"] == 14_584
 
@@ -97,7 +99,7 @@ def test_value_counter_merges_many_batches_exactly():
 
 def test_per_feature_cap_override(generated_days):
     settings = MetadataConfig(
-        small_data_clicks=0, min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7}
+        min_expected_clicks=0, min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7}
     )
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
     assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 9
@@ -106,7 +108,7 @@ def test_per_feature_cap_override(generated_days):
 
 def test_missing_and_unseen_values_encode_to_rows_of_their_own(generated_days):
     metadata, vocabularies = compute_feature_metadata(
-        generated_days, MetadataConfig(small_data_clicks=0, min_frequency=1)
+        generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=1)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     vocabulary = vocabularies["SPARSE_0"]
@@ -116,7 +118,7 @@ def test_missing_and_unseen_values_encode_to_rows_of_their_own(generated_days):
 
 def test_encoder_matches_a_python_dict_lookup(generated_days):
     metadata, vocabularies = compute_feature_metadata(
-        generated_days, MetadataConfig(small_data_clicks=0, min_frequency=2)
+        generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     table = pq.read_table(generated_days[1])
@@ -133,7 +135,7 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
 
 
 def test_modulus_hash_mode(generated_days):
-    settings = MetadataConfig(min_frequency=1, small_data_clicks=0, use_modulus_hash=True, modulus_hash_size=1000)
+    settings = MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True, modulus_hash_size=1000)
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
     assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
     assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
@@ -142,7 +144,7 @@ def test_modulus_hash_mode(generated_days):
     assert encoder.encode_sparse_column(5, values).tolist() == [2, 999, 2, 2 + 123456 % 998, 1]
     default = compute_feature_metadata(
         generated_days,
-        MetadataConfig(min_frequency=1, small_data_clicks=0, use_modulus_hash=True, max_vocabulary_size=50),
+        MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True, max_vocabulary_size=50),
     )[0]
     assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 2
     assert default["sparse"]["SPARSE_2"]["table_size"] == 52
@@ -150,7 +152,7 @@ def test_modulus_hash_mode(generated_days):
 
 def test_encoder_state_round_trips(generated_days):
     metadata, vocabularies = compute_feature_metadata(
-        generated_days, MetadataConfig(small_data_clicks=0, min_frequency=2)
+        generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     restored = FeatureEncoder.from_state_dict(encoder.state_dict())
@@ -192,11 +194,12 @@ def test_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
     (tmp_path / "few").mkdir()
     (tmp_path / "many").mkdir()
     few, _ = _peak(
-        _bounded_vocabulary_days(tmp_path / "few", 4, rows=10_000), MetadataConfig(min_frequency=1, small_data_clicks=0)
+        _bounded_vocabulary_days(tmp_path / "few", 4, rows=10_000),
+        MetadataConfig(min_frequency=1, min_expected_clicks=0),
     )
     many, (metadata, _) = _peak(
         _bounded_vocabulary_days(tmp_path / "many", 4, rows=40_000),
-        MetadataConfig(min_frequency=1, small_data_clicks=0),
+        MetadataConfig(min_frequency=1, min_expected_clicks=0),
     )
     assert metadata["label"]["rows"] == 160_000 and metadata["sparse"]["SPARSE_0"]["distinct"] == 500
     assert many < 1.2 * few, f"4x the rows took {many / few:.2f}x the memory"
@@ -213,10 +216,10 @@ def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
         pq.write_table(table.slice(i * 10_000, 10_000), path)
         pieces.append(path)
     metadata_whole, vocab_whole = compute_feature_metadata(
-        [whole], MetadataConfig(small_data_clicks=0, min_frequency=2), progress=False
+        [whole], MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
     metadata_split, vocab_split = compute_feature_metadata(
-        pieces, MetadataConfig(small_data_clicks=0, min_frequency=2), progress=False
+        pieces, MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
     dense_whole, dense_split = metadata_whole.pop("dense"), metadata_split.pop("dense")
     assert metadata_whole == metadata_split
@@ -228,9 +231,9 @@ def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
 def test_fewer_features_per_pass_give_the_same_metadata_in_less_memory(tmp_path):
     write_day(tmp_path / "day_0", 60_000, day=0, model=ClickModel(seed=2), chunk_rows=60_000)
     day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
-    one_pass, (metadata, vocabularies) = _peak([day], MetadataConfig(small_data_clicks=0, min_frequency=2))
+    one_pass, (metadata, vocabularies) = _peak([day], MetadataConfig(min_expected_clicks=0, min_frequency=2))
     by_two, (metadata_by_two, vocabularies_by_two) = _peak(
-        [day], MetadataConfig(small_data_clicks=0, min_frequency=2, features_per_pass=2)
+        [day], MetadataConfig(min_expected_clicks=0, min_frequency=2, features_per_pass=2)
     )
     assert metadata_by_two == metadata
     assert all(np.array_equal(vocabularies[n], vocabularies_by_two[n]) for n in SPARSE_COLUMNS)
@@ -241,16 +244,16 @@ def test_a_day_with_another_schema_is_refused(tmp_path):
     path = tmp_path / "day_0.parquet"
     pq.write_table(pa.table({"label": [1], "I1": [2]}), path)
     with pytest.raises(ValueError, match=r"day_0.parquet: not a Criteo day.*missing columns"):
-        compute_feature_metadata([path], MetadataConfig(min_frequency=1, small_data_clicks=0))
+        compute_feature_metadata([path], MetadataConfig(min_frequency=1, min_expected_clicks=0))
 
 
 def test_empty_training_set_is_refused(tmp_path):
     with pytest.raises(ValueError, match="No training day"):
-        compute_feature_metadata([], MetadataConfig(min_frequency=1, small_data_clicks=0))
+        compute_feature_metadata([], MetadataConfig(min_frequency=1, min_expected_clicks=0))
     path = tmp_path / "day_0.parquet"
     pq.write_table(PARQUET_SCHEMA.empty_table(), path)
     with pytest.raises(ValueError, match="hold no rows"):
-        compute_feature_metadata([path], MetadataConfig(min_frequency=1, small_data_clicks=0))
+        compute_feature_metadata([path], MetadataConfig(min_frequency=1, min_expected_clicks=0))
 
 
 @pytest.mark.parametrize(
@@ -261,7 +264,7 @@ def test_empty_training_set_is_refused(tmp_path):
         ({"vocabulary_size_overrides": {"SPARSE_99": 3}}, "unknown feature 'SPARSE_99'"),
         ({"modulus_hash_size": 2}, "modulus_hash_size must be >= 3"),
         ({"features_per_pass": 0}, "features_per_pass must be 1 to 26"),
-        ({"small_data_clicks": -1}, "small_data_clicks must be >= 0"),
+        ({"min_expected_clicks": -1}, "min_expected_clicks must be >= 0"),
     ],
 )
 def test_nonsense_parameters_are_refused(settings, message):
@@ -281,7 +284,7 @@ def test_the_predecessor_projects_parquet_loads_with_its_minus_one_as_missing(tm
     path = tmp_path / "seed.parquet"
     frame.to_parquet(path)
     metadata, vocabularies = compute_feature_metadata(
-        [path], MetadataConfig(small_data_clicks=0, min_frequency=1), progress=False
+        [path], MetadataConfig(min_expected_clicks=0, min_frequency=1), progress=False
     )
     for name in SPARSE_COLUMNS:
         assert metadata["sparse"][name]["missing"] == (frame[name] == -1).sum()
@@ -297,7 +300,7 @@ def test_parallel_workers_count_exactly_what_one_process_counts(tmp_path):
     for day in range(3):
         write_day(tmp_path / f"day_{day}", 8_000, day=day, model=ClickModel(seed=5))
         days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
-    settings = MetadataConfig(small_data_clicks=0, min_frequency=2, max_vocabulary_size=300)
+    settings = MetadataConfig(min_expected_clicks=0, min_frequency=2, max_vocabulary_size=300)
     one = compute_feature_metadata(days, dataclasses.replace(settings, workers=1), progress=False)
     two = compute_feature_metadata(days, dataclasses.replace(settings, workers=2), progress=False)
     small_groups = compute_feature_metadata(
@@ -321,27 +324,30 @@ def test_feature_groups_cover_every_column_once_with_two_passes_per_worker(featu
         assert max(len(group) + len(dense_group) for group, dense_group in groups) <= 11
 
 
-def test_the_small_data_rule_raises_min_frequency_by_training_clicks():
-    rule = MetadataConfig(min_frequency=3, small_data_clicks=20_000)
-    assert [rule.effective_min_frequency(clicks) for clicks in (130, 200, 2_000, 5_000, 6_667, 30_000)] == [
-        154, 100, 10, 4, 3, 3,
-    ]  # fmt: skip
-    assert MetadataConfig(small_data_clicks=0, min_frequency=3).effective_min_frequency(100) == 3, "0: off"
-    assert rule.effective_min_frequency(0) == 3, "no click at all: nothing to scale by"
+def test_low_click_rates_raise_min_frequency_so_a_value_comes_with_enough_clicks():
+    rule = MetadataConfig(min_frequency=3, min_expected_clicks=3)
+    assert [rule.effective_min_frequency(ctr) for ctr in (0.03, 0.0265, 0.1, 0.25, 0.5, 0.9)] == [
+        100,
+        114,
+        30,
+        12,
+        6,
+        4,
+    ]
+    assert MetadataConfig(min_expected_clicks=0, min_frequency=3).effective_min_frequency(0.01) == 3, "0: off"
+    assert rule.effective_min_frequency(0.0) == 3, "no click at all: nothing to scale by"
 
 
-def test_metadata_on_small_data_applies_and_records_the_raised_threshold(generated_days):
-    # The rule counts clicks, not rows: small_data_clicks 20 times the training clicks gives 20, checked
-    # against pandas' own counts.
-    clicks = sum(
-        int(pq.read_table(path, columns=["labels"]).column("labels").to_numpy().sum()) for path in generated_days
+def test_metadata_at_a_low_click_rate_applies_and_records_the_raised_threshold(generated_days):
+    # min_expected_clicks 20 x the training CTR gives 20, checked against pandas' own counts.
+    labels = np.concatenate(
+        [pq.read_table(path, columns=["labels"]).column("labels").to_numpy() for path in generated_days]
     )
-    metadata, vocabularies = _check_against_pandas(
-        generated_days, MetadataConfig(min_frequency=2, small_data_clicks=20 * clicks, max_vocabulary_size=10**6), 20
-    )
+    config = MetadataConfig(min_frequency=2, min_expected_clicks=20 * labels.mean() * 0.999, max_vocabulary_size=10**6)
+    metadata, vocabularies = _check_against_pandas(generated_days, config, 20)
     assert metadata["min_frequency"] == 20
     plain, plain_vocabularies = compute_feature_metadata(
-        generated_days, MetadataConfig(small_data_clicks=0, min_frequency=2)
+        generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
     assert plain["min_frequency"] == 2
     assert sum(map(len, vocabularies.values())) < sum(map(len, plain_vocabularies.values()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 
 from criteo_dlrm.common.errors import ConfigError
@@ -19,8 +20,9 @@ class MetadataConfig(Config):
     test_days: list[str] | None = None
     test_share: float = 0.5
     min_frequency: int = 3
-    # Few clicks: the threshold becomes small_data_clicks / training clicks when that is larger (0: off).
-    small_data_clicks: int = 20_000
+    # Low click rates: a value also needs about this many clicks in expectation (count x training CTR), so the
+    # threshold becomes ceil(min_expected_clicks / CTR) when that is larger (0: off).
+    min_expected_clicks: float = 3.0
     max_vocabulary_size: int = 1_000_000
     vocabulary_size_overrides: dict[str, int] = field(default_factory=dict)
     use_modulus_hash: bool = False
@@ -31,7 +33,7 @@ class MetadataConfig(Config):
     def problems(self, prefix: str = "") -> list[str]:
         checks = Checks(self, prefix)
         checks.at_least(1, "min_frequency", "max_vocabulary_size")
-        checks.at_least(0, "small_data_clicks")
+        checks.at_least(0, "min_expected_clicks")
         checks.at_least(1, "workers", optional=True)
         checks.at_least(3, "modulus_hash_size", optional=True)  # the out-of-vocabulary and missing rows, and one
         checks.need(1 <= self.features_per_pass <= len(SPARSE_COLUMNS), "features_per_pass", "must be 1 to 26")
@@ -57,14 +59,15 @@ class MetadataConfig(Config):
                 )
         return checks.problems
 
-    def effective_min_frequency(self, training_clicks: int) -> int:
-        """The vocabulary threshold for ``training_clicks`` clicks: ``min_frequency``, raised where clicks are few
-        to ``small_data_clicks / training_clicks`` (rounded): what an embedding can learn from a value is bounded
-        by the clicks it was seen with, so with few clicks most values' embeddings are noise (measured:
-        benchmarks, model quality, at 3% and 25% click rates)."""
-        if not self.small_data_clicks or training_clicks <= 0:
+    def effective_min_frequency(self, ctr: float) -> int:
+        """The vocabulary threshold at a training click rate ``ctr``: ``min_frequency``, raised to
+        ``ceil(min_expected_clicks / ctr)`` when that is larger. What an embedding learns about a value is bounded
+        by the clicks it was seen with, about count x CTR: at a 3% click rate a value seen 10 times holds a third
+        of a click, and its embedding is noise (measured: benchmarks, model quality, at 3% and 25% click rates:
+        100 at 3%, 12 at 25%)."""
+        if not self.min_expected_clicks or not 0 < ctr < 1:
             return self.min_frequency
-        return max(self.min_frequency, round(self.small_data_clicks / training_clicks))
+        return max(self.min_frequency, math.ceil(self.min_expected_clicks / ctr - 1e-9))
 
     def cap(self, feature: str) -> int:
         return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))

@@ -241,12 +241,12 @@ def compute_feature_metadata(
     if total_rows == 0:
         raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
     clicks = count_clicks(train_paths)
-    min_frequency = config.effective_min_frequency(clicks)
+    min_frequency = config.effective_min_frequency(clicks / total_rows)
     if min_frequency != config.min_frequency:
         logger.info(
-            "few clicks ({:,} in {:,} training rows): min_frequency {} instead of {} (metadata.small_data_clicks "
-            "{:,} / clicks)",
-            clicks, total_rows, min_frequency, config.min_frequency, config.small_data_clicks,
+            "CTR {:.4f} ({:,} clicks in {:,} training rows): min_frequency {} instead of {}, so that a value comes "
+            "with about {:g} clicks (metadata.min_expected_clicks / CTR)",
+            clicks / total_rows, clicks, total_rows, min_frequency, config.min_frequency, config.min_expected_clicks,
         )  # fmt: skip
         config = replace(config, min_frequency=min_frequency)
     workers = choose_workers(config.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows, COUNTING_CORES)

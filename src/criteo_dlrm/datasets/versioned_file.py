@@ -152,6 +152,11 @@ class VersionedFileDataset(AbstractVersionedDataset):
         """The file of ``version``."""
         return get_filepath_str(self._get_versioned_path(version), self._protocol)
 
+    def saved_path(self) -> str:
+        """The file this run's save wrote: its version of it, or the file itself when not versioned."""
+        version = self.resolve_save_version()
+        return self.version_path(version) if version else get_filepath_str(self._filepath, self._protocol)
+
     def version_folder(self, version: str) -> str:
         return get_filepath_str(self._filepath / version, self._protocol)
 

@@ -19,7 +19,7 @@ PARAMS = {
     "validation_days": None,
     "train_days": None,
     "min_frequency": 2,
-    "small_data_clicks": 0,
+    "min_expected_clicks": 0,
     "max_vocabulary_size": 1000,
     "vocabulary_size_overrides": {},
     "use_modulus_hash": False,

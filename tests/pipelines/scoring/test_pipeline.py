@@ -144,3 +144,47 @@ def test_raw_rows_through_the_exported_files_give_the_scoring_pipelines_probabil
     assert np.abs(served - expected).max() <= 1e-5
     report = json.loads(_newest(trained, "data/06_models/export_report.json").read_text())
     assert report["onnx_check"]["max_abs_difference"] <= 1e-5 and report["exported_program_bytes"] > 0
+
+
+def test_the_mlflow_model_of_the_run_gives_the_scoring_pipelines_probabilities_and_registers(trained, monkeypatch):
+    """The training run's model in MLflow's format, loaded by URI: raw fields in, the same probabilities out."""
+    import mlflow
+
+    from tests.tracking.test_model import raw_frame
+
+    monkeypatch.chdir(trained)
+    mlflow.set_tracking_uri(f"sqlite:///{trained}/data/09_tracking/mlflow.db")
+    version = json.loads(_newest(trained, "data/07_model_output/scoring_report.json").read_text())
+    runs = mlflow.search_runs(experiment_names=["criteo_dlrm"], filter_string="tags.checkpoint_version != ''")
+    [run_id] = runs["run_id"]
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    with gzip.open(trained / "data/01_raw/day_1.gz", "rt") as handle:
+        lines = [next(handle) for _ in range(500)]
+    predicted = np.asarray(model.predict(raw_frame(lines)))
+    scored = pd.read_parquet(_first_scoring_run(trained))
+    expected = scored[scored["day"] == "day_1"]["click_probability"].to_numpy()[:500]
+    np.testing.assert_allclose(predicted, expected, rtol=0, atol=1e-6)
+    assert version["checkpoint_version"] == runs["tags.checkpoint_version"].iloc[0]
+    registered = mlflow.register_model(f"runs:/{run_id}/model", "criteo-dlrm")
+    from_registry = mlflow.pyfunc.load_model(f"models:/criteo-dlrm/{registered.version}")
+    np.testing.assert_array_equal(np.asarray(from_registry.predict(raw_frame(lines[:50]))), predicted[:50])
+
+
+def test_a_checkpoint_made_before_calibration_scores_its_raw_output_and_says_so(trained, tmp_path, monkeypatch, logged):
+    import torch
+
+    from criteo_dlrm.pipelines.scoring.nodes import score_new_days
+
+    monkeypatch.chdir(trained)
+    checkpoint = torch.load(_newest(trained, "data/06_models/dlrm_checkpoint.pt"), weights_only=True)
+    old = {key: value for key, value in checkpoint.items() if key != "calibration"}
+    folder = tmp_path / "days"
+    folder.mkdir()
+    shutil.copy(trained / "data/01_raw/day_2.gz", folder / "day_2.gz")
+    params = {"input_dir": str(folder), "parquet_dir": str(tmp_path / "parquet"), "device": "cpu"}
+    staged, report = score_new_days(old, params)
+    assert report["calibration_method"] == "none"
+    predictions = pd.read_parquet(staged)
+    raw = 1 / (1 + np.exp(-predictions["logit"].to_numpy().astype(np.float64)))
+    np.testing.assert_allclose(predictions["click_probability"].to_numpy(), raw, rtol=1e-6)
+    assert any("was made before calibration" in line for line in logged)

@@ -1,0 +1,215 @@
+"""What each tracked run logs to MLflow beyond kedro-mlflow's parameters, as the outputs are saved.
+
+kedro-mlflow (configured in ``conf/base/mlflow.yml``) starts one MLflow run per ``kedro run`` and logs every
+parameter a node reads, flattened as ``--params`` names them (``training.batch_size.train``). This hook adds:
+
+- metrics: the validation history (``validation_log_loss`` … at each validation's step), the training figures
+  (``training_steps``, ``kept_step``, ``samples_per_second``, ``processes``) and the evaluation's metrics on its
+  rows (``test_auc``, ``test_log_loss``, ``test_expected_calibration_error``, the raw output's, the prior's);
+- artifacts: the plots and the JSON reports, each under its catalog name;
+- tags: the lineage (``checkpoint_version``, ``metadata_version``, the days trained, validated and tested on)
+  and the device;
+- the model: the checkpoint as an MLflow pyfunc model (``tracking.model``), with its signature.
+
+Everything is logged from the Kedro process once, whatever number of training processes ran. Before the
+run, a tracking server that does not answer stops it with what to do (``check_tracking_server``).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from kedro.framework.hooks import hook_impl
+from loguru import logger
+
+from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
+
+# The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
+SWITCH = "CRITEO_DLRM_TRACKING"
+# MLflow draws a progress bar for every artifact it copies: noise between the run's log lines.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+ARTIFACTS = (
+    "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "roc_curve_plot",
+    "calibration_plot", "score_histogram_plot", "scoring_report", "export_report",
+)  # fmt: skip
+HISTORY = ("log_loss", "auc", "normalized_entropy", "calibration")
+REPORTED = ("auc", "log_loss", "normalized_entropy", "calibration")
+
+
+_PROJECT: dict[str, Path | None] = {"path": None}
+
+
+def project_path() -> str:
+    """``${project_path:}`` in mlflow.yml: the project folder of the session being created (the working folder
+    before one is). An absolute store path, because MLflow caches a store by its URI: a relative
+    ``sqlite:///data/...`` would keep writing into the first project a process opened (a notebook, tests)."""
+    return str(_PROJECT["path"] or Path.cwd())
+
+
+class TrackingServerError(UserError, ConnectionError):
+    """The MLflow tracking server named in mlflow.yml does not answer."""
+
+
+def tracking_enabled() -> bool:
+    """False when ``CRITEO_DLRM_TRACKING`` is ``off`` (or ``0``, ``false``, ``no``)."""
+    return os.environ.get(SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
+    """Raise ``TrackingServerError`` when ``uri`` is an HTTP(S) tracking server that does not answer its health
+    check within ``timeout`` seconds (MLflow itself would retry for minutes, after the run did its work)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered (a server behind authentication may refuse /health)
+    except (OSError, ValueError) as error:
+        raise TrackingServerError(
+            f"The MLflow tracking server {uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or "
+            f"MLFLOW_TRACKING_URI) does not answer: {getattr(error, 'reason', error)}. Start it, point "
+            f"mlflow_tracking_uri elsewhere (conf/local/mlflow.yml), or run without tracking: "
+            f"`{SWITCH}=off kedro run`."
+        ) from None
+
+
+def _days(source_days: dict, split: str) -> str:
+    parts = []
+    for day in source_days.get(split) or ():
+        rows = day.get("row_range")
+        parts.append(f"{day['day']}[{rows[0]}:{rows[1]}]" if rows else day["day"])
+    return ", ".join(parts)
+
+
+def _lineage_tags(metadata: dict, checkpoint_version: str | None = None) -> dict[str, str]:
+    days = metadata.get("source_days") or {}
+    tags = {f"{split}_days": _days(days, split) for split in ("train", "validation", "test")}
+    tags["metadata_version"] = metadata.get("version") or ""
+    if checkpoint_version:
+        tags["checkpoint_version"] = checkpoint_version
+    return {key: value for key, value in tags.items() if value}
+
+
+class TrackingHooks:
+    def __init__(self) -> None:
+        self._catalog = None
+        self._version: str | None = None
+        self._run_id: str | None = None
+
+    @hook_impl(tryfirst=True)  # before kedro-mlflow sets up the tracking server it names
+    def after_context_created(self, context) -> None:
+        _PROJECT["path"] = Path(context.project_path)
+        patterns = context.config_loader.config_patterns
+        patterns.setdefault("mlflow", ["mlflow*", "mlflow*/**", "**/mlflow*"])
+        try:
+            server = context.config_loader["mlflow"].get("server", {})
+        except Exception:  # noqa: BLE001 - no mlflow.yml: kedro-mlflow's defaults, nothing to check here
+            return
+        uri = server.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri.startswith("sqlite:///"):  # SQLite creates the database file, not its folder
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        check_tracking_server(uri)
+
+    @hook_impl
+    def after_catalog_created(self, catalog, save_version: str) -> None:
+        self._catalog, self._version = catalog, save_version
+
+    @hook_impl
+    def before_pipeline_run(self, run_params: dict) -> None:
+        import mlflow
+
+        run = mlflow.active_run()
+        self._run_id = run.info.run_id if run is not None else None
+        if run is None:
+            return
+        mlflow.set_tag("kedro_run_version", self._version)
+        # kedro-mlflow names a run after its pipelines (mlflow.yml run.name null): the run version names every
+        # versioned output of the run and heads its summary, so it names the MLflow run too.
+        pipelines = "+".join(run_params.get("pipeline_names") or ["__default__"])
+        if run.info.run_name == pipelines:
+            mlflow.set_tag("mlflow.runName", self._version)
+
+    @hook_impl(trylast=True)  # after kedro-mlflow's, which ends the run
+    def after_pipeline_run(self) -> None:
+        import mlflow
+
+        # kedro-mlflow 2.0.3 restarts the run before each node, and with MLflow 3 each restart stays on MLflow's
+        # stack of active runs: end them, or the next session in this process (a notebook, a test) logs into
+        # this run.
+        while self._run_id and (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
+            mlflow.end_run()
+        self._run_id = None
+
+    def _path(self, name: str) -> str | None:
+        dataset = self._catalog.get(name) if self._catalog is not None else None
+        return dataset.saved_path() if isinstance(dataset, VersionedFileDataset) else None
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        import mlflow
+
+        if mlflow.active_run() is None:  # this pipeline's tracking is off (mlflow.yml: disable_tracking)
+            return
+        if dataset_name == "feature_metadata":
+            mlflow.set_tags(_lineage_tags({**data, "version": self._version}))
+        elif dataset_name == "training_summary":
+            self._log_training(data)
+        elif dataset_name == "evaluation_metrics":
+            self._log_evaluation(data)
+        elif dataset_name == "dlrm_checkpoint":
+            mlflow.set_tags(_lineage_tags(data["metadata"], self._version))
+            self._log_model(data)
+        if dataset_name in ARTIFACTS and (path := self._path(dataset_name)):
+            mlflow.log_artifact(path, artifact_path=dataset_name)
+
+    @staticmethod
+    def _log_training(summary: dict) -> None:
+        import mlflow
+
+        for record in summary["history"]:
+            values = {f"validation_{name}": record[name] for name in HISTORY if record.get(name) is not None}
+            mlflow.log_metrics(values, step=record["step"])
+        mlflow.log_metrics(
+            {
+                "training_steps": summary["steps"],
+                "kept_step": summary["best_step"],
+                "samples_per_second": summary["samples_per_second"],
+                "processes": summary["processes"],
+            }
+        )
+        mlflow.set_tags(
+            {"device": str(summary["device"]), "stopped_early": str(summary["stopped_early"]),
+             "embedding_backend": str((summary.get("embeddings") or {}).get("backend", "torch"))}
+        )  # fmt: skip
+
+    @staticmethod
+    def _log_evaluation(metrics: dict) -> None:
+        import mlflow
+
+        rows = metrics.get("rows_evaluated", "validation")
+        values = {f"{rows}_{name}": metrics["model"][name] for name in REPORTED}
+        values.update({f"{rows}_raw_{name}": metrics["model_raw"][name] for name in REPORTED})
+        values[f"{rows}_expected_calibration_error"] = metrics["calibration_by_decile"]["calibrated"][
+            "expected_calibration_error"
+        ]
+        values[f"{rows}_prior_log_loss"] = metrics["prior_baseline"]["log_loss"]
+        if metrics.get("oracle"):
+            values.update({f"{rows}_oracle_{name}": metrics["oracle"][name] for name in ("auc", "log_loss")})
+        mlflow.log_metrics(values)
+        mlflow.set_tags({"evaluated_rows": rows, "calibration_method": metrics.get("calibration_method", "none")})
+
+    def _log_model(self, checkpoint: dict) -> None:
+        from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
+
+        path = self._path("dlrm_checkpoint")
+        days = checkpoint["metadata"].get("source_days") or {}
+        parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)
+        if path is None or parquet is None:
+            return
+        uri = log_checkpoint_model(path, example_rows(parquet))
+        logger.info("MLflow model {} (load it with mlflow.pyfunc.load_model)", uri)

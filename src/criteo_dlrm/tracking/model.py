@@ -1,0 +1,115 @@
+"""A checkpoint as an MLflow model: ``mlflow.pyfunc.load_model(uri).predict(rows)`` returns the scoring
+pipeline's calibrated click probabilities for raw Criteo rows.
+
+The input is a pandas DataFrame with one row per click-log line and the columns ``DENSE_0`` … ``DENSE_12``
+(the integer counts as numbers, NaN or None when missing) and ``SPARSE_0`` … ``SPARSE_25`` (the category
+values as the hex strings of the raw files, None or "" when missing). The model holds the checkpoint
+(weights, encoder, calibration) and this package's code, so it loads wherever torch, numpy, pandas and
+pyarrow are installed.
+"""
+
+# No ``from __future__ import annotations`` here: MLflow reads ``predict``'s type hints at class definition.
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from criteo_dlrm.common.schema import DENSE_COLUMNS, FEATURE_COLUMNS, SPARSE_COLUMNS
+
+CHECKPOINT_ARTIFACT = "checkpoint"
+MODEL_NAME = "model"  # the model's name within its run: runs:/<run id>/model
+
+
+def typed_rows(rows: pd.DataFrame) -> pa.RecordBatch:
+    """Raw fields (numbers and hex strings, as above) -> a record batch in ingestion's typed layout.
+
+    Raises:
+        ValueError: a column is missing, or a category value is not hexadecimal (naming the column).
+    """
+    missing = [name for name in FEATURE_COLUMNS if name not in rows.columns]
+    if missing:
+        raise ValueError(f"the rows lack the columns {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    arrays = []
+    for name in DENSE_COLUMNS:
+        values = pd.to_numeric(rows[name], errors="raise").astype("float64").to_numpy()
+        arrays.append(pa.array(np.nan_to_num(values).astype(np.int64), mask=np.isnan(values)))
+    for name in SPARSE_COLUMNS:
+        text = rows[name].astype("string").fillna("")
+        try:
+            values = [int(value, 16) if value else None for value in text]
+        except ValueError as error:
+            raise ValueError(f"{name}: a category value is not a hexadecimal id ({error})") from None
+        arrays.append(pa.array(values, pa.int64()))
+    return pa.RecordBatch.from_arrays(arrays, names=FEATURE_COLUMNS)
+
+
+class CheckpointModel(mlflow.pyfunc.PythonModel):
+    """The pyfunc flavour of a checkpoint: its encoder, model and calibration, on the CPU."""
+
+    def load_context(self, context) -> None:
+        from criteo_dlrm.engine.calibration import calibration_from_checkpoint
+        from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint
+        from criteo_dlrm.engine.scoring import checkpoint_encoder
+
+        path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
+        checkpoint = load_checkpoint(path)
+        self.encoder = checkpoint_encoder(checkpoint, str(path))
+        self.model = model_from_checkpoint(checkpoint)
+        self.calibration = calibration_from_checkpoint(checkpoint)
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[float]:
+        """The N rows' calibrated click probabilities."""
+        import torch
+
+        from criteo_dlrm.engine.scoring import calibrated, score_batches
+
+        batch = typed_rows(model_input)
+        [(_, logits)] = score_batches(self.model, self.encoder, [batch], torch.device("cpu"))
+        return calibrated(self.calibration, logits).tolist()
+
+
+def example_rows(parquet: str | Path, rows: int = 5) -> pd.DataFrame:
+    """The first ``rows`` rows of an ingested day as raw fields: the model's input example and signature."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet, columns=FEATURE_COLUMNS).slice(0, rows).to_pandas()
+    frame = pd.DataFrame({name: table[name].astype("float64") for name in DENSE_COLUMNS})
+    for name in SPARSE_COLUMNS:
+        frame[name] = [None if pd.isna(v) else format(int(v), "08x") for v in table[name]]
+    return frame
+
+
+def log_checkpoint_model(checkpoint: str | Path, example: pd.DataFrame) -> str:
+    """Log ``checkpoint`` as the active run's model (``runs:/<run id>/model``), its signature inferred from
+    ``example`` and the model's predictions for it; returns the model's URI."""
+    import criteo_dlrm
+
+    info = mlflow.pyfunc.log_model(
+        name=MODEL_NAME,
+        python_model=str(Path(__file__).with_name("pyfunc_entry.py")),
+        artifacts={CHECKPOINT_ARTIFACT: str(checkpoint)},
+        code_paths=[str(Path(criteo_dlrm.__file__).parent)],
+        signature=signature(),
+        input_example=example,
+        pip_requirements=_requirements(),
+    )
+    return info.model_uri
+
+
+def signature():
+    """Every Criteo field may be missing: counts as optional doubles, category values as optional hex strings;
+    the output is one probability per row."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    inputs = [ColSpec("double", name, required=False) for name in DENSE_COLUMNS]
+    inputs += [ColSpec("string", name, required=False) for name in SPARSE_COLUMNS]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec("double", "click_probability")]))
+
+
+def _requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("torch", "numpy", "pandas", "pyarrow", "loguru", "mlflow")]

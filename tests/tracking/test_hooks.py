@@ -1,0 +1,150 @@
+"""Experiment tracking: what `kedro run` logs to the project's MLflow store, the switch, and an absent server."""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from kedro.framework.session import KedroSession
+from kedro.framework.startup import bootstrap_project
+from mlflow.tracking import MlflowClient
+
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.tracking.hooks import TrackingServerError, check_tracking_server
+
+STORE = "sqlite:///data/09_tracking/mlflow.db"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def _runs(project: Path):
+    client = MlflowClient(tracking_uri=f"sqlite:///{project}/data/09_tracking/mlflow.db")
+    [experiment] = [e for e in client.search_experiments() if e.name == "criteo_dlrm"]
+    return client, client.search_runs([experiment.experiment_id])
+
+
+@pytest.mark.slow
+def test_the_bundled_run_is_tracked_with_parameters_history_metrics_artifacts_and_lineage(ran_project):
+    client, runs = _runs(ran_project)
+    [run] = runs
+    summary_file = next((ran_project / "data/08_reporting/training_summary.json").glob("*/training_summary.json"))
+    version = summary_file.parent.name
+    summary = json.loads(summary_file.read_text())
+    metrics_file = next((ran_project / "data/08_reporting/evaluation_metrics.json").glob("*/*.json"))
+    evaluation = json.loads(metrics_file.read_text())
+    assert run.info.status == "FINISHED" and run.info.run_name == version, "named after the run's version"
+    # Every parameter a node read, flattened as --params names it.
+    params = run.data.params
+    assert params["training.batch_size.train"] == "256" and params["training.num_epochs"] == "1"
+    assert params["metadata.min_expected_clicks"] == "3" and params["training.calibration"] == "platt"
+    # The validation history, one point per validation, at its step.
+    history = client.get_metric_history(run.info.run_id, "validation_log_loss")
+    assert [(m.step, m.value) for m in history] == [(h["step"], h["log_loss"]) for h in summary["history"]]
+    metrics = run.data.metrics
+    assert metrics["kept_step"] == summary["best_step"] and metrics["processes"] == 1
+    assert metrics["test_auc"] == evaluation["model"]["auc"]
+    assert metrics["test_raw_log_loss"] == evaluation["model_raw"]["log_loss"]
+    assert metrics["test_expected_calibration_error"] > 0
+    # Lineage tags, from the checkpoint's own record.
+    tags = run.data.tags
+    assert tags["checkpoint_version"] == tags["metadata_version"] == version
+    assert tags["train_days"] == "day_0, day_1"
+    assert tags["validation_days"] == "day_2[0:10000]" and tags["test_days"] == "day_2[10000:20000]"
+    assert tags["evaluated_rows"] == "test" and tags["device"] == "cpu"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    expected = {"roc_curve_plot", "calibration_plot", "score_histogram_plot", "evaluation_metrics", "training_summary"}
+    assert expected | {"ingestion_report", "feature_metadata"} <= artifacts
+    [plot] = client.list_artifacts(run.info.run_id, "calibration_plot")
+    assert plot.path.endswith("calibration.png") and plot.file_size > 10_000
+    # mlflow.search_runs, as the docs show it, finds the same run.
+    mlflow.set_tracking_uri(f"sqlite:///{ran_project}/data/09_tracking/mlflow.db")
+    found = mlflow.search_runs(experiment_names=["criteo_dlrm"], filter_string=f"tags.checkpoint_version = '{version}'")
+    assert list(found["run_id"]) == [run.info.run_id]
+
+
+def test_an_absent_tracking_server_is_refused_at_once_and_one_that_answers_is_accepted():
+    started = time.monotonic()
+    with pytest.raises(TrackingServerError, match=r"does not answer.*`CRITEO_DLRM_TRACKING=off kedro run`"):
+        check_tracking_server(f"http://127.0.0.1:{_closed_port()}", timeout=2)
+    assert time.monotonic() - started < 10
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_tracking_server(f"http://127.0.0.1:{server.server_port}")
+        check_tracking_server(STORE)  # a local store: nothing to reach
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.slow
+def test_a_run_pointed_at_an_absent_server_stops_before_any_work(project, monkeypatch):
+    (project / "conf/local").mkdir(parents=True, exist_ok=True)
+    (project / "conf/local/mlflow.yml").write_text(
+        f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{_closed_port()}\n"
+    )
+    bootstrap_project(project)
+    with pytest.raises(TrackingServerError, match="conf/local/mlflow.yml"):
+        with KedroSession.create(project_path=project) as session:
+            session.run(pipeline_names=["ingestion"])
+    assert not list((project / "data").glob("02_intermediate/*")), "nothing was ingested"
+
+
+def test_a_refused_run_opens_no_mlflow_run(project):
+    bootstrap_project(project)
+    # Refused by the checks before the first node (the named day exists only once ingestion has run).
+    with pytest.raises(ConfigError, match=r"metadata.validation_days names \['day_9'\]"):
+        with KedroSession.create(
+            project_path=project, runtime_params={"metadata": {"validation_days": ["day_9"]}}
+        ) as s:
+            s.run()
+    assert mlflow.active_run() is None, "the next session in this process would log into it"
+    store = project / "data/09_tracking/mlflow.db"
+    if store.exists():
+        client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+        ids = [e.experiment_id for e in client.search_experiments()]
+        assert not client.search_runs(ids), "no run left RUNNING in the store"
+
+
+@pytest.mark.slow
+def test_tracking_off_is_one_setting_and_the_run_never_touches_mlflow(project):
+    env = {**os.environ, "CRITEO_DLRM_TRACKING": "off", "KEDRO_DISABLE_TELEMETRY": "1"}
+    result = subprocess.run(
+        ["kedro", "run", "--pipelines=ingestion"], cwd=project, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Mlflow run" not in result.stdout + result.stderr
+    assert not (project / "data/09_tracking/mlflow.db").exists()
+    assert list((project / "data").glob("02_intermediate/*/day_0.parquet")), "the run itself ran"
+
+
+@pytest.mark.slow
+def test_a_two_process_run_is_logged_once(project):
+    bootstrap_project(project)
+    training = {"num_epochs": 1, "distributed": {"nproc_per_node": 2}}
+    with KedroSession.create(project_path=project, runtime_params={"training": training}) as session:
+        session.run(pipeline_names=["ingestion", "metadata", "training"])
+    client, runs = _runs(project)
+    [run] = runs
+    assert run.data.metrics["processes"] == 2
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "validation_auc")]
+    assert steps and len(steps) == len(set(steps)), "each validation once, from the launching process"
+    assert run.data.params["training.distributed.nproc_per_node"] == "2"
