@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import mlflow
@@ -137,9 +138,25 @@ def test_tracking_off_is_one_setting_and_the_run_never_touches_mlflow(project):
 
 
 @pytest.mark.slow
-def test_a_two_process_run_is_logged_once(project):
+@pytest.mark.parametrize(
+    "backend",
+    [
+        {},
+        pytest.param(
+            {
+                "embedding_backend": "torchrec",
+                "embedding_optimizer": "rowwise_adagrad",
+                "embedding_learning_rate": 0.05,
+            },
+            marks=pytest.mark.skipif(find_spec("torchrec") is None, reason="the torchrec extra is not installed"),
+            id="torchrec",
+        ),
+    ],
+    ids=lambda backend: "ddp" if not backend else "torchrec",
+)
+def test_a_two_process_run_is_logged_once(project, backend):
     bootstrap_project(project)
-    training = {"num_epochs": 1, "distributed": {"nproc_per_node": 2}}
+    training = {"num_epochs": 1, "distributed": {"nproc_per_node": 2}, **backend}
     with KedroSession.create(project_path=project, runtime_params={"training": training}) as session:
         session.run(pipeline_names=["ingestion", "metadata", "training"])
     client, runs = _runs(project)
@@ -148,3 +165,4 @@ def test_a_two_process_run_is_logged_once(project):
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "validation_auc")]
     assert steps and len(steps) == len(set(steps)), "each validation once, from the launching process"
     assert run.data.params["training.distributed.nproc_per_node"] == "2"
+    assert run.data.params["training.embedding_backend"] == backend.get("embedding_backend", "torch")
