@@ -169,11 +169,15 @@ def real_days(work: Path) -> tuple[list[Path], list[Path]]:
 # Known remedies for the one-epoch overfitting, each against the defaults on the same data (``--remedies``).
 REMEDIES = {
     "defaults": {},
+    "defaults, seed 1": {"seed": 1},
+    "defaults, seed 2": {"seed": 2},
     "output bias at 0 (probability 0.5) to start, as before": {"initial_ctr": 0.5},
     "missing and unseen values share row 0, as before": {"shared_missing_row": True},
     "min_expected_clicks 1": {"min_expected_clicks": 1},
     "min_expected_clicks 12": {"min_expected_clicks": 12},
     "min_expected_clicks 30": {"min_expected_clicks": 30},
+    "min_expected_clicks 30, seed 1": {"min_expected_clicks": 30, "seed": 1},
+    "min_expected_clicks 30, seed 2": {"min_expected_clicks": 30, "seed": 2},
     "embedding learning rate 0.001": {"embedding_lr": 0.001},
     "embedding learning rate 0.01": {"embedding_lr": 0.01},
     "warm-up 500 steps": {"warmup": 500},

@@ -126,12 +126,12 @@ def test_pinned_reruns_on_real_rows_use_exactly_their_data_or_refuse(project, re
     _run(project, runtime_params={"ingestion": {"raw_dir": str(kaggle)}, "training": fast})
     a_checkpoint, a_metadata = _newest(project, checkpoints), _newest(project, "data/04_feature/feature_metadata.json")
     a_metrics = _load(project, metrics, _newest(project, metrics))
-    assert a_metrics["model"]["rows"] == 4584
+    assert a_metrics["model"]["rows"] == 2292 and a_metrics["rows_evaluated"] == "test", "day_1's second half tests"
     assert [d["source"]["path"] for d in a_metrics["source_days"]] == [str((kaggle / "day_1").resolve())]
 
     # 2. Terabyte rows: checkpoint B, Parquet in its own folder.
     _run(project, runtime_params={"ingestion": {"raw_dir": str(terabyte)}, "training": fast})
-    assert _load(project, metrics, _newest(project, metrics))["model"]["rows"] == 5000
+    assert _load(project, metrics, _newest(project, metrics))["model"]["rows"] == 2500
 
     # 3. A pinned: scores A's own validation day and reproduces A's metrics exactly.
     _run(project, pipeline_names=["evaluation"], load_versions={"dlrm_checkpoint": a_checkpoint})
@@ -150,7 +150,7 @@ def test_pinned_reruns_on_real_rows_use_exactly_their_data_or_refuse(project, re
     )
     assert summary["metadata_version"] == a_metadata
     assert [d["rows"] for d in summary["source_days"]["train"]] == [10_000]
-    assert summary["best_validation"]["rows"] == 4584
+    assert summary["best_validation"]["rows"] == 2292, "day_1's first half validates"
 
     # The data under A changes (its raw day edited and converted again): pinned reruns refuse, naming it.
     with (kaggle / "day_1").open("a") as handle:
