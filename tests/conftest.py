@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -123,6 +124,23 @@ def logged():
     sink = logger.add(lines.append, format="{message}")
     yield lines
     logger.remove(sink)
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (the socket that found it is closed again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def headless_dom(url: str, profile: Path, budget_ms: int = 20000, *flags: str) -> str:
+    """The DOM Debian's headless Chromium has built for ``url`` after ``budget_ms`` of virtual time."""
+    command = [
+        "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", *flags,
+        f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", "--dump-dom", url,
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
 
 
 @contextlib.contextmanager

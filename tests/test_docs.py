@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, headless_dom
 
 
 def _leaves(values: dict, prefix: str = "") -> list[str]:
@@ -63,12 +63,7 @@ def test_the_site_builds_with_every_page(site):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
 def test_headless_chromium_renders_the_home_page(site, tmp_path):
-    command = [
-        "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--allow-file-access-from-files",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", (site / "index.html").as_uri(),
-    ]  # fmt: skip
-    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    dom = headless_dom((site / "index.html").as_uri(), tmp_path / "profile", 5000, "--allow-file-access-from-files")
     assert "<title>criteo-dlrm</title>" in dom
     assert "Raw Criteo click logs in" in dom
     for page in ("Getting started", "Parameters reference", "Troubleshooting", "Benchmarks"):

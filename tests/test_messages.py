@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_project
+from tests.conftest import copy_project, unused_port
 from tests.test_cli import _kedro
 
 pytestmark = pytest.mark.slow
@@ -161,12 +161,9 @@ def test_torchrec_with_an_optimiser_it_lacks_on_the_cpu_names_the_one_to_use(fre
 
 def test_an_absent_tracking_server_suggests_running_without_tracking_and_that_runs(fresh):
     import os
-    import socket
     import subprocess
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     (fresh / "conf/local").mkdir(parents=True, exist_ok=True)
     (fresh / "conf/local/mlflow.yml").write_text(f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{port}\n")
     message = _fails(fresh, FAST, tracking=True)

@@ -4,13 +4,12 @@ import json
 import re
 import shutil
 import socket
-import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import served
+from tests.conftest import headless_dom, served
 
 pytestmark = pytest.mark.slow
 
@@ -96,12 +95,7 @@ def test_api_previews_metadata_and_metrics(viz):
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
 def test_headless_chromium_draws_the_pipeline_nodes(viz, tmp_path):
-    command = [
-        "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", viz,
-    ]  # fmt: skip
-    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    dom = headless_dom(viz, tmp_path / "profile")
     drawn = set(re.findall(r'<text class="pipeline-node__text"[^>]*>([^<]+)<', dom))
     assert NODES <= drawn, f"drawn: {sorted(drawn)}"
     assert dom.count('class="pipeline-node pipeline-node--task"') == len(NODES)

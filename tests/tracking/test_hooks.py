@@ -3,7 +3,6 @@
 import http.server
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -18,14 +17,9 @@ from mlflow.tracking import MlflowClient
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.tracking.hooks import TrackingServerError, check_tracking_server
+from tests.conftest import unused_port
 
 STORE = "sqlite:///data/09_tracking/mlflow.db"
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
 def _runs(project: Path):
@@ -76,7 +70,7 @@ def test_the_bundled_run_is_tracked_with_parameters_history_metrics_artifacts_an
 def test_an_absent_tracking_server_is_refused_at_once_and_one_that_answers_is_accepted():
     started = time.monotonic()
     with pytest.raises(TrackingServerError, match=r"does not answer.*`CRITEO_DLRM_TRACKING=off kedro run`"):
-        check_tracking_server(f"http://127.0.0.1:{_closed_port()}", timeout=2)
+        check_tracking_server(f"http://127.0.0.1:{unused_port()}", timeout=2)
     assert time.monotonic() - started < 10
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -100,7 +94,7 @@ def test_an_absent_tracking_server_is_refused_at_once_and_one_that_answers_is_ac
 def test_a_run_pointed_at_an_absent_server_stops_before_any_work(project, monkeypatch):
     (project / "conf/local").mkdir(parents=True, exist_ok=True)
     (project / "conf/local/mlflow.yml").write_text(
-        f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{_closed_port()}\n"
+        f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{unused_port()}\n"
     )
     bootstrap_project(project)
     with pytest.raises(TrackingServerError, match="conf/local/mlflow.yml"):
