@@ -140,8 +140,9 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
     scores = predict(model, loader, device, config.precision, output="logit")
     labels = np.asarray(validation.labels)
     state = fit_calibration(labels, scores, config.calibration)
-    raw = log_loss(labels, 1 / (1 + np.exp(-scores)))
-    after = log_loss(labels, calibrated(Calibration(state), scores.astype(np.float32)))
+    scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them
+    raw = log_loss(labels, calibrated(Calibration(None), scores))  # the model's own output, as evaluation's "raw"
+    after = log_loss(labels, calibrated(Calibration(state), scores))
     state["validation_log_loss"] = {"raw": raw, "calibrated": after}
     logger.info("calibration: {}; validation log loss {:.5f} -> {:.5f}", describe(state), raw, after)
     return state
