@@ -51,7 +51,7 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
 
 
 # The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
-CURVE_SETTINGS = {"min_frequency": 3, "min_expected_clicks": 3, "dim": 16}
+CURVE_SETTINGS = {"min_frequency": 3, "min_expected_clicks": 3, "dim": TrainingConfig().sparse_embedding_sizes}
 INTERACTIONS = ("dot", "dcn")
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
@@ -180,12 +180,21 @@ REMEDIES = {
     "min_expected_clicks 30, seed 2": {"min_expected_clicks": 30, "seed": 2},
     "embedding learning rate 0.001": {"embedding_lr": 0.001},
     "embedding learning rate 0.01": {"embedding_lr": 0.01},
+    "embedding learning rate 0.01, seed 1": {"embedding_lr": 0.01, "seed": 1},
+    "embedding learning rate 0.01, seed 2": {"embedding_lr": 0.01, "seed": 2},
+    "embedding learning rate 0.02": {"embedding_lr": 0.02},
+    "learning rates 0.003 / 0.01": {"lr": 0.003, "embedding_lr": 0.01},
     "warm-up 500 steps": {"warmup": 500},
     "embedding L2 0.00001": {"embedding_l2": 1e-5},
     "embedding L2 0.0001": {"embedding_l2": 1e-4},
     "embedding L2 0.001": {"embedding_l2": 1e-3},
     "embedding learning rate 0.03": {"embedding_lr": 0.03},
     "embedding optimizer adagrad 0.1": {"optimizer": "adagrad", "embedding_lr": 0.1},
+    "embedding optimizer adagrad 0.05": {"optimizer": "adagrad", "embedding_lr": 0.05},
+    "embedding optimizer adagrad 0.02": {"optimizer": "adagrad", "embedding_lr": 0.02},
+    "interaction cat": {"interaction": "cat"},
+    "dense learning rate 0.0003": {"lr": 0.0003},
+    "learning rates 0.0003 / 0.001": {"lr": 0.0003, "embedding_lr": 0.001},
     "dense learning rate 0.003": {"lr": 0.003},
     "embedding size 8": {"dim": 8},
     "embedding size 32": {"dim": 32},
@@ -216,11 +225,29 @@ REMEDIES = {
     },
 }
 
+# The interaction and embedding size before the defaults became dot_cat at 32, and dot_cat at 16 with the
+# levers that had helped most, three seeds each (docs/benchmarks.md, "Low click rates").
+SIZE_16_LEVERS = {
+    "": {},
+    ", min_expected_clicks 30": {"min_expected_clicks": 30},
+    ", embedding learning rate 0.01": {"embedding_lr": 0.01},
+    ", dense learning rate 0.003": {"lr": 0.003},
+}
+for seed in range(3):
+    REMEDIES[f"former defaults (dot, size 16), seed {seed}"] = {"interaction": "dot", "dim": 16, "seed": seed}
+    for lever, change in SIZE_16_LEVERS.items():
+        REMEDIES[f"dot_cat, size 16{lever}, seed {seed}"] = {
+            "interaction": "dot_cat",
+            "dim": 16,
+            "seed": seed,
+            **change,
+        }
+
 
 def remedies(size: int, validation_rows: int, work: Path, names: list[str] | None = None) -> None:
     paths, oracle = generated_days(work, size // DAY_ROWS, validation_rows)
     logistic = train_logistic(paths[:-1], paths[-1:], {})
-    print(f"\n{size:,} training rows, dot; LR AUC {logistic['auc']:.4f}, oracle AUC {oracle['auc']:.4f}\n")
+    print(f"\n{size:,} training rows; LR AUC {logistic['auc']:.4f}, oracle AUC {oracle['auc']:.4f}\n")
     print(
         "| setting | AUC | log loss | calibration | LR-to-oracle gap closed | best at step (epoch) | training s to best "
         "| training s in all |"

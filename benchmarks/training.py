@@ -59,6 +59,7 @@ def spec_config(spec: dict) -> DLRMConfig:
         [spec["dim"]] * 26,
         dense_mlp=DenseMLP(spec["dense"][:-1], spec["dense"][-1]),
         prediction_hidden_sizes=spec["top"],
+        interaction=spec.get("interaction", "dot"),  # the paper's, as every figure here was measured
     )
 
 

@@ -42,7 +42,7 @@ def test_misspelt_names_are_reported_with_the_closest_known_one(shipped):
 
 def test_a_block_that_leaves_keys_out_gets_conf_bases_defaults(shipped):
     configs = parse_parameters({"training": {"dense_mlp": {"hidden_layer_sizes": [128, 64]}}})
-    assert configs["training"].dense_mlp.output_size == 16 and configs["training"].sparse_embedding_sizes == 16
+    assert configs["training"].dense_mlp.output_size == 32 and configs["training"].sparse_embedding_sizes == 32
     assert configs["ingestion"].raw_dir == shipped["ingestion"]["raw_dir"]
 
 
@@ -98,8 +98,8 @@ def test_a_partial_override_in_conf_local_merges_into_conf_base(project):
     with KedroSession.create(project_path=project, runtime_params={"training": {"max_steps": 3}}) as session:
         params = session.load_context().params
         session.run()
-    assert params["training"]["dense_mlp"] == {"hidden_layer_sizes": [128, 64], "output_size": 16}
-    assert params["training"]["sparse_embedding_sizes"] == 16 and params["training"]["max_steps"] == 3
+    assert params["training"]["dense_mlp"] == {"hidden_layer_sizes": [128, 64], "output_size": 32}
+    assert params["training"]["sparse_embedding_sizes"] == 32 and params["training"]["max_steps"] == 3
     [version] = (project / "data/06_models/dlrm_checkpoint.pt").iterdir()
     checkpoint = torch.load(version / "dlrm_checkpoint.pt", weights_only=True)
     assert checkpoint["model_config"]["dense_mlp"]["hidden_layer_sizes"] == [128, 64]

@@ -16,7 +16,7 @@ def test_the_dataclass_defaults_are_the_projects_defaults():
 
 def test_missing_keys_keep_their_defaults_and_lists_come_back_as_lists():
     config = TrainingConfig.from_dict({"dense_mlp": {"hidden_layer_sizes": (32, 8)}, "learning_rate": 1})
-    assert config.dense_mlp.hidden_layer_sizes == [32, 8] and config.dense_mlp.output_size == 16
+    assert config.dense_mlp.hidden_layer_sizes == [32, 8] and config.dense_mlp.output_size == 32
     assert config.learning_rate == 1.0 and isinstance(config.learning_rate, float)
 
 

@@ -28,13 +28,13 @@ def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
 
 def test_the_untrained_model_predicts_the_training_click_rate():
     torch.manual_seed(0)
-    config = DLRMConfig([50] * 26, [16] * 26, initial_ctr=0.03)
+    config = DLRMConfig([50] * 26, [32] * 26, initial_ctr=0.03)
     model = DLRM(config).eval()
     dense = torch.randn(2000, 13)
     sparse = torch.randint(0, 50, (2000, 26))
     predicted = probabilities(model, dense, sparse, torch.device("cpu"))
     assert float(predicted.mean()) == pytest.approx(0.03, rel=0.25), "at the prior, not at 0.5"
-    assert float(DLRM(DLRMConfig([50] * 26, [16] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
+    assert float(DLRM(DLRMConfig([50] * 26, [32] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
 
 
 def _legacy(checkpoint: dict, vocabularies: list[np.ndarray]) -> dict:

@@ -27,7 +27,7 @@ def _inputs(batch: int = 6, seed: int = 0):
 
 def test_dot_interaction_matches_a_naive_double_loop():
     torch.manual_seed(0)
-    model = DLRM(_config())
+    model = DLRM(_config(interaction="dot"))
     dense, sparse = _inputs()
     x = model.dense_mlp(dense)
     embedded = model.embed(sparse)
@@ -38,6 +38,23 @@ def test_dot_interaction_matches_a_naive_double_loop():
         assert result[b, :4].tolist() == pytest.approx(x[b].tolist())
         assert result[b, 4:].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert result.shape == (6, 4 + 351) == (6, model.config.interaction_size)
+
+
+def test_dot_cat_interaction_is_the_dot_products_then_every_embedding_in_feature_order():
+    torch.manual_seed(0)
+    model = DLRM(_config(interaction="dot_cat"))
+    dense, sparse = _inputs()
+    x = model.dense_mlp(dense)
+    embedded = model.embed(sparse)
+    result = model.interact(x, embedded)
+    table = model.embeddings[0].weight.weight
+    starts = torch.tensor([0, *TABLES[:-1]]).cumsum(0)
+    for b in range(len(dense)):
+        vectors = [x[b]] + [table[starts[f] + sparse[b, f]] for f in range(26)]
+        dots = [float(vectors[i] @ vectors[j]) for i in range(27) for j in range(i + 1, 27)]
+        own = [float(v) for vector in vectors[1:] for v in vector]
+        assert result[b].tolist() == pytest.approx(x[b].tolist() + dots + own, rel=1e-5, abs=1e-6)
+    assert result.shape == (6, 4 + 351 + 26 * 4) == (6, model.config.interaction_size)
 
 
 def test_fused_table_rows_belong_to_their_feature():
@@ -101,8 +118,12 @@ def test_a_tiny_batch_can_be_overfitted():
     ("overrides", "message"),
     [
         (
-            {"sparse_embedding_sizes": [8] * 26},
+            {"interaction": "dot", "sparse_embedding_sizes": [8] * 26},
             r"interaction 'dot' needs every embedding size equal to dense_mlp.output_size \(4\)",
+        ),
+        (
+            {"interaction": "dot_cat", "sparse_embedding_sizes": [8] * 26},
+            r"interaction 'dot_cat' needs every embedding size equal to dense_mlp.output_size \(4\)",
         ),
         ({"sparse_embedding_sizes": [4] * 25}, "sparse_embedding_sizes has 25 entries for 26 features"),
         ({"interaction": "outer"}, "interaction must be one of"),
@@ -136,9 +157,9 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
         for weight, bias in bottom:
             x = np.maximum(weight @ x + bias, 0.0)
         vectors = [x] + [table[starts[f] + int(sparse[row, f])] for f in range(26)]
-        if interaction == "dot":
+        if interaction in ("dot", "dot_cat"):
             pairs = [vectors[i] @ vectors[j] for i in range(27) for j in range(i + 1, 27)]
-            z = np.concatenate([x, pairs])
+            z = np.concatenate([x, pairs] + (vectors[1:] if interaction == "dot_cat" else []))
         else:
             z = np.concatenate(vectors)
         if interaction == "dcn":  # DCN-v2, low rank: x_{l+1} = x_0 * (W_l V_l x_l + b_l) + x_l
@@ -155,7 +176,7 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
     return logits
 
 
-@pytest.mark.parametrize("interaction", ["dot", "cat", "dcn"])
+@pytest.mark.parametrize("interaction", ["dot", "dot_cat", "cat", "dcn"])
 def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
     torch.manual_seed(3)
     config = _config(

@@ -34,7 +34,7 @@ def _torchrec_copy(model: DLRM) -> DLRM:
 
 @pytest.mark.parametrize(
     ("interaction", "dims"),
-    [("dot", [8] * 26), ("cat", [4, 8] * 13), ("dcn", [8] * 20 + [4] * 6)],
+    [("dot", [8] * 26), ("dot_cat", [8] * 26), ("cat", [4, 8] * 13), ("dcn", [8] * 20 + [4] * 6)],
 )
 def test_torchrec_tables_give_the_same_logits_for_the_same_weights(interaction, dims):
     torch.manual_seed(0)

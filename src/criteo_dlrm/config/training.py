@@ -81,10 +81,10 @@ class TrainingConfig(Config):
     num_threads: int | None = None
     encoding_workers: int | None = None
     dense_mlp: DenseMLP = field(default_factory=DenseMLP)
-    sparse_embedding_sizes: int | list[int] = 16
+    sparse_embedding_sizes: int | list[int] = 32
     prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     prediction_dropout: float = 0.0
-    interaction: str = "dot"
+    interaction: str = "dot_cat"
     dcn: DCN = field(default_factory=DCN)
     learning_rate: float = 0.001
     embedding_backend: str = "torch"

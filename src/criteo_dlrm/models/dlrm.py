@@ -1,5 +1,9 @@
 """DLRM (Naumov et al., 2019) for Criteo: dense MLP, embeddings, dot interaction, prediction MLP.
 
+``interaction: dot_cat`` also feeds the embeddings themselves to the prediction MLP beside the dot products,
+so each category value has a first-order effect of its own (as the ``cat`` and DCN interactions have); the
+paper's ``dot`` reaches a value only through its products with the other vectors.
+
 The model returns logits; the loss is ``BCEWithLogitsLoss`` and a sigmoid is applied only where
 probabilities are reported. Embedding tables that share a dimension live in one fused table with
 per-feature row offsets, so a batch needs one lookup per dimension instead of 26.
@@ -17,7 +21,8 @@ from criteo_dlrm.common.errors import ConfigError
 
 __all__ = ["DCN", "DLRM", "ConfigError", "DLRMConfig", "DenseMLP"]
 
-INTERACTIONS = ("dot", "cat", "dcn")
+INTERACTIONS = ("dot", "dot_cat", "cat", "dcn")
+DOT_INTERACTIONS = ("dot", "dot_cat")
 
 
 @dataclass
@@ -25,7 +30,7 @@ class DenseMLP:
     """The bottom MLP over the 13 dense features (``training.dense_mlp``)."""
 
     hidden_layer_sizes: list[int] = field(default_factory=lambda: [64])
-    output_size: int = 16
+    output_size: int = 32
 
 
 @dataclass
@@ -51,7 +56,7 @@ class DLRMConfig:
     dense_mlp: DenseMLP = field(default_factory=DenseMLP)
     prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     prediction_dropout: float = 0.0
-    interaction: str = "dot"
+    interaction: str = "dot_cat"
     dcn: DCN = field(default_factory=DCN)
     dense_in_features: int = 13
     initial_ctr: float | None = None
@@ -70,9 +75,10 @@ class DLRMConfig:
         if self.interaction not in INTERACTIONS:
             problems.append(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
         output = self.dense_mlp.output_size
-        if self.interaction == "dot" and any(size != output for size in self.sparse_embedding_sizes):
+        if self.interaction in DOT_INTERACTIONS and any(size != output for size in self.sparse_embedding_sizes):
             problems.append(
-                f"interaction 'dot' needs every embedding size equal to dense_mlp.output_size ({output}), got "
+                f"interaction '{self.interaction}' needs every embedding size equal to dense_mlp.output_size "
+                f"({output}), got "
                 f"sparse_embedding_sizes {sorted(set(self.sparse_embedding_sizes))}: make them equal, or use "
                 "interaction 'cat'"
             )
@@ -116,8 +122,11 @@ class DLRMConfig:
 
     @property
     def interaction_size(self) -> int:
+        pairs = self.num_features * (self.num_features - 1) // 2
         if self.interaction == "dot":
-            return self.dense_mlp.output_size + self.num_features * (self.num_features - 1) // 2
+            return self.dense_mlp.output_size + pairs
+        if self.interaction == "dot_cat":
+            return self.dense_mlp.output_size + pairs + sum(self.sparse_embedding_sizes)
         return self.dense_mlp.output_size + sum(self.sparse_embedding_sizes)
 
     def to_dict(self) -> dict:
@@ -248,6 +257,8 @@ class DLRM(nn.Module):
         vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
         pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal
+        if self.config.interaction == "dot_cat":  # and the embeddings themselves: first-order terms
+            return torch.cat([x, pairs, *(e.flatten(1) for e in embedded)], dim=1)  # (B, D + 351 + 26 * D)
         return torch.cat([x, pairs], dim=1)  # (B, D + 351)
 
     def forward(

@@ -91,8 +91,8 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     np.testing.assert_array_equal(catalog.load("validation_features").dense, tiny_features["validation"].dense)
 
 
-def test_dot_with_mismatched_sizes_fails_before_training(tiny_features, tmp_path):
-    params = training_params(tmp_path, sparse_embedding_sizes=32)
+def test_dot_products_with_mismatched_sizes_fail_before_training(tiny_features, tmp_path):
+    params = training_params(tmp_path, sparse_embedding_sizes=8)
     with pytest.raises(ConfigError, match="dense_mlp.output_size"):
         TrainingConfig.from_dict(params).model_config(_table_sizes(tiny_features))
 
