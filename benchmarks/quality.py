@@ -52,7 +52,7 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
 
 # The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
 CURVE_SETTINGS = {"min_frequency": 3, "min_expected_clicks": 3, "dim": TrainingConfig().sparse_embedding_sizes}
-INTERACTIONS = ("dot", "dcn")
+INTERACTIONS = ("dot_cat", "dcn")  # the default and DCN-v2
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
 REAL_DLRM_GRID = [
