@@ -25,36 +25,25 @@ def _inputs(batch: int = 6, seed: int = 0):
     return dense, sparse
 
 
-def test_dot_interaction_matches_a_naive_double_loop():
+@pytest.mark.parametrize("interaction", ["dot", "dot_cat"])
+def test_dot_interactions_match_a_naive_double_loop(interaction):
+    """The dense vector, the 351 upper-triangle dot products in (i, j) order, and with ``dot_cat`` every
+    embedding after them in feature order, each read from its table row."""
     torch.manual_seed(0)
-    model = DLRM(_config(interaction="dot"))
+    model = DLRM(_config(interaction=interaction))
     dense, sparse = _inputs()
     x = model.dense_mlp(dense)
-    embedded = model.embed(sparse)
-    result = model.interact(x, embedded)
-    vectors = [x] + [embedded[0][:, f] for f in range(26)]
-    for b in range(len(dense)):
-        expected = [float(vectors[i][b] @ vectors[j][b]) for i in range(27) for j in range(i + 1, 27)]
-        assert result[b, :4].tolist() == pytest.approx(x[b].tolist())
-        assert result[b, 4:].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    assert result.shape == (6, 4 + 351) == (6, model.config.interaction_size)
-
-
-def test_dot_cat_interaction_is_the_dot_products_then_every_embedding_in_feature_order():
-    torch.manual_seed(0)
-    model = DLRM(_config(interaction="dot_cat"))
-    dense, sparse = _inputs()
-    x = model.dense_mlp(dense)
-    embedded = model.embed(sparse)
-    result = model.interact(x, embedded)
+    result = model.interact(x, model.embed(sparse))
     table = model.embeddings[0].weight.weight
     starts = torch.tensor([0, *TABLES[:-1]]).cumsum(0)
     for b in range(len(dense)):
         vectors = [x[b]] + [table[starts[f] + sparse[b, f]] for f in range(26)]
         dots = [float(vectors[i] @ vectors[j]) for i in range(27) for j in range(i + 1, 27)]
-        own = [float(v) for vector in vectors[1:] for v in vector]
-        assert result[b].tolist() == pytest.approx(x[b].tolist() + dots + own, rel=1e-5, abs=1e-6)
-    assert result.shape == (6, 4 + 351 + 26 * 4) == (6, model.config.interaction_size)
+        own = [float(v) for vector in vectors[1:] for v in vector] if interaction == "dot_cat" else []
+        assert result[b, :4].tolist() == pytest.approx(x[b].tolist())
+        assert result[b, 4:].tolist() == pytest.approx(dots + own, rel=1e-5, abs=1e-6)
+    own_size = 26 * 4 if interaction == "dot_cat" else 0
+    assert result.shape == (6, 4 + 351 + own_size) == (6, model.config.interaction_size)
 
 
 def test_fused_table_rows_belong_to_their_feature():
