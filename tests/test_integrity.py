@@ -416,3 +416,92 @@ def test_scoring_leaves_nothing_behind_and_removes_what_a_killed_scoring_left(tm
     staged, report = score_new_days(checkpoint, {"input_dir": str(tmp_path / "raw"), "parquet_dir": str(parquet_dir)})
     assert not stale.exists() and staged.parent == parquet_dir and staged.name.endswith(".partial")
     assert report["rows"] == 400
+
+
+# -- Round three (issue 33) -------------------------------------------------------------------------------------
+
+
+def _run_in_session(project: Path, params: dict, pipelines: list[str] | None = None) -> None:
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    bootstrap_project(project)
+    with KedroSession.create(project, runtime_params=params) as session:
+        session.run(pipeline_names=pipelines)
+
+
+@pytest.mark.parametrize(
+    ("train_days", "overlap"), [(["day_0", "day_2"], "day_2"), (["day_2"], "day_2"), (["day_1", "day_2"], "day_2")]
+)
+def test_training_days_that_take_the_default_validation_day_are_refused_before_ingestion(project, train_days, overlap):
+    from criteo_dlrm.common.errors import ConfigError
+
+    message = _fails_with(
+        ConfigError,
+        lambda: _run_in_session(project, {"metadata": {"train_days": train_days}, "training": {"num_epochs": 1}}),
+        rf"metadata.train_days and the default validation day both take \['{overlap}'\]",
+    )
+    assert "metadata.validation_days" in message
+    assert not (project / "data/02_intermediate").exists() or not list(
+        (project / "data/02_intermediate").rglob("*.parquet")
+    )
+
+
+def test_every_split_whether_named_or_by_default_gives_each_day_one_role_at_most():
+    from criteo_dlrm.common.errors import ConfigError
+
+    names = ["day_0", "day_1", "day_2", "day_3"]
+    cases = [
+        {}, {"train_days": ["day_0"]}, {"validation_days": ["day_1"]}, {"test_days": ["day_3"]},
+        {"train_days": ["day_3"]}, {"test_days": ["day_2"], "train_days": ["day_0", "day_3"]},
+        {"validation_days": ["day_0"], "train_days": ["day_0", "day_1"]}, {"test_days": ["day_0", "day_1", "day_2"]},
+        {"validation_days": ["day_3"], "test_days": ["day_2"], "train_days": ["day_2"]},
+    ]  # fmt: skip
+    for settings in cases:
+        try:
+            split = MetadataConfig(**settings).split(names)
+        except ConfigError:
+            continue
+        roles = [*split.train, *split.validation, *split.test]
+        assert len(roles) == len(set(roles)), (settings, split)
+        assert split.train and split.validation, (settings, split)
+    with pytest.raises(ConfigError, match=r"the default validation day both take \['day_3'\]"):
+        MetadataConfig(train_days=["day_3"]).split(names)
+    with pytest.raises(ConfigError, match=r"metadata.train_days and the default validation day both take \['day_3'\]"):
+        MetadataConfig(test_days=["day_2"], train_days=["day_0", "day_3"]).split(names)
+
+
+@pytest.mark.parametrize("name", ["día_0.txt.gz", "day_8.gz\n", "trаin.txt"])  # the last with a Cyrillic 'а'
+def test_day_names_outside_the_documented_naming_are_refused_not_converted_or_sorted_last(tmp_path, name):
+    for day in ("day_0.gz", "day_1.gz"):
+        (tmp_path / day).write_bytes(b"")
+    (tmp_path / name).write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(IngestionError, match="looks like a day file but its name is not one") as refused:
+        scan_raw_folder(tmp_path)
+    assert repr(name) in str(refused.value), "the name is shown as it is, newline included"
+
+
+def test_the_order_of_days_is_one_rule_and_a_mixed_folder_says_which_day_validates(tmp_path):
+    from loguru import logger
+
+    for day in ("day_10.gz", "day_9.gz", "zeta.txt", "alpha.tsv.gz"):
+        (tmp_path / day).write_bytes(b"")
+    said = []
+    handler = logger.add(lambda message: said.append(str(message)), level="WARNING")
+    try:
+        days = scan_raw_folder(tmp_path).days
+    finally:
+        logger.remove(handler)
+    assert [p.name for p in days] == ["day_9.gz", "day_10.gz", "alpha.tsv.gz", "zeta.txt"]
+    assert any("zeta comes last and validates" in line for line in said), said
+
+
+def test_the_ingestion_summary_says_which_days_train_validate_and_test():
+    from criteo_dlrm.summary import split_line
+
+    names = ["day_0", "day_1", "day_2", "day_3"]
+    assert split_line(MetadataConfig().split(names), 0.5, names) == (
+        "day_0, day_1, day_2 train; day_3 validate (first 50%) and test (last 50%)"
+    )
+    config = MetadataConfig(train_days=["day_1"], test_days=["day_3"])
+    assert split_line(config.split(names), 0.5, names) == "day_1 train; day_2 validate; day_3 test; day_0 unused"

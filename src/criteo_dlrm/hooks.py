@@ -25,7 +25,7 @@ from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.logs import bridge_loguru, configure_console
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
 from criteo_dlrm.preflight import check_before_run, report_incomplete_versions
-from criteo_dlrm.summary import SUMMARISED, RunRecord
+from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
 
 RUN_VERSION = "run_version"
 
@@ -49,6 +49,16 @@ def _missing_version_message(name: str, version: str, dataset) -> str:
         f"{name} version {version} does not exist. The versions in {where}{more}, oldest first: {shown}. "
         f"Pin one of them with --load-versions={name}:<version>, or leave {name} out for the newest."
     )
+
+
+def _split_of(metadata, report: dict) -> str | None:
+    """The summary's line saying which ingested day trains, validates and tests (None: the split is refused,
+    and metadata says why when it runs)."""
+    names = [day["day"] for day in report["days"]]
+    try:
+        return split_line(metadata.split(names), metadata.test_share, names)
+    except UserError:
+        return None
 
 
 class ProjectHooks:
@@ -118,6 +128,8 @@ class ProjectHooks:
             if isinstance(dataset, VersionedFileDataset) and dataset.resolve_save_version():
                 path = dataset.version_path(dataset.resolve_save_version())
                 self.record.paths[dataset_name] = os.path.relpath(path) if path.startswith(os.getcwd()) else path
+        if dataset_name == "ingestion_report" and "metadata" in self._configs:
+            self.record.split = _split_of(self._configs["metadata"], data)
         saved = self._saved_by_node.setdefault(node.name, set())
         saved.add(dataset_name)
         if saved >= set(node.outputs):  # every output of the node is stored: its versions are complete

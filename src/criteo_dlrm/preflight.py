@@ -50,16 +50,19 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
 
 
 def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, ingests: bool, catalog) -> None:
-    if not (metadata.validation_days or metadata.train_days):
-        return
+    """The day names the metadata block refers to exist, and the split they make (explicit or default) gives
+    every day one role at most: refused before ingestion when the raw folder's names tell."""
     if ingests:
         if ingestion.rows_per_day:
             return  # the split days' names (<file>_0000, ...) are known once the files are split
         raw = scan_raw_folder(ingestion.raw_dir)
-        check_day_names(metadata, [day_name(path) for path in raw.days], f"the days of {raw.folder}")
+        names, where = [day_name(path) for path in raw.days], f"the days of {raw.folder}"
     elif catalog.exists("ingestion_report"):
-        report = catalog.load("ingestion_report")
-        check_day_names(metadata, [day["day"] for day in report["days"]], "the ingested days")
+        names, where = [day["day"] for day in catalog.load("ingestion_report")["days"]], "the ingested days"
+    else:
+        return
+    check_day_names(metadata, names, where)
+    metadata.split(names)
 
 
 def _check_training(config: TrainingConfig, computes_metadata: bool, catalog) -> None:

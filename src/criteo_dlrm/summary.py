@@ -20,6 +20,30 @@ class RunRecord:
     version: str | None = None
     saved: dict[str, object] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
+    # The ingested days by role, as the metadata settings split them (``split_line``).
+    split: str | None = None
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{names[0]}, {names[1]}, ... {names[-1]} ({len(names)} days)"
+
+
+def split_line(split, test_share: float, names: list[str]) -> str:
+    """``day_0, day_1 train; day_2 validates (first 50%) and tests (last 50%)``: which ingested day does what,
+    in day order (``split``: the metadata settings' ``DaySplit`` of ``names``)."""
+    parts = [f"{_listed(split.train)} train"]
+    if split.test:
+        parts += [f"{_listed(split.validation)} validate", f"{_listed(split.test)} test"]
+    elif test_share > 0:
+        parts.append(
+            f"{_listed(split.validation)} validate (first {1 - test_share:.0%}) and test (last {test_share:.0%})"
+        )
+    else:
+        parts.append(f"{_listed(split.validation)} validate (no test rows)")
+    unused = [name for name in names if split.role(name) is None]
+    if unused:
+        parts.append(f"{_listed(unused)} unused")
+    return "; ".join(parts)
 
 
 def _metrics_line(metrics: dict) -> str:
@@ -47,6 +71,8 @@ def render(record: RunRecord) -> str:
             f"ingestion   {len(days)} days, {sum(d['rows'] for d in days):,} rows, "
             f"{sum(d['rejected'] for d in days):,} rejected"
         )
+        if record.split:
+            lines.append(f"            {record.split}")
     if metadata := saved.get("feature_metadata"):
         tables = [stats["table_size"] for stats in metadata["sparse"].values()]
         lines.append(

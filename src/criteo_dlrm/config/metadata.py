@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from criteo_dlrm.common.errors import ConfigError
@@ -71,6 +72,57 @@ class MetadataConfig(Config):
 
     def cap(self, feature: str) -> int:
         return int(self.vocabulary_size_overrides.get(feature, self.max_vocabulary_size))
+
+    def split(self, names: Sequence[str]) -> DaySplit:
+        """Which of ``names`` (the days, in day order) train, validate and test: the settings where they are set,
+        the defaults otherwise (the last day that does not test validates; every other day trains).
+
+        Raises:
+            ConfigError: a day would be in two of the three (whether named or chosen by default), or no day is
+                left to train on (unless there is a single day: ``split_days`` names the fix for one file).
+        """
+        test = list(self.test_days or ())
+        validation = list(self.validation_days or [n for n in names if n not in test][-1:])
+        train = list(self.train_days or [n for n in names if n not in validation + test])
+        problems = []
+        roles = {"train": train, "validation": validation, "test": test}
+        settings = {"train": "train_days", "validation": "validation_days", "test": "test_days"}
+        for first, second in (("train", "validation"), ("train", "test"), ("validation", "test")):
+            overlap = [day for day in roles[first] if day in roles[second]]
+            if overlap:
+                named = [
+                    f"metadata.{settings[role]}" if getattr(self, settings[role]) else f"the default {role} day"
+                    for role in (first, second)
+                ]
+                problems.append(f"{' and '.join(named)} both take {overlap}")
+        if problems:
+            raise ConfigError(
+                f"metadata: {'; '.join(problems)} (the days in order: {', '.join(names)}). A day trains, validates or "
+                "tests, one of the three: a model measured on rows it was trained on reports a wrong score. By "
+                "default the last day validates and tests (its first half validates, its second half tests): take it "
+                "out of metadata.train_days, or name the days that validate and test with metadata.validation_days "
+                "and metadata.test_days."
+            )
+        if not train and len(names) > 1:
+            raise ConfigError(
+                f"metadata: no training day is left (days {list(names)}, validation {validation}, test {test}): leave "
+                "at least one day out of metadata.validation_days and metadata.test_days."
+            )
+        return DaySplit(train, validation, test)
+
+
+@dataclass(frozen=True)
+class DaySplit:
+    """Day names by role, each list in day order as given."""
+
+    train: list[str]
+    validation: list[str]
+    test: list[str]
+
+    def role(self, name: str) -> str | None:
+        """``train``, ``validation``, ``test``, ``validation + test`` (a day split in two), or None (unused)."""
+        roles = [role for role in ("train", "validation", "test") if name in getattr(self, role)]
+        return " + ".join(roles) or None
 
 
 def check_day_names(config: MetadataConfig, names: list[str], where: str = "the ingested days") -> None:

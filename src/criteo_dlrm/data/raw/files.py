@@ -21,10 +21,13 @@ from criteo_dlrm.common.schema import NUM_RAW_FIELDS
 from criteo_dlrm.data.raw.rejects import IngestionError
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
 
-# day_<N>[.gz], or <name>.txt / <name>.tsv [.gz] where <name> is letters (any script), digits, '_', '.', '-'.
-_DAY_FILE = re.compile(r"^(day_\d+|[\w.-]+\.(txt|tsv))(\.gz)?$")
-_LOOKS_LIKE_A_DAY = re.compile(r"(^day)|(\.(txt|tsv|gz)$)", re.IGNORECASE)
+# day_<N>[.gz], or <name>.txt / <name>.tsv [.gz] where <name> is ASCII letters, digits, '_', '.', '-': a day's name
+# is typed in --params and YAML, and names a Parquet file, on every filesystem and shell alike. Matched whole
+# (fullmatch), so a name with a trailing newline is not a day.
+_DAY_FILE = re.compile(r"(day_[0-9]+|[A-Za-z0-9_.-]+\.(txt|tsv))(\.gz)?")
+_LOOKS_LIKE_A_DAY = re.compile(r"(^day)|(\.(txt|tsv|gz)\s*$)", re.IGNORECASE)
 NAMING = "day_<N>, day_<N>.gz, <name>.txt[.gz] or <name>.tsv[.gz]"
+ORDER = "day_<N> by N, then every other name alphabetically"
 
 
 @dataclass
@@ -43,8 +46,9 @@ def day_name(path: Path) -> str:
 
 
 def day_sort_key(name: str) -> tuple[int, str]:
-    """Sort ``day_2`` before ``day_10``; other names after the numbered days, alphabetically."""
-    match = re.fullmatch(r"day_(\d+)", name)
+    """The order of days (``ORDER``): ``day_2`` before ``day_10``; other names after the numbered days,
+    alphabetically (``train_0000`` before ``train_0001``). The last day in this order validates by default."""
+    match = re.fullmatch(r"day_([0-9]+)", name)
     return (int(match.group(1)), name) if match else (1 << 30, name)
 
 
@@ -94,7 +98,7 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
         )
     days, ignored, problems = [], {}, []
     for path in sorted(folder.iterdir()):
-        if _DAY_FILE.match(path.name):
+        if _DAY_FILE.fullmatch(path.name):
             why = _unreadable(path)
             if why is None:
                 days.append(path)
@@ -104,8 +108,8 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
             ignored[path.name] = reason
         else:
             problems.append(
-                f"{path.name!r}: looks like a day file but its name is not one ({NAMING}, names without "
-                "spaces): rename it, or move it out of the folder"
+                f"{path.name!r}: looks like a day file but its name is not one ({NAMING}; <name> is ASCII "
+                "letters, digits, '_', '.' and '-'): rename it, or move it out of the folder"
             )
     if problems:
         raise IngestionError(f"Raw data folder {folder}:\n  " + "\n  ".join(problems))
@@ -120,7 +124,16 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
         logger.info("{}: not used ({}): {}", folder, reason, ", ".join(names))
-    return RawFolder(folder, sorted(days, key=lambda p: day_sort_key(day_name(p))), ignored)
+    days = sorted(days, key=lambda p: day_sort_key(day_name(p)))
+    names = [day_name(path) for path in days]
+    numbered = [name for name in names if day_sort_key(name)[0] < 1 << 30]
+    if numbered and len(numbered) < len(names):
+        logger.warning(
+            "{} mixes day_<N> files with other names; days are ordered {} ({}), so {} comes last and validates "
+            "unless metadata.validation_days names another day",
+            folder, ORDER, ", ".join(names), names[-1],
+        )  # fmt: skip
+    return RawFolder(folder, days, ignored)
 
 
 def _refuse_two_files_for_one_day(folder: Path, days: list[Path]) -> None:

@@ -22,21 +22,15 @@ def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], li
     """
     names = [day["day"] for day in days]
     check_day_names(config, names)
-    test = list(config.test_days or ())
-    validation = list(config.validation_days) if config.validation_days else [n for n in names if n not in test][-1:]
-    train = list(config.train_days) if config.train_days else [n for n in names if n not in validation + test]
-    if not train and len(days) == 1:
+    split = config.split(names)
+    train, validation, test = split.train, split.validation, split.test
+    if not train:
         # One big file (Kaggle's train.txt has no day structure): split it into 7 days, as Kaggle's 7 days.
         rows_per_day = -(-days[0].get("rows", 7) // 7)
         raise ConfigError(
             f"metadata: the only ingested day, {names[0]}, would validate and none would train. Split the file "
             f"into days: `{kedro_run(params={'ingestion.rows_per_day': rows_per_day})}` (7 days of {rows_per_day:,} "
             "rows; the last one validates and tests)."
-        )
-    if not train:
-        raise ConfigError(
-            f"metadata: no training day is left (days {names}, validation {validation}, test {test}): leave at "
-            "least one day out of metadata.validation_days and metadata.test_days."
         )
     by_name = {day["day"]: day for day in days}
     check_days([by_name[name] for name in train + validation + test], "ingestion_report")
