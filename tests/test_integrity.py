@@ -276,10 +276,10 @@ def test_encoding_checks_the_space_it_needs_before_writing_a_row(day, tmp_path, 
 def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refused(tmp_path):
     folder = tmp_path / "raw"
     write_day(folder / "day_0", 50, day=0, model=ClickModel(seed=1))
-    (folder / "día_1.txt").write_bytes((folder / "day_0").read_bytes())
+    (folder / "part-1.txt").write_bytes((folder / "day_0").read_bytes())
     (folder / "README.md").write_text("notes")
     scanned = scan_raw_folder(folder)
-    assert [p.name for p in scanned.days] == ["day_0", "día_1.txt"]
+    assert [p.name for p in scanned.days] == ["day_0", "part-1.txt"]
     assert "README.md" in scanned.ignored and "day_0.click_probability.npy" in scanned.ignored
     os.mkfifo(folder / "day_3")
     (folder / "day_4.gz").symlink_to(folder / "day_4.gz")  # a link to itself: a loop
@@ -319,7 +319,9 @@ def test_a_version_a_killed_run_began_is_never_the_latest(tmp_path):
     path = tmp_path / "feature_metadata.json"
     JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
     begun = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
-    begun.mark_incomplete("2026-01-02T00.00.00.000Z", {"pid": 2**22 + 17, "host": "gone"})
+    marker = path / "2026-01-02T00.00.00.000Z" / ".incomplete"  # as another (killed) process wrote it
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"pid": 2**22 + 17, "host": "gone", "token": "0" * 32}))
     begun.save({"version": 2})  # its node's other outputs never came
     reader = JSONDataset(str(path), version=Version(None, None))
     assert reader.load() == {"version": 1}
@@ -505,3 +507,207 @@ def test_the_ingestion_summary_says_which_days_train_validate_and_test():
     )
     config = MetadataConfig(train_days=["day_1"], test_days=["day_3"])
     assert split_line(config.split(names), 0.5, names) == "day_1 train; day_2 validate; day_3 test; day_0 unused"
+
+
+def _saved_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
+    """A versioned checkpoint saved as training saves it: ``(its file, the dataset's path)``."""
+    path = tmp_path / "dlrm_checkpoint.pt"
+    state = {"format": 3, "model_state": {"w": torch.arange(6.0)}, "calibration": {"method": "platt", "a": 1.5}}
+    TorchCheckpointDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save(state)
+    [file] = path.glob("*/dlrm_checkpoint.pt")
+    return file, path
+
+
+def _edit_calibration(file: Path) -> None:
+    state = torch.load(file, weights_only=True)
+    state["calibration"]["a"] = 9.0
+    torch.save(state, file)
+
+
+def test_a_checkpoint_edited_and_stripped_of_its_digest_is_refused(tmp_path):
+    file, path = _saved_checkpoint(tmp_path)
+    _edit_calibration(file)
+    Path(f"{file}.sha256").unlink()
+    message = _refused(TorchCheckpointDataset(str(path), version=Version(None, None)).load, file)
+    assert "has no digest" in message and "--load-versions" in message
+
+
+def test_a_checkpoint_rewritten_with_a_fresh_file_digest_is_refused_by_the_digest_inside(tmp_path):
+    import hashlib
+
+    file, path = _saved_checkpoint(tmp_path)
+    _edit_calibration(file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    assert "content is not what was written" in _refused(
+        TorchCheckpointDataset(str(path), version=Version(None, None)).load, file
+    )
+    state = torch.load(file, weights_only=True)
+    del state["content_sha256"]  # and with the digest inside removed as well
+    torch.save(state, file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    assert "lost the content digest" in _refused(
+        TorchCheckpointDataset(str(path), version=Version(None, None)).load, file
+    )
+
+
+def test_a_checkpoint_of_format_2_without_a_digest_inside_still_loads_on_its_file_digest(tmp_path):
+    import hashlib
+
+    path = tmp_path / "dlrm_checkpoint.pt"
+    file = path / "2025-01-01T00.00.00.000Z" / "dlrm_checkpoint.pt"
+    file.parent.mkdir(parents=True)
+    torch.save({"format": 2, "model_state": {"w": torch.ones(2)}}, file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
+    assert loaded["format"] == 2 and torch.equal(loaded["model_state"]["w"], torch.ones(2))
+
+
+def test_feature_metadata_without_its_digest_is_refused(tmp_path):
+    path = tmp_path / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"label": {"ctr": 0.25}})
+    [file] = path.glob("*/feature_metadata.json")
+    file.write_text(json.dumps({"label": {"ctr": 0.03}}))
+    Path(f"{file}.sha256").unlink()
+    assert "has no digest" in _refused(JSONDataset(str(path), version=Version(None, None)).load, file)
+
+
+def test_a_digest_is_compared_whatever_its_case(tmp_path):
+    file, path = _saved_checkpoint(tmp_path)
+    sidecar = Path(f"{file}.sha256")
+    sidecar.write_text(sidecar.read_text().upper() + "\n")
+    loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
+    assert loaded["calibration"]["a"] == 1.5 and "content_sha256" not in loaded
+
+
+def test_encoded_rows_without_their_digests_are_refused_and_rebuilt(day, tmp_path):
+    dataset, days = _encoded(day, tmp_path)
+    dataset.save(days)
+    folder = tmp_path / "train_features"
+    (folder / "digests.json").unlink()
+    assert "digests.json is missing" in _refused(EncodedArraysDataset(str(folder)).load, folder)
+    EncodedArraysDataset(str(folder)).save(days)
+    assert (folder / "digests.json").exists()
+
+
+def test_stored_rows_with_indices_beyond_their_claimed_tables_are_refused_naming_the_folder(day, tmp_path):
+    from criteo_dlrm.common.storage import DamagedFileError
+    from criteo_dlrm.data.encoding import check_index_range, open_encoded
+
+    dataset, days = _encoded(day, tmp_path)
+    dataset.save(days)
+    folder = tmp_path / "train_features"
+    rows = open_encoded(folder)
+    true_maxima = np.asarray(rows.sparse[:]).max(axis=0)
+    assert rows.index_maxima == true_maxima.tolist(), "the recorded maxima are the rows' own"
+    sizes = list(days.encoder.table_sizes)
+    check_index_range(rows, sizes, "the training rows")
+    smaller = list(sizes)
+    smaller[5] = int(true_maxima[5])  # the metadata a forged lineage claims: one table a row too small
+    with pytest.raises(DamagedFileError, match=rf"{folder}: the training rows .*SPARSE_5: index {true_maxima[5]:,}"):
+        check_index_range(rows, smaller, "the training rows")
+    in_memory = days.encoder.encode_days(days.paths)
+    assert in_memory.index_maxima == true_maxima.tolist()
+    in_memory.index_maxima = None  # rows without recorded maxima are read for them
+    with pytest.raises(DamagedFileError, match="SPARSE_5"):
+        check_index_range(in_memory, smaller, "the training rows")
+    from loguru import logger
+
+    said = []
+    handler = logger.add(lambda message: said.append(str(message)), level="WARNING")
+    try:
+        days.encoder.table_sizes = smaller  # the same lineage, claiming smaller tables: not reused as they are
+        EncodedArraysDataset(str(folder)).save(days)
+    finally:
+        logger.remove(handler)
+    assert any("SPARSE_5" in line and "Encoding them again" in line for line in said), said
+
+
+def test_a_marker_with_this_process_pid_and_host_is_still_another_run_s(tmp_path):
+    import socket
+
+    from criteo_dlrm.preflight import _in_progress
+
+    path = tmp_path / "dlrm_checkpoint.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
+    half = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
+    half.save({"version": 2})
+    marker = {"pid": os.getpid(), "host": socket.gethostname(), "run": "2026-01-02T00.00.00.000Z"}
+    (path / "2026-01-02T00.00.00.000Z" / ".incomplete").write_text(json.dumps(marker))  # pid 1 in two containers
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 1}
+    assert not _in_progress(marker), "a dead run's marker, reported as such"
+    half.mark_incomplete("2026-01-02T00.00.00.000Z", marker)  # this process's own marker: its own version
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 2}
+
+
+@pytest.mark.parametrize("planted", ["owner link", "lock link", "lock folder"])
+def test_a_link_or_folder_planted_at_a_lock_path_is_refused_and_nothing_is_written_through_it(tmp_path, planted):
+    from criteo_dlrm.common.locks import LockError
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "data" / "train_features"
+    target.parent.mkdir()
+    lock = target.with_name(".train_features.lock")
+    {
+        "owner link": lambda: Path(f"{lock}.owner").symlink_to(victim),
+        "lock link": lambda: lock.symlink_to(victim),
+        "lock folder": lambda: lock.mkdir(),
+    }[planted]()
+    with pytest.raises(LockError, match=r"is a (symbolic link|folder), where this project keeps the lock .*\(rm -r"):
+        with exclusive(target, "the encoded rows"):
+            pass
+    assert victim.read_text() == "precious"
+
+
+def test_the_owner_record_is_written_beside_the_lock_never_through_a_link_planted_meanwhile(tmp_path, monkeypatch):
+    from criteo_dlrm.common import locks
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "train_features"
+    owner = tmp_path / ".train_features.lock.owner"
+    original = locks.FileLock.acquire
+
+    def acquire_then_plant(self, *args, **kwargs):  # a link planted between the check and the write
+        result = original(self, *args, **kwargs)
+        owner.symlink_to(victim)
+        return result
+
+    monkeypatch.setattr(locks.FileLock, "acquire", acquire_then_plant)
+    with exclusive(target, "the encoded rows"):
+        assert json.loads(owner.read_text())["pid"] == os.getpid() and not owner.is_symlink()
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "parquet day"])
+def test_every_staged_rename_is_followed_by_a_sync_of_its_folder(tmp_path, monkeypatch, kind, day):
+    import stat
+
+    from criteo_dlrm.common import storage
+
+    events = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def replace(source, destination):
+        real_replace(source, destination)
+        events.append(("rename", Path(destination).parent))
+
+    def fsync(descriptor):
+        real_fsync(descriptor)
+        if stat.S_ISDIR(os.fstat(descriptor).st_mode):
+            events.append(("sync", Path(os.readlink(f"/proc/self/fd/{descriptor}"))))
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    if kind == "file":
+        storage.write_bytes_atomically(tmp_path / "report.json", b"{}")
+    elif kind == "folder":
+        with storage.atomic_folder(tmp_path / "rows") as staged:
+            (staged / "labels.npy").write_bytes(b"x")
+    else:
+        convert_day(day[0], tmp_path / "out" / "day_0.parquet")
+    renames = [index for index, event in enumerate(events) if event[0] == "rename"]
+    assert renames, events
+    for index in renames:
+        folder = events[index][1]
+        assert ("sync", folder.resolve()) in [(e[0], e[1].resolve()) for e in events[index + 1 :]], (folder, events)

@@ -8,6 +8,7 @@ completed) are named, with how to remove them.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, Training
 from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, scan_raw_folder
-from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
+from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.sharding import check_fused_optimizer, check_table_memory, require_torchrec
 
@@ -90,6 +91,15 @@ def check_same_run(metadata: VersionedFileDataset, vocabularies: VersionedFileDa
         )
 
 
+def _in_progress(owner: dict) -> bool:
+    """Whether the run an ``.incomplete`` marker names may still be running: this process, or another live
+    process on this host (a pid alone repeats: one equal to this process's, with another token, is a dead run's)."""
+    if owner.get("token") == RUN_TOKEN:
+        return True
+    pid = int(owner.get("pid", 0) or 0)
+    return owner.get("host") == socket.gethostname() and pid != os.getpid() and process_alive(pid)
+
+
 def report_incomplete_versions(catalog, names: list[str]) -> None:
     """Log the versions that killed runs left incomplete (they are never loaded), with how to remove them."""
     stale = []
@@ -98,8 +108,8 @@ def report_incomplete_versions(catalog, names: list[str]) -> None:
         if not isinstance(dataset, VersionedFileDataset):
             continue
         for folder, owner in dataset.incomplete_versions().items():
-            if owner.get("host") == socket.gethostname() and process_alive(int(owner.get("pid", 0) or 0)):
-                continue  # a run in progress right now
+            if _in_progress(owner):
+                continue
             stale.append(folder)
     if stale:
         logger.warning(

@@ -20,10 +20,15 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.storage import atomic_file
 
 
 class LockedError(UserError, RuntimeError):
     """Another process is writing what this run needs to write."""
+
+
+class LockError(UserError, OSError):
+    """A lock's path holds something this project did not put there (a symbolic link, a folder)."""
 
 
 def _owner(lock_path: Path) -> str:
@@ -44,6 +49,14 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
     """
     lock_path = Path(path).with_name(f".{Path(path).name}.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
+    owner = Path(f"{lock_path}.owner")
+    for entry in (lock_path, owner):  # a planted link would make the lock write where it points
+        kind = "a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else None
+        if kind:
+            raise LockError(
+                f"{entry} is {kind}, where this project keeps the lock on {what} ({path}); it was not followed. "
+                f"Remove it (rm -r '{entry}') and run the same command again."
+            )
     lock = FileLock(lock_path, timeout=0)
     try:
         lock.acquire()
@@ -52,18 +65,17 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
             f"{what} ({path}) is being written by {_owner(lock_path)}. Two runs in one project would overwrite "
             "each other's files: wait for that run to finish (or stop it), then run this command again."
         ) from None
-    owner = Path(f"{lock_path}.owner")
     try:
-        owner.write_text(
-            json.dumps(
-                {
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
-                    "started": time.time(),
-                }
-            )
-        )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+            "started": time.time(),
+        }
+        # Staged (created exclusively, never through a link) and renamed over the name: a link planted there
+        # since the check above is replaced, not followed.
+        with atomic_file(owner, what=f"the lock's owner record {owner}") as handle:
+            handle.write(json.dumps(record).encode())
         yield
     finally:
         owner.unlink(missing_ok=True)

@@ -125,12 +125,29 @@ def atomic_file(path: str | os.PathLike, what: str | None = None) -> Iterator[Bi
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(staged, path)
+        sync_folder(path.parent)
     except BaseException as error:
         if is_disk_full(error):
             raise disk_full_error(path.parent, what or str(path)) from error
         raise
     finally:
         staged.unlink(missing_ok=True)
+
+
+def sync_folder(folder: str | os.PathLike) -> None:
+    """Make the renames in ``folder`` durable: a rename is on disk only once its folder is synced, so a power
+    loss after a "saved" line could otherwise bring back the old file (or none)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # a platform or filesystem that cannot open folders (their renames are synced by other means)
+    try:
+        os.fsync(descriptor)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(descriptor)
 
 
 def write_bytes_atomically(path: str | os.PathLike, data: bytes) -> None:
@@ -155,6 +172,7 @@ def atomic_folder(path: str | os.PathLike, what: str | None = None) -> Iterator[
         if path.exists() or path.is_symlink():
             os.replace(path, old)
         os.replace(staged, path)
+        sync_folder(path.parent)
         shutil.rmtree(old, ignore_errors=True)
         if old.is_symlink():
             old.unlink()
@@ -227,7 +245,7 @@ def check_digest(path: str | os.PathLike, expected: str, fix: str, what: str | N
     if not Path(path).exists():
         raise DamagedFileError(f"{named} is missing. {fix}")
     actual = file_digest(path)
-    if actual != expected:
+    if actual != expected.strip().lower():
         raise DamagedFileError(
             f"{named} is damaged: its content (sha256 {actual[:12]}...) is not what was written "
             f"(sha256 {expected[:12]}...). {fix}"

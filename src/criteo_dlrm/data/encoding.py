@@ -105,6 +105,8 @@ class EncodedArrays:
     dense: np.ndarray  # (N, 13) float32, standardised log1p counts
     sparse: np.ndarray | PackedIndices  # (N, 26) int32 table indices: 0 out of vocabulary, 1 missing, 2.. values
     lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
+    # (26,) the largest index of each table, as recorded when stored rows were written (None: not recorded).
+    index_maxima: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.dense)
@@ -260,7 +262,7 @@ class FeatureEncoder:
                 np.empty((rows, NUM_DENSE), np.float32),
                 np.empty((rows, NUM_SPARSE), np.int32),
             )
-            self._encode_rows(paths, out, 0)
+            out.index_maxima = self._encode_rows(paths, out, 0)
             return out
         into.mkdir(parents=True, exist_ok=True)
         widths = index_widths(self.table_sizes)
@@ -287,23 +289,30 @@ class FeatureEncoder:
             (path if isinstance(path, DayRows) else str(path), str(into), start)
             for path, start in zip(paths, starts, strict=True)
         ]
+        maxima = [0] * NUM_SPARSE
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
-            for index, _ in run_parallel(_encode_day_into, tasks, workers, shared=self):
+            for index, day_maxima in run_parallel(_encode_day_into, tasks, workers, shared=self):
+                maxima = np.maximum(maxima, day_maxima).tolist()
                 bar.update(rows_per_day[index])
+        write_index_maxima(into, maxima)
         encoded = open_encoded(into)
         size = bytes_per_row(encoded)
         logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
-    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int) -> None:
-        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on."""
+    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int) -> list[int]:
+        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on; returns each table's largest index."""
+        maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
             end = start + len(encoded)
             out.labels[start:end] = encoded.labels
             out.dense[start:end] = encoded.dense
             out.sparse[start:end] = encoded.sparse
+            if len(encoded):
+                np.maximum(maxima, encoded.sparse.max(axis=0), out=maxima)
             start = end
+        return maxima.tolist()
 
     def state_dict(self) -> dict:
         """Tensors and plain values only, so a checkpoint holding it loads with ``weights_only=True``."""
@@ -344,12 +353,14 @@ ENCODING_MEMORY = 1 << 30
 ENCODING_CORES = 2
 
 
-def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int) -> None:
-    """A worker's task: encode one day into its rows of the files in ``folder``."""
+def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int) -> list[int]:
+    """A worker's task: encode one day into its rows of the files in ``folder``; returns its tables' largest
+    indices."""
     out = open_encoded(Path(folder), writable=True)
-    encoder._encode_rows([path], out, start)
+    maxima = encoder._encode_rows([path], out, start)
     for array in (out.labels, out.dense, out.sparse):
         array.flush()
+    return maxima
 
 
 # The stored layout: ``layout.json`` beside ``labels.npy`` (uint8), ``dense.npy`` (float32) and ``sparse.npy``
@@ -360,6 +371,9 @@ STORED_FIELDS = ("labels", "dense", "sparse")
 
 
 DIGESTS = "digests.json"
+# Each table's largest stored index, written with the rows: rows are checked against the tables they are used
+# with without reading them (``check_index_range``).
+INDEX_MAXIMA = "index_maxima.json"
 REENCODE = f"Encode the rows again: `{kedro_run('training')}` (damaged encoded rows are rebuilt)."
 
 
@@ -385,7 +399,48 @@ def open_encoded(folder: str | Path, writable: bool = False, lineage: dict | Non
         raise DamagedFileError(
             f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {REENCODE}"
         )
-    return EncodedArrays(labels, dense, sparse, lineage=lineage)
+    maxima_path = folder / INDEX_MAXIMA
+    maxima = (
+        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), REENCODE) if maxima_path.exists() else None
+    )
+    return EncodedArrays(labels, dense, sparse, lineage=lineage, index_maxima=maxima)
+
+
+def write_index_maxima(folder: Path, maxima: list[int]) -> None:
+    (folder / INDEX_MAXIMA).write_text(json.dumps([int(value) for value in maxima]))
+
+
+def index_maxima(rows: EncodedArrays) -> list[int]:
+    """Each table's largest index in ``rows``: as recorded, or (rows in memory, or stored before maxima were
+    recorded) by one pass over them in pieces."""
+    if rows.index_maxima is not None:
+        return list(rows.index_maxima)
+    maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
+    for start in range(0, len(rows), 1 << 20):
+        piece = np.asarray(rows.sparse[start : start + (1 << 20)])
+        if len(piece):
+            np.maximum(maxima, piece.max(axis=0), out=maxima)
+    return maxima.tolist()
+
+
+def check_index_range(rows: EncodedArrays, table_sizes: list[int], what: str) -> None:
+    """Refuse rows holding an index beyond its table (rows encoded with other metadata than they claim to be).
+
+    Raises:
+        DamagedFileError: naming the rows' folder (or ``what``), the tables and the fix.
+    """
+    maxima = index_maxima(rows)
+    beyond = [
+        f"{name}: index {largest:,} in a table of {size:,} rows"
+        for name, largest, size in zip(SPARSE_COLUMNS, maxima, table_sizes, strict=True)
+        if largest >= size
+    ]
+    if beyond:
+        where = rows.folder or what
+        raise DamagedFileError(
+            f"{where}: {what} were not encoded with the tables of the metadata they are used with "
+            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {REENCODE}"
+        )
 
 
 def write_digests(folder: Path) -> None:
@@ -395,17 +450,19 @@ def write_digests(folder: Path) -> None:
 
 
 def verify_encoded(folder: Path) -> None:
-    """Check every file of ``folder`` against ``digests.json`` (a folder without one, written before digests
-    were recorded, is only checked for consistency by ``open_encoded``).
+    """Check every file of ``folder`` against ``digests.json``; a folder without it is refused (this project
+    writes it with every set of rows, last).
 
     Costs one read of the rows (sha256 at about 1.4 GB/s per core, the pieces hashed in parallel).
 
     Raises:
-        DamagedFileError: naming the first file that is missing or changed.
+        DamagedFileError: naming the first file that is missing or changed, or the missing ``digests.json``.
     """
     path = Path(folder) / DIGESTS
     if not path.exists():
-        return
+        raise DamagedFileError(
+            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {REENCODE}"
+        )
     recorded = reading(path, lambda: json.loads(path.read_text()), REENCODE)
     for name, digest in recorded.items():
         check_digest(Path(folder) / name, digest, REENCODE)
@@ -416,6 +473,7 @@ def write_encoded(arrays: EncodedArrays, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in STORED_FIELDS:
         np.save(folder / f"{name}.npy", np.asarray(getattr(arrays, name)))
+    write_index_maxima(folder, index_maxima(arrays))
     write_digests(folder)
 
 

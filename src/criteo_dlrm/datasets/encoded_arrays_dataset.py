@@ -14,6 +14,7 @@ from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_s
 from criteo_dlrm.data.encoding import (
     EncodedArrays,
     EncodedDays,
+    check_index_range,
     open_encoded,
     verify_encoded,
     write_digests,
@@ -58,11 +59,13 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         path = self._path / LINEAGE
         return json.loads(path.read_text()) if path.exists() else None
 
-    def _reusable(self, lineage: dict | None) -> bool:
-        if lineage is None or not self._exists() or self._stored_lineage() != lineage:
+    def _reusable(self, data: EncodedArrays | EncodedDays) -> bool:
+        if data.lineage is None or not self._exists() or self._stored_lineage() != data.lineage:
             return False
         try:
             self._verify()
+            if isinstance(data, EncodedDays):  # a lineage that claims these tables, and indices beyond them
+                check_index_range(open_encoded(self._path), data.encoder.table_sizes, "the stored rows")
         except DamagedFileError as error:
             logger.warning("{} Encoding them again.", error)
             return False
@@ -71,7 +74,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
     def save(self, data: EncodedArrays | EncodedDays) -> None:
         with exclusive(self._path, f"the encoded rows {self._path.name}"):
             remove_stale_partials(self._path.parent)
-            if self._reusable(data.lineage):
+            if self._reusable(data):
                 logger.info("{}: already encoded from the same metadata version and days; reused", self._path)
                 return
             with atomic_folder(self._path, f"the encoded rows {self._path.name}") as staging:

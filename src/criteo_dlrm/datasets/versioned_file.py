@@ -6,7 +6,9 @@ that are complete or not used.
   real name. A load checks the digest first and refuses a damaged file, naming it.
 - A version a run has begun but not finished carries an ``.incomplete`` marker in its folder (set and
   cleared by ``hooks.ProjectHooks`` around the node that writes it, so that all of a node's outputs appear
-  together). Loading the latest version skips such versions; ``incomplete_versions`` lists them.
+  together). Loading the latest version skips such versions; ``incomplete_versions`` lists them. The marker
+  names its writer by ``RUN_TOKEN``, random per process: a pid and host repeat (in containers kedro is often
+  pid 1 on a fixed hostname), so a marker another process left is never taken for this one's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hashlib
 import io
 import json
 import os
-import socket
+import secrets
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -27,6 +29,8 @@ from criteo_dlrm.common.storage import DamagedFileError, atomic_file, disk_full_
 
 DIGEST_SUFFIX = ".sha256"
 INCOMPLETE = ".incomplete"
+# This process's name in the markers it writes: 128 random bits, never the same for two processes.
+RUN_TOKEN = secrets.token_hex(16)
 
 
 class VersionedFileDataset(AbstractVersionedDataset):
@@ -71,15 +75,21 @@ class VersionedFileDataset(AbstractVersionedDataset):
             return reader(handle)
 
     def _check_digest(self, path: str, actual: str) -> None:
+        """Refuse ``path`` unless its sidecar holds ``actual`` (hex, either case). This project writes a digest
+        beside every file it writes, so a file without one was damaged or put there by other means: refused too."""
         digest_path = path + DIGEST_SUFFIX
         if not self._fs.exists(digest_path):
-            return  # written before digests were recorded
+            raise DamagedFileError(
+                f"{path} has no digest ({digest_path} is missing): this project writes one beside every file it "
+                f"saves, so the file cannot be trusted to be what was written. {self._fix()}"
+            )
         with self._fs.open(digest_path, "rb") as handle:
-            expected = handle.read().decode().strip()
+            recorded = handle.read().decode(errors="replace").split()
+        expected = recorded[0].lower() if recorded else ""
         if actual != expected:
             raise DamagedFileError(
                 f"{path} is damaged: its content (sha256 {actual[:12]}...) is not what was written (sha256 "
-                f"{expected[:12]}...). {self._fix()}"
+                f"{expected[:12] or 'none recorded'}...). {self._fix()}"
             )
 
     def _fix(self) -> str:
@@ -137,7 +147,7 @@ class VersionedFileDataset(AbstractVersionedDataset):
                 owner = json.loads(handle.read() or b"{}")
             except ValueError:
                 return True
-        return (owner.get("pid"), owner.get("host")) != (os.getpid(), socket.gethostname())
+        return not isinstance(owner, dict) or owner.get("token") != RUN_TOKEN
 
     def versions(self) -> list[str]:
         """The complete versions this dataset holds, oldest first."""
@@ -161,11 +171,12 @@ class VersionedFileDataset(AbstractVersionedDataset):
         return get_filepath_str(self._filepath / version, self._protocol)
 
     def mark_incomplete(self, version: str, owner: dict) -> None:
-        """Begin ``version``: until ``mark_complete``, loading the latest version skips it."""
+        """Begin ``version``: until ``mark_complete``, loading the latest version skips it in every other process
+        (``owner``: what the marker says of the run, for messages; this process's ``RUN_TOKEN`` is added)."""
         folder = self.version_folder(version)
         self._fs.makedirs(folder, exist_ok=True)
         with self._fs.open(f"{folder}/{INCOMPLETE}", "wb") as handle:
-            handle.write(json.dumps(owner).encode())
+            handle.write(json.dumps({**owner, "token": RUN_TOKEN}).encode())
 
     def discard_if_empty(self, version: str) -> None:
         """Remove ``version``'s folder when it holds nothing but its marker (its node failed before saving)."""

@@ -13,8 +13,9 @@ import torch
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 
-# 2: the model's names are the YAML's (dense_mlp, prediction_mlp); 1: bottom_mlp, top_mlp and flat size names.
-CHECKPOINT_FORMAT = 2
+# 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's (dense_mlp, prediction_mlp);
+# 1: bottom_mlp, top_mlp and flat size names.
+CHECKPOINT_FORMAT = 3
 _FORMER_MODULES = {"bottom_mlp.": "dense_mlp.", "top_mlp.": "prediction_mlp."}
 
 
@@ -42,7 +43,8 @@ def state_digest(value: Any) -> str:
         if isinstance(item, torch.Tensor):
             tensor = item.detach().cpu().contiguous()
             digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            if tensor.numel():  # hashed in place (the buffer itself, no copy of a table of many gigabytes)
+                digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
         elif isinstance(item, dict):
             digest.update(f"D{len(item)}".encode())
             for key in sorted(item, key=str):
@@ -81,7 +83,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise DamagedFileError(f"{path} is not a checkpoint written by this project. {fix}")
     expected = state.pop(DIGEST_KEY, None)
-    if expected is not None and state_digest(state) != expected:
+    if expected is None:
+        raise DamagedFileError(f"{path} has no content digest: it was not written by this project's save. {fix}")
+    if state_digest(state) != expected:
         raise DamagedFileError(f"{path} is damaged: its content is not what was written. {fix}")
     return state
 

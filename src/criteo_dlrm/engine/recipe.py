@@ -23,7 +23,7 @@ from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
+from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
 from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
@@ -69,6 +69,8 @@ def run_training(
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    check_index_range(train, table_sizes, "the training rows")
+    check_index_range(validation, table_sizes, "the validation rows")
     initial_ctr = metadata["label"]["ctr"] if 0 < metadata["label"]["ctr"] < 1 else None
     model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)

@@ -12,6 +12,7 @@ from criteo_dlrm.engine.scoring import VocabularyMismatchError
 from criteo_dlrm.pipelines.evaluation import create_pipeline
 from criteo_dlrm.pipelines.evaluation.nodes import _score, evaluate_checkpoint
 from criteo_dlrm.pipelines.training.nodes import train_dlrm
+from tests.conftest import FLOAT32_ROUNDING
 from tests.pipelines.training.test_pipeline import training_params
 
 
@@ -74,7 +75,8 @@ def test_evaluation_reports_on_the_test_rows_the_metadata_set_aside(checkpoint, 
     _, all_labels, all_predictions, all_oracle = _score(checkpoint, PARAMS)
     assert metrics["rows_evaluated"] == "test" and metrics["model"]["rows"] == 400
     np.testing.assert_array_equal(labels, all_labels[600:])
-    np.testing.assert_array_equal(predictions["calibrated"], all_predictions["calibrated"][600:])
+    # Other batches than the whole day's (rows 600-999 alone): equal within float32 rounding on every CPU.
+    np.testing.assert_allclose(predictions["calibrated"], all_predictions["calibrated"][600:], **FLOAT32_ROUNDING)
     np.testing.assert_array_equal(oracle, all_oracle[600:])
     assert metrics["model"]["auc"] == pytest.approx(roc_auc_score(labels, predictions["calibrated"]), abs=1e-12)
 

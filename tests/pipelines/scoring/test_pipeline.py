@@ -17,6 +17,7 @@ from criteo_dlrm.engine.calibration import calibration_from_checkpoint
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import calibrated, score_days
+from tests.conftest import FLOAT32_ROUNDING
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,11 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
     assert test["day"] == "day_2" and test["row_range"] == [10_000, 20_000]
     predictions = pd.read_parquet(_newest(trained, "data/07_model_output/predictions.parquet"))
     tested = predictions.iloc[10_000:]
-    assert binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy()) == evaluation["model"]
+    # Evaluation scored the second half alone, scoring the whole day: other batches, so equal within float32
+    # rounding (the kernels, and so the last bits, depend on the batch shape and the CPU).
+    assert binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy()) == pytest.approx(
+        evaluation["model"], rel=FLOAT32_ROUNDING["rtol"]
+    )
 
     import torch
 
@@ -81,7 +86,7 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
         [test["parquet"]],
         torch.device("cpu"),
     )
-    assert np.array_equal(predictions["logit"].to_numpy(), logits), "evaluation's logits, exactly"
+    assert np.array_equal(predictions["logit"].to_numpy(), logits), "the same rows in the same batches: bit for bit"
     expected = calibrated(calibration_from_checkpoint(checkpoint), logits)
     assert np.array_equal(predictions["click_probability"].to_numpy(), expected)
     assert predictions["row"].tolist() == list(range(1, 20_001)), "line numbers of the raw file"

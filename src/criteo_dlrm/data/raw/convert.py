@@ -21,7 +21,7 @@ from loguru import logger
 
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
-from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full, staging_path
+from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full, staging_path, sync_folder
 from criteo_dlrm.data.lineage import source_metadata
 from criteo_dlrm.data.parquet import WRITE_OPTIONS, fingerprint_path, seal_day
 from criteo_dlrm.data.raw.files import day_name, open_raw
@@ -134,6 +134,8 @@ class PartWriter:
         for staged, part in zip(self.staged, self.parts, strict=True):
             os.replace(staged, part)
             seal_day(part)
+        for folder in {part.parent for part in self.parts}:
+            sync_folder(folder)
 
     def discard(self) -> None:
         if self._handle is not None:
