@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -711,3 +712,206 @@ def test_every_staged_rename_is_followed_by_a_sync_of_its_folder(tmp_path, monke
     for index in renames:
         folder = events[index][1]
         assert ("sync", folder.resolve()) in [(e[0], e[1].resolve()) for e in events[index + 1 :]], (folder, events)
+
+
+def _preflight(pipeline: str, params: dict, tmp_path: Path, monkeypatch) -> None:
+    """``preflight.check_before_run`` for ``kedro run --pipelines=<pipeline> --params=...``, in ``tmp_path``."""
+    from kedro.io import DataCatalog
+
+    from kedro.pipeline import Pipeline
+
+    from criteo_dlrm.config import parse_parameters
+    from criteo_dlrm.pipeline_registry import PIPELINE_ORDER, _pipeline
+    from criteo_dlrm.preflight import check_before_run
+
+    monkeypatch.chdir(tmp_path)
+    names = PIPELINE_ORDER if pipeline == "__default__" else [pipeline]
+    check_before_run(parse_parameters(params), sum((_pipeline(n) for n in names), Pipeline([])), DataCatalog())
+
+
+def test_tables_too_large_in_modulus_hash_mode_are_refused_before_ingestion(project):
+    from criteo_dlrm.common.errors import ConfigError
+
+    params = {"metadata": {"use_modulus_hash": True, "modulus_hash_size": 200_000_000}}
+    message = _fails_with(ConfigError, lambda: _run_in_session(project, params), r"need [\d,.]+ GB")
+    assert "metadata.modulus_hash_size" in message
+    assert not list((project / "data").rglob("*.parquet")), "refused before ingestion"
+
+
+def test_tables_too_large_in_an_existing_metadata_version_name_the_metadata_rerun(project):
+    from criteo_dlrm.common.errors import ConfigError
+
+    _run_in_session(project, {"metadata": {"max_vocabulary_size": 5}}, ["ingestion", "metadata"])
+    params = {"training": {"sparse_embedding_sizes": 1_000_000_000, "dense_mlp": {"output_size": 1_000_000_000}}}
+    message = _fails_with(ConfigError, lambda: _run_in_session(project, params, ["training"]), r"need [\d,.]+ GB")
+    assert "feature_metadata version" in message and "--pipelines=metadata,training" in message
+
+
+@pytest.mark.parametrize("case", ["missing folder", "foreign parquet"])
+def test_a_scoring_input_that_cannot_be_scored_is_refused_before_any_work(tmp_path, monkeypatch, case):
+    import pyarrow as pa
+
+    folder = tmp_path / "to_score"
+    if case == "foreign parquet":
+        folder.mkdir()
+        pq.write_table(pa.table({"user": [1, 2], "item": [3, 4]}), folder / "clicks.parquet")
+        match, kind = r"clicks.parquet is not a Parquet day this project can score .*scoring.input_dir takes", DataError
+    else:
+        match, kind = r"scoring.input_dir: the folder .*to_score does not exist", IngestionError
+    with pytest.raises(kind, match=match) as refused:
+        _preflight("scoring", {"scoring": {"input_dir": str(folder)}}, tmp_path, monkeypatch)
+    assert "ingestion.force" not in str(refused.value), "no ingestion fix for a scoring input"
+
+
+def test_more_training_processes_than_cores_on_the_cpu_are_refused(tmp_path, monkeypatch):
+    from criteo_dlrm.common.errors import ConfigError
+    from criteo_dlrm.common.parallel import available_cores
+
+    params = {"training": {"device": "cpu", "distributed": {"nproc_per_node": available_cores() + 1}}}
+    with pytest.raises(
+        ConfigError, match=rf"nproc_per_node={available_cores() + 1} starts .* at most {available_cores()}"
+    ):
+        _preflight("training", params, tmp_path, monkeypatch)
+    _preflight(
+        "training",
+        {"training": {"device": "cpu", "distributed": {"nproc_per_node": available_cores()}}},
+        tmp_path,
+        monkeypatch,
+    )
+
+
+def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_folder(tmp_path, monkeypatch):
+    import fsspec.implementations.local
+
+    from criteo_dlrm.engine import scoring
+
+    dataset = JSONDataset(str(tmp_path / "metrics.json"), version=Version(None, "2026-01-01T00.00.00.000Z"))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fsspec.implementations.local.LocalFileSystem, "_open", full)
+        with pytest.raises(DiskFullError, match=r"No space left on .*metrics.json.*while writing the marker"):
+            dataset.mark_incomplete("2026-01-01T00.00.00.000Z", {"run": "r"})
+    destination = tmp_path / "predictions.parquet"
+    monkeypatch.setattr(scoring, "_write_predictions", lambda *args: (destination.write_bytes(b"half"), full())[1])
+    with pytest.raises(DiskFullError, match=rf"No space left on {tmp_path} while writing the predictions"):
+        scoring.write_predictions(None, None, None, [], destination, torch.device("cpu"))
+    assert not destination.exists(), "nothing half-written is left"
+
+
+def test_every_folder_a_run_writes_is_checked_before_the_first_node(tmp_path, monkeypatch):
+    from criteo_dlrm.common import storage
+    from criteo_dlrm.common.storage import NotWritableError
+
+    real = storage.create_exclusive
+
+    def read_only(path):
+        if "08_reporting" in str(path):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(path)
+
+    monkeypatch.setattr(storage, "create_exclusive", read_only)
+    with pytest.raises(NotWritableError, match=r"data/08_reporting/tensorboard is not writable \(Read-only file sys"):
+        _preflight("__default__", {}, tmp_path, monkeypatch)
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_the_folders_checked_are_every_output_folder_of_the_whole_job(project):
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    from criteo_dlrm.config import parse_parameters
+    from criteo_dlrm.pipeline_registry import register_pipelines
+    from criteo_dlrm.preflight import _output_folders
+
+    bootstrap_project(project)
+    with KedroSession.create(project) as session:
+        context = session.load_context()
+        folders = _output_folders(
+            parse_parameters(context.params), register_pipelines()["__default__"], context.catalog
+        )
+    named = {str(Path(folder)).split("data/", 1)[-1] for folder in folders}
+    for expected in ("02_intermediate", "04_feature/feature_metadata.json", "05_model_input", "06_models/in_progress",
+                     "06_models/dlrm_checkpoint.pt", "08_reporting/tensorboard", "08_reporting/evaluation_metrics.json"):  # fmt: skip
+        assert expected in named, (expected, named)
+
+
+@pytest.mark.parametrize("setting", ["ingestion.output_dir", "training.in_progress_dir"])
+def test_an_output_folder_that_is_a_file_is_refused_naming_the_setting(tmp_path, monkeypatch, setting):
+    from criteo_dlrm.common.storage import NotWritableError
+
+    block, field = setting.split(".")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(NotWritableError, match=rf"a_file is a file, where this run needs a folder .* point {setting}"):
+        _preflight("__default__", {block: {field: str(tmp_path / "a_file")}}, tmp_path, monkeypatch)
+
+
+def test_a_raw_folder_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "day_0.gz").write_bytes(b"")
+    with pytest.raises(IngestionError, match=rf"day_0.gz is a file, not a folder.*ingestion.raw_dir={tmp_path}$"):
+        scan_raw_folder(tmp_path / "day_0.gz")
+
+
+def test_a_tracking_server_answering_404_is_refused_before_the_run():
+    import http.server
+    import threading
+
+    from criteo_dlrm.tracking.hooks import TrackingServerError, check_tracking_server
+    from tests.conftest import unused_port
+
+    port = unused_port()
+    server = http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TrackingServerError, match=r"answered HTTP 404 .*not an MLflow tracking server"):
+            check_tracking_server(f"http://127.0.0.1:{port}/nothing-here")
+    finally:
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"training:\n  seed: 1\n  seed: 2\n", r"line 3, column 3: the key 'seed' is given twice \(first on line 2\)"),
+        (b"training:\n  seed: [1\n", r"parameters.yml, line 3, column 1: expected ','"),
+        (b"training:\n  seed: 1 # caf\xe9\n", r"parameters.yml, line 2: byte 0xe9 is not UTF-8"),
+    ],
+)
+def test_a_configuration_file_kedro_cannot_read_is_refused_naming_file_and_line(tmp_path, content, problem):
+    from criteo_dlrm.cli import check_conf_files
+    from criteo_dlrm.common.errors import ConfigError
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "local").mkdir()
+    (tmp_path / "base" / "parameters.yml").write_text("training:\n  seed: 0\n")
+    check_conf_files(tmp_path, None)
+    (tmp_path / "local" / "parameters.yml").write_bytes(content)
+    with pytest.raises(ConfigError, match=problem):
+        check_conf_files(tmp_path, None)
+
+
+def test_a_raw_file_whose_time_alone_changed_names_how_to_restore_its_day(day, tmp_path):
+    import shlex
+    import shutil
+
+    from criteo_dlrm.data.lineage import LineageError, check_days, day_lineage
+
+    raw = tmp_path / "raw" / "day_0"
+    raw.parent.mkdir()
+    shutil.copy(day[0], raw)
+    parquet = tmp_path / "out" / "day_0.parquet"
+    convert_or_reuse(raw, parquet)
+    recorded = day_lineage("day_0", parquet)
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 5 * 10**9))  # `touch`: same bytes
+    convert_or_reuse(raw, parquet)  # a plain rerun converts it again: another Parquet
+    with pytest.raises(LineageError) as refused:
+        check_days([recorded], "dlrm_checkpoint")
+    message = str(refused.value)
+    assert "cannot be restored" not in message
+    touch = re.search(r"`(touch -d [^`]+)`", message).group(1)
+    subprocess.run(shlex.split(touch), check=True)
+    convert_or_reuse(raw, parquet)  # what `kedro run --pipelines=ingestion` does for this day
+    check_days([recorded], "dlrm_checkpoint")

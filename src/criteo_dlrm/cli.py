@@ -42,6 +42,50 @@ def check_pipelines(names: list[str]) -> None:
         raise ConfigError(f"No pipeline named {', '.join(unknown)}. The pipelines: {', '.join(PIPELINES)}.")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (where YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice (first on line {seen[key] + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def check_conf_files(conf_source: Path, env: str | None) -> None:
+    """Refuse, before Kedro reads them, configuration files of this run's environments (``base`` and ``env``,
+    ``local`` by default) that are not UTF-8, not YAML, or give a key twice: naming the file, line and column."""
+    problems = []
+    for folder in (conf_source / "base", conf_source / (env or "local")):
+        for path in sorted([*folder.glob("**/*.yml"), *folder.glob("**/*.yaml")]) if folder.is_dir() else []:
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as error:
+                line = data[: error.start].count(b"\n") + 1
+                problems.append(
+                    f"{path}, line {line}: byte 0x{data[error.start]:02x} is not UTF-8; save the file as UTF-8"
+                )
+                continue
+            try:
+                yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+            except yaml.YAMLError as error:
+                mark = getattr(error, "problem_mark", None)
+                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                problems.append(f"{path}{where}: {getattr(error, 'problem', None) or error}")
+    if problems:
+        raise ConfigError(
+            "Configuration files Kedro cannot read:\n  "
+            + "\n  ".join(problems)
+            + "\nFix them and run the same command again."
+        )
+
+
 def versioned_datasets(conf_source: Path = Path("conf")) -> dict[str, str]:
     """The catalog's versioned datasets (what ``--load-versions`` can pin) and their folders, from
     ``conf/*/catalog*.yml``."""
@@ -156,6 +200,7 @@ def _project_hooks():
 def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
     try:
         check_pipelines([*(kwargs.get("pipelines") or []), *filter(None, [kwargs.get("pipeline")])])
+        check_conf_files(Path(kwargs.get("conf_source") or "conf"), kwargs.get("env"))
         result = ctx.invoke(kedro_run, **kwargs)
     except Exception as error:
         found = user_error(error)

@@ -16,14 +16,17 @@ from kedro.pipeline import Pipeline
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.storage import process_alive
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.common.storage import check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, scan_raw_folder
+from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
-from criteo_dlrm.engine.device import resolve_device
-from criteo_dlrm.engine.sharding import check_fused_optimizer, check_table_memory, require_torchrec
+from criteo_dlrm.engine.device import check_process_count, resolve_device
+from criteo_dlrm.engine.sharding import TABLE_SETTINGS, check_fused_optimizer, check_table_memory, require_torchrec
+from criteo_dlrm.pipelines.scoring.nodes import find_input
 
 
 def _nodes(pipeline: Pipeline) -> set[str]:
@@ -37,17 +40,47 @@ def _dataset(catalog, name: str):
         return None
 
 
+def _output_folders(configs: dict[str, Config], pipeline: Pipeline, catalog) -> dict[Path, tuple[str, str]]:
+    """``{folder: (what, setting)}`` for every local folder the run writes: its outputs' and its settings'."""
+    nodes, folders = _nodes(pipeline), {}
+    for name in sorted(pipeline.all_outputs()):
+        dataset = _dataset(catalog, name)
+        if isinstance(dataset, VersionedFileDataset) and dataset._protocol == "file":
+            path = Path(str(dataset._filepath))  # a versioned dataset's versions are folders in it
+            folders[path if dataset._version is not None else path.parent] = (
+                name,
+                f"{name}'s filepath (conf/*/catalog_*.yml)",
+            )
+        elif isinstance(dataset, EncodedArraysDataset):
+            folders[dataset._path.parent] = (name, f"{name}'s path (conf/*/catalog_*.yml)")
+    settings = {
+        "convert_raw_days": [("ingestion", "output_dir", "the Parquet days")],
+        "train_dlrm": [("training", "in_progress_dir", "the in-progress checkpoint"),
+                       ("training", "tensorboard_dir", "TensorBoard's run folder")],
+        "score_new_days": [("scoring", "parquet_dir", "the scoring input's Parquet days")],
+    }  # fmt: skip
+    for node, entries in settings.items():
+        if node in nodes:
+            for block, field, what in entries:
+                folders[Path(getattr(configs[block], field))] = (what, f"{block}.{field}")
+    return folders
+
+
 def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) -> None:
     """Raise the first problem a run of ``pipeline`` would meet that can be known before it starts."""
     nodes = _nodes(pipeline)
+    for folder, (what, setting) in _output_folders(configs, pipeline, catalog).items():
+        check_writable(folder, what, setting)
     if "compute_feature_metadata" in nodes:
         _check_day_names(configs["ingestion"], configs["metadata"], "convert_raw_days" in nodes, catalog)
     if {"encode_features", "train_dlrm"} & nodes:
-        _check_training(configs["training"], "compute_feature_metadata" in nodes, catalog)
+        _check_training(configs["training"], configs["metadata"], "compute_feature_metadata" in nodes, catalog)
     if "evaluate_checkpoint" in nodes:
         resolve_device(configs["evaluation"].device, "evaluation.device")
     if {"score_new_days", "export_model"} & nodes:
         resolve_device(configs["scoring"].device, "scoring.device")
+    if "score_new_days" in nodes:
+        find_input(configs["scoring"])
 
 
 def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, ingests: bool, catalog) -> None:
@@ -66,18 +99,32 @@ def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, inges
     metadata.split(names)
 
 
-def _check_training(config: TrainingConfig, computes_metadata: bool, catalog) -> None:
+def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_metadata: bool, catalog) -> None:
     device = resolve_device(config.device, "training.device")
+    check_process_count(config.distributed.nproc_per_node, device)
     if config.embedding_backend == "torchrec":
         require_torchrec()
         check_fused_optimizer(config, device.type)
     if computes_metadata:
-        return  # the tables' sizes are known once metadata has run (encode_features checks them then)
+        if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
+            sizes = {name: {"table_size": metadata.modulus_hash_size} for name in SPARSE_COLUMNS}
+            check_table_memory(config, {"sparse": sizes}, device, "metadata.modulus_hash_size, " + TABLE_SETTINGS)
+        return  # otherwise the tables' sizes are known once metadata has run (encode_features checks them then)
     metadata_set = [_dataset(catalog, name) for name in ("feature_metadata", "feature_vocabularies")]
     if not all(isinstance(ds, VersionedFileDataset) and ds.exists() for ds in metadata_set):
         return  # missing inputs are reported by the hook with the pipelines to run first
     check_same_run(*metadata_set)
-    check_table_memory(config, catalog.load("feature_metadata"), device)
+    version = metadata_set[0].loaded_version()
+    # Tables too large in an existing metadata version are shrunk by computing metadata again, not by settings
+    # this run's training reads.
+    check_table_memory(
+        config,
+        catalog.load("feature_metadata"),
+        device,
+        f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
+        "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "
+        "metadata.modulus_hash_size or a larger metadata.min_frequency; or smaller training.sparse_embedding_sizes",
+    )
 
 
 def check_same_run(metadata: VersionedFileDataset, vocabularies: VersionedFileDataset) -> None:

@@ -84,6 +84,38 @@ def disk_full_error(folder: str | os.PathLike, what: str, needed: int | None = N
     )
 
 
+class NotWritableError(UserError, OSError):
+    """A folder a run writes to is read-only, not a folder, or cannot be created."""
+
+
+def check_writable(folder: str | os.PathLike, what: str, setting: str) -> None:
+    """Refuse, before any work, a folder this run will write ``what`` into that cannot take a file: read-only,
+    a file where the folder should be, or not creatable. The folder is created (as the run would).
+
+    ``setting``: where the folder is configured, for the message (``conf/base/catalog_training.yml``,
+    ``ingestion.output_dir``).
+    """
+    folder = Path(folder)
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise NotWritableError(
+            f"{blocker} is a file, where this run needs a folder for {what} ({folder}). Move the file away, or "
+            f"point {setting} at a folder."
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-check.{os.getpid()}.{secrets.token_hex(4)}"
+        create_exclusive(probe).close()
+        probe.unlink()
+    except OSError as error:
+        if is_disk_full(error):
+            raise disk_full_error(folder, what) from error
+        raise NotWritableError(
+            f"{folder} is not writable ({error.strerror or error}): this run writes {what} there. Make it "
+            f"writable (or mount it read-write), or point {setting} at another folder; nothing was run."
+        ) from None
+
+
 def check_free_space(folder: str | os.PathLike, needed: int, what: str) -> None:
     """Refuse before writing ``needed`` bytes of ``what`` under ``folder`` when the disk has less free."""
     if shutil.disk_usage(_existing(Path(folder))).free < needed:

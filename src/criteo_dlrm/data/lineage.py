@@ -113,6 +113,14 @@ def _raw_state(source: dict | None) -> str:
     return ""
 
 
+def _only_time_changed(source: dict) -> bool:
+    path = Path(source.get("path", ""))
+    if not source or not path.exists():
+        return False
+    stat = path.stat()
+    return stat.st_size == source["size"] and stat.st_mtime_ns != source["mtime_ns"]
+
+
 def check_days(days: list[dict], artifact: str) -> None:
     """Raise ``LineageError`` unless every recorded day is on disk exactly as ``artifact`` recorded it.
 
@@ -132,7 +140,18 @@ def check_days(days: list[dict], artifact: str) -> None:
         else:
             continue
         raw = _raw_state(day.get("source"))
-        if raw:
+        source = day.get("source") or {}
+        if raw and _only_time_changed(source):
+            folder = Path(source["path"]).parent
+            seconds, nanoseconds = divmod(source["mtime_ns"], 10**9)
+            fix = (
+                f" Its raw file {source['path']} has the same size, but another modification time. If only its "
+                f"time changed (touch, a copy), give it back (`touch -d @{seconds}.{nanoseconds:09d} "
+                f"'{source['path']}'`) and restore the day with "
+                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder})}`; otherwise train on the current data "
+                f"with `{kedro_run()}`."
+            )
+        elif raw:
             fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{kedro_run()}`."
         else:
             folder = Path(day["source"]["path"]).parent

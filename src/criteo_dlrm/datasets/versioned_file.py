@@ -174,9 +174,16 @@ class VersionedFileDataset(AbstractVersionedDataset):
         """Begin ``version``: until ``mark_complete``, loading the latest version skips it in every other process
         (``owner``: what the marker says of the run, for messages; this process's ``RUN_TOKEN`` is added)."""
         folder = self.version_folder(version)
-        self._fs.makedirs(folder, exist_ok=True)
-        with self._fs.open(f"{folder}/{INCOMPLETE}", "wb") as handle:
-            handle.write(json.dumps({**owner, "token": RUN_TOKEN}).encode())
+        try:
+            self._fs.makedirs(folder, exist_ok=True)
+            with self._fs.open(f"{folder}/{INCOMPLETE}", "wb") as handle:
+                handle.write(json.dumps({**owner, "token": RUN_TOKEN}).encode())
+        except OSError as error:
+            if is_disk_full(error):
+                raise disk_full_error(
+                    folder, f"the marker of the version this run begins ({folder}/{INCOMPLETE})"
+                ) from error
+            raise
 
     def discard_if_empty(self, version: str) -> None:
         """Remove ``version``'s folder when it holds nothing but its marker (its node failed before saving)."""

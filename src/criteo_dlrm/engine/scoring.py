@@ -20,7 +20,7 @@ import torch
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
-from criteo_dlrm.common.storage import create_exclusive
+from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full
 from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
 from criteo_dlrm.data.metadata import vocabulary_digest
 from criteo_dlrm.data.parquet import Day, count_rows, iter_batches, open_day
@@ -177,6 +177,16 @@ def write_predictions(
         ``(calibrated probabilities float32 (N,), labels int8 (N,) or None when a day had no label, the share of present
         category values the checkpoint's vocabularies do not hold, or None for an encoder of the earlier layout)``.
     """
+    try:
+        return _write_predictions(model, calibration, encoder, days, destination, device, precision, progress)
+    except OSError as error:
+        if is_disk_full(error):
+            Path(destination).unlink(missing_ok=True)
+            raise disk_full_error(Path(destination).parent, f"the predictions ({destination})") from error
+        raise
+
+
+def _write_predictions(model, calibration, encoder, days, destination, device, precision, progress):
     scores, labels, labelled, seen = [], [], True, {}
     with (
         create_exclusive(destination) as handle,

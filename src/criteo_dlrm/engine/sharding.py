@@ -96,10 +96,15 @@ def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) ->
         )
 
 
-def check_table_memory(config: TrainingConfig, metadata: dict, device: torch.device) -> None:
+TABLE_SETTINGS = "metadata.max_vocabulary_size, metadata.min_frequency, training.sparse_embedding_sizes"
+
+
+def check_table_memory(
+    config: TrainingConfig, metadata: dict, device: torch.device, settings: str = TABLE_SETTINGS
+) -> None:
     """Refuse, before encoding or training, tables (and their optimiser state) that cannot fit: in the set
     budget, or else in this machine's free memory (CPU: every process on it holds a replica with the torch
-    backend) or in the GPU's memory."""
+    backend) or in the GPU's memory. ``settings``: what shrinks them, for the message."""
     model_config = config.model_config([metadata["sparse"][name]["table_size"] for name in metadata["sparse"]])
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
@@ -114,8 +119,8 @@ def check_table_memory(config: TrainingConfig, metadata: dict, device: torch.dev
         raise ConfigError(
             f"The embedding tables and their {config.embedding_optimizer} state need {needed / 1e9:,.1f} GB "
             f"({config.distributed.nproc_per_node} process(es) with embedding_backend: torch), more than {where} "
-            f"({available / 1e9:,.1f} GB). Shrink the tables (metadata.max_vocabulary_size, metadata.min_frequency, "
-            "training.sparse_embedding_sizes) or shard them across processes with embedding_backend: torchrec."
+            f"({available / 1e9:,.1f} GB). Shrink the tables ({settings}) or shard them across processes with "
+            "embedding_backend: torchrec."
         )
 
 

@@ -26,6 +26,7 @@ from kedro.framework.hooks import hook_impl
 from loguru import logger
 
 from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
@@ -67,8 +68,15 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
             return
-    except urllib.error.HTTPError:
-        return  # it answered (a server behind authentication may refuse /health)
+    except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            return  # it answered: a server behind authentication may refuse /health
+        raise TrackingServerError(
+            f"{uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or MLFLOW_TRACKING_URI) answered HTTP "
+            f"{error.code} to MLflow's health check ({uri.rstrip('/')}/health): it is not an MLflow tracking "
+            f"server, or the address's path is wrong. Point mlflow_tracking_uri at the server (conf/local/mlflow.yml), "
+            f"or run without tracking: `{SWITCH}=off kedro run`."
+        ) from None
     except (OSError, ValueError) as error:
         raise TrackingServerError(
             f"The MLflow tracking server {uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or "
@@ -111,8 +119,17 @@ class TrackingHooks:
         except Exception:  # noqa: BLE001 - no mlflow.yml: kedro-mlflow's defaults, nothing to check here
             return
         uri = server.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
-        if uri.startswith("sqlite:///"):  # SQLite creates the database file, not its folder
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        if uri.startswith("sqlite:///"):  # SQLite creates the database file, not its folder (made here)
+            store = Path(uri.removeprefix("sqlite:///"))
+            check_writable(
+                store.parent, f"MLflow's tracking store {store}", "server.mlflow_tracking_uri (conf/*/mlflow.yml)"
+            )
+            if store.exists() and not os.access(store, os.W_OK):
+                raise NotWritableError(
+                    f"MLflow's tracking store {store} is read-only: make it writable, point "
+                    f"server.mlflow_tracking_uri (conf/local/mlflow.yml) elsewhere, or run without tracking: "
+                    f"`{SWITCH}=off kedro run`."
+                )
         check_tracking_server(uri)
 
     @hook_impl

@@ -91,6 +91,11 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
             looks like a day but cannot be read (listing every such entry and its fix at once).
     """
     folder = Path(raw_dir)
+    if folder.exists() and not folder.is_dir():
+        raise IngestionError(
+            f"{parameter}: {folder} is a file, not a folder. Point {parameter} at the folder that holds the day "
+            f"files ({NAMING}){others}: --params={parameter}={folder.parent}"
+        )
     if not folder.is_dir():
         raise IngestionError(
             f"{parameter}: the folder {folder} does not exist. Put Criteo day files ({NAMING}){others} there, or "
