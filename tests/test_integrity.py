@@ -717,7 +717,6 @@ def test_every_staged_rename_is_followed_by_a_sync_of_its_folder(tmp_path, monke
 def _preflight(pipeline: str, params: dict, tmp_path: Path, monkeypatch) -> None:
     """``preflight.check_before_run`` for ``kedro run --pipelines=<pipeline> --params=...``, in ``tmp_path``."""
     from kedro.io import DataCatalog
-
     from kedro.pipeline import Pipeline
 
     from criteo_dlrm.config import parse_parameters
