@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,39 @@ pytestmark = pytest.mark.slow
 FAST = "--params=training.num_epochs=1,training.validations_per_epoch=1"
 
 
-def _suggested(output: str, *original: str) -> list[str]:
-    """The arguments of the command an error message suggests: a whole ``kedro run ...``, or ``--params=...`` to
-    add to the ``original`` command (merged into its own --params)."""
-    if found := re.search(r"`kedro run([^`]*)`", output):
-        return shlex.split(found.group(1))
-    added = re.search(r"`--params=([^`]*)`", output)
-    assert added, f"no suggested command in:\n{output[-2000:]}"
-    given = [arg.removeprefix("--params=") for arg in original if arg.startswith("--params=")]
-    others = [arg for arg in original if not arg.startswith("--params=")]
-    return [*others, "--params=" + ",".join([*given, added.group(1)])]
+def _suggested(output: str) -> list[str]:
+    """The arguments of the ``kedro run ...`` an error message suggests, to run exactly as printed."""
+    found = re.search(r"`kedro run([^`]*)`", output)
+    assert found, f"no suggested command in:\n{output[-2000:]}"
+    return shlex.split(found.group(1))
+
+
+def _keeps(suggestion: list[str], *original: str) -> None:
+    """The suggestion is the user's own command with the fix merged in: every --params item, --pipelines,
+    --load-versions and --env of ``original`` is still there (a value the fix replaces aside)."""
+    given = {arg.split("=", 1)[0]: arg for arg in original}
+    merged = {arg.split("=", 1)[0]: arg for arg in suggestion}
+    for option, arg in given.items():
+        if option == "--params":
+            items = dict(item.split("=", 1) for item in _items(arg.removeprefix("--params=")))
+            kept = dict(
+                item.split("=", 1) for item in _items(merged.get("--params", "--params=").removeprefix("--params="))
+            )
+            assert set(items) <= set(kept), (arg, suggestion)
+        elif option != "--pipelines":
+            assert merged.get(option) == arg, (arg, suggestion)
+
+
+def _items(params: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in params:
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [item for item in [*items, current] if item]
 
 
 def _fails(project: Path, *args: str, tracking: bool = False) -> str:
@@ -58,9 +80,11 @@ def fresh(tmp_path) -> Path:
 
 
 def test_missing_inputs_name_the_pipelines_to_run_first(fresh):
-    message = _fails(fresh, "--pipelines=evaluation")
+    message = _fails(fresh, "--pipelines=evaluation", FAST)
     assert "MissingInputError" in message
-    _succeeds(fresh, *_suggested(message), FAST)
+    suggestion = _suggested(message)
+    _keeps(suggestion, FAST)
+    _succeeds(fresh, *suggestion)
     _succeeds(fresh, "--pipelines=evaluation")
 
 
@@ -72,9 +96,13 @@ def test_too_many_rejected_lines_name_the_share_that_lets_the_day_through(fresh)
     lines[10] = b"x" + lines[10]
     lines[20] = b"\n"
     day.write_bytes(gzip.compress(b"".join(lines)))
-    message = _fails(fresh, "--pipelines=ingestion")
+    command = ("--pipelines=ingestion", "--params=ingestion.block_size_mb=2")
+    message = _fails(fresh, *command)
     assert "ingestion.max_reject_fraction" in message
-    _succeeds(fresh, *_suggested(message, "--pipelines=ingestion"))
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    assert "--pipelines=ingestion" in suggestion
+    _succeeds(fresh, *suggestion)
 
 
 def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
@@ -90,30 +118,36 @@ def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
     command = ("--pipelines=scoring", f"--params=scoring.input_dir={folder}")
     message = _fails(fresh, *command)
     assert "scoring.max_reject_fraction" in message and "ingestion.max_reject_fraction" not in message
-    _succeeds(fresh, *_suggested(message, *command))
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    assert "--pipelines=scoring" in suggestion
+    assert "scoring     checkpoint" in _succeeds(fresh, *suggestion)
 
 
 def test_a_device_that_is_not_there_names_the_parameter_to_set(fresh):
-    message = _fails(fresh, "--params=training.device=cuda:99")
-    assert "training.device" in message and "--params=training.device=auto" in message
-    _succeeds(fresh, "--params=training.device=auto,training.num_epochs=1")
+    message = _fails(fresh, FAST + ",training.device=cuda:99")
+    assert "training.device" in message
+    suggestion = _suggested(message)
+    assert "training.device=auto" in suggestion[-1]
+    _keeps(suggestion, FAST)
+    _succeeds(fresh, *suggestion)
 
 
-def test_one_big_file_names_the_rows_per_day_that_split_it(fresh):
-    raw = fresh / "data/01_raw"
+def test_one_big_file_names_the_rows_per_day_that_split_it_and_keeps_the_user_s_folder(fresh, tmp_path):
     import gzip
 
+    raw = fresh / "data/01_raw"
+    kaggle = tmp_path / "kaggle"
+    kaggle.mkdir()
     text = b"".join(gzip.decompress((raw / f"day_{i}.gz").read_bytes()) for i in range(3))
-    shutil.rmtree(raw)
-    raw.mkdir()
-    (raw / "train.txt").write_bytes(text)
-    message = _fails(fresh, FAST)
+    (kaggle / "train.txt").write_bytes(text[: len(text) * 2 // 3])  # 40,000 rows, not the bundled sample's 60,000
+    command = (FAST + f",ingestion.raw_dir={kaggle}",)
+    message = _fails(fresh, *command)
     assert "ingestion.rows_per_day" in message and "validation_days" not in message
-    args = [
-        arg + "," + FAST.removeprefix("--params=") if arg.startswith("--params=") else arg
-        for arg in _suggested(message)
-    ]
-    _succeeds(fresh, *args)
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    output = _succeeds(fresh, *suggestion)
+    assert "ingestion   7 days, 40,000 rows" in output, "the user's file, split as the message says"
 
 
 def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(fresh):
@@ -121,10 +155,13 @@ def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pi
     first = sorted((fresh / "data/04_feature/feature_metadata.json").iterdir())[0].name
     _succeeds(fresh, "--pipelines=metadata", "--params=metadata.min_frequency=5")
     encoded = (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns
-    message = _fails(fresh, "--pipelines=training", f"--load-versions=feature_metadata:{first}", FAST)
+    command = ("--pipelines=training", f"--load-versions=feature_metadata:{first}", FAST)
+    message = _fails(fresh, *command)
     assert "MismatchedVersionsError" in message and f"feature_vocabularies:{first}" in message
     assert (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns == encoded, "no work"
-    _succeeds(fresh, *_suggested(message), FAST)
+    suggestion = _suggested(message)
+    _keeps(suggestion, "--pipelines=training", FAST)
+    _succeeds(fresh, *suggestion)
 
 
 def test_a_damaged_day_names_the_command_that_rebuilds_it(fresh):
@@ -133,30 +170,38 @@ def test_a_damaged_day_names_the_command_that_rebuilds_it(fresh):
     data = bytearray(day.read_bytes())
     data[len(data) // 3] ^= 0x10
     day.write_bytes(bytes(data))
-    message = _fails(fresh, "--pipelines=metadata")
+    command = ("--pipelines=metadata", "--params=metadata.min_frequency=4")
+    message = _fails(fresh, *command)
     assert str(day.relative_to(fresh)) in message or str(day) in message
-    _succeeds(fresh, *_suggested(message))
-    _succeeds(fresh, "--pipelines=metadata")
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    _succeeds(fresh, *suggestion)
+    _succeeds(fresh, *command)
 
 
 def test_a_lineage_refusal_names_the_command_that_restores_the_day(fresh):
     _succeeds(fresh, FAST)
     [day] = (fresh / "data/02_intermediate").glob("*/day_2.parquet")
     day.unlink()
-    message = _fails(fresh, "--pipelines=evaluation")
+    command = ("--pipelines=evaluation", "--params=evaluation.device=cpu")
+    message = _fails(fresh, *command)
     assert "LineageError" in message
-    _succeeds(fresh, *_suggested(message))
-    _succeeds(fresh, "--pipelines=evaluation")
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    _succeeds(fresh, *suggestion)
+    _succeeds(fresh, *command)
 
 
 def test_torchrec_with_an_optimiser_it_lacks_on_the_cpu_names_the_one_to_use(fresh):
     pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
-    message = _fails(fresh, "--params=training.embedding_backend=torchrec,training.num_epochs=1")
+    command = (FAST + ",training.embedding_backend=torchrec",)
+    message = _fails(fresh, *command)
     assert "rowwise_adagrad" in message
     assert not list((fresh / "data/02_intermediate").rglob("*.parquet")), "refused before any node"
-    args = _suggested(message)
-    params = next(arg for arg in args if arg.startswith("--params="))
-    _succeeds(fresh, f"{params},training.num_epochs=1,training.validations_per_epoch=1")
+    suggestion = _suggested(message)
+    _keeps(suggestion, *command)
+    assert "training.embedding_learning_rate=0.05" in suggestion[-1], "docs/torchrec.md's rate for rowwise_adagrad"
+    _succeeds(fresh, *suggestion)
 
 
 def test_an_absent_tracking_server_suggests_running_without_tracking_and_that_runs(fresh):
@@ -168,9 +213,9 @@ def test_an_absent_tracking_server_suggests_running_without_tracking_and_that_ru
     (fresh / "conf/local/mlflow.yml").write_text(f"server:\n  mlflow_tracking_uri: http://127.0.0.1:{port}\n")
     message = _fails(fresh, FAST, tracking=True)
     assert "TrackingServerError" in message
-    command = re.search(r"`(CRITEO_DLRM_TRACKING=off kedro run)`", message).group(1)
+    command = re.search(r"`(CRITEO_DLRM_TRACKING=off kedro run[^`]*)`", message).group(1)
+    _keeps(shlex.split(command)[3:], FAST)
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
-    result = subprocess.run(f"{command} {FAST}", shell=True, cwd=fresh, env=env, capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    result = subprocess.run(command, shell=True, cwd=fresh, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "evaluation  checkpoint" in result.stdout

@@ -24,6 +24,7 @@ import yaml
 from kedro.framework.cli.project import run as kedro_run
 from omegaconf import OmegaConf
 
+from criteo_dlrm.common.commands import Invocation, dotted, invoked
 from criteo_dlrm.common.errors import ConfigError, UserError
 from criteo_dlrm.pipeline_registry import PIPELINES
 from criteo_dlrm.summary import render
@@ -188,6 +189,17 @@ def cli() -> None:
     """criteo-dlrm's commands (Kedro's ``run`` with clear user errors and list parameters)."""
 
 
+def invocation(options: dict[str, Any]) -> Invocation:
+    """What the user typed, from ``kedro run``'s parsed options: suggested commands start from it."""
+    pipelines = [*(options.get("pipelines") or ()), *filter(None, [options.get("pipeline")])]
+    return Invocation(
+        pipelines=tuple(pipelines),
+        params=dotted(options.get("params") or {}),
+        load_versions=dict(options.get("load_versions") or {}),
+        env=options.get("env"),
+    )
+
+
 def _project_hooks():
     from criteo_dlrm.hooks import ProjectHooks
     from criteo_dlrm.settings import HOOKS
@@ -201,7 +213,8 @@ def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
     try:
         check_pipelines([*(kwargs.get("pipelines") or []), *filter(None, [kwargs.get("pipeline")])])
         check_conf_files(Path(kwargs.get("conf_source") or "conf"), kwargs.get("env"))
-        result = ctx.invoke(kedro_run, **kwargs)
+        with invoked(invocation(kwargs)):
+            result = ctx.invoke(kedro_run, **kwargs)
     except Exception as error:
         found = user_error(error)
         if found is None or verbose:

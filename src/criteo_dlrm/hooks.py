@@ -17,7 +17,7 @@ import socket
 
 from kedro.framework.hooks import hook_impl
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
@@ -96,7 +96,7 @@ class ProjectHooks:
             first = pipelines_to_run_first(missing, catalog)
             raise MissingInputError(
                 f"This run needs {', '.join(missing)}, which no earlier run has written. "
-                f"Run `{kedro_run(first)}` first, or `{kedro_run()}` for the whole job."
+                f"Run `{kedro_run(first)}` first, or `{kedro_run(WHOLE_JOB)}` for the whole job."
             )
         check_before_run(self._configs, pipeline, catalog)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))

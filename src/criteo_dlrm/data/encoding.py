@@ -374,7 +374,11 @@ DIGESTS = "digests.json"
 # Each table's largest stored index, written with the rows: rows are checked against the tables they are used
 # with without reading them (``check_index_range``).
 INDEX_MAXIMA = "index_maxima.json"
-REENCODE = f"Encode the rows again: `{kedro_run('training')}` (damaged encoded rows are rebuilt)."
+
+
+def reencode() -> str:
+    """The fix for a damaged file: the user's command, merged (``kedro_run``)."""
+    return f"Encode the rows again: `{kedro_run('training')}` (damaged encoded rows are rebuilt)."
 
 
 def open_encoded(folder: str | Path, writable: bool = False, lineage: dict | None = None) -> EncodedArrays:
@@ -386,22 +390,22 @@ def open_encoded(folder: str | Path, writable: bool = False, lineage: dict | Non
     folder = Path(folder)
     mode = "r+" if writable else "r"
     arrays = [
-        reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), REENCODE)
+        reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), reencode())
         for name in STORED_FIELDS
     ]
     labels, dense, sparse = arrays
     if (folder / LAYOUT).exists():
-        layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), REENCODE)
-        sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), REENCODE)
+        layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), reencode())
+        sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), reencode())
     elif sparse.dtype == np.uint8:  # packed indices, which only their layout can read
-        raise DamagedFileError(f"{folder / LAYOUT} is missing. {REENCODE}")
+        raise DamagedFileError(f"{folder / LAYOUT} is missing. {reencode()}")
     if not len(labels) == len(dense) == len(sparse):
         raise DamagedFileError(
-            f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {REENCODE}"
+            f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {reencode()}"
         )
     maxima_path = folder / INDEX_MAXIMA
     maxima = (
-        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), REENCODE) if maxima_path.exists() else None
+        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), reencode()) if maxima_path.exists() else None
     )
     return EncodedArrays(labels, dense, sparse, lineage=lineage, index_maxima=maxima)
 
@@ -439,7 +443,7 @@ def check_index_range(rows: EncodedArrays, table_sizes: list[int], what: str) ->
         where = rows.folder or what
         raise DamagedFileError(
             f"{where}: {what} were not encoded with the tables of the metadata they are used with "
-            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {REENCODE}"
+            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {reencode()}"
         )
 
 
@@ -461,11 +465,11 @@ def verify_encoded(folder: Path) -> None:
     path = Path(folder) / DIGESTS
     if not path.exists():
         raise DamagedFileError(
-            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {REENCODE}"
+            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {reencode()}"
         )
-    recorded = reading(path, lambda: json.loads(path.read_text()), REENCODE)
+    recorded = reading(path, lambda: json.loads(path.read_text()), reencode())
     for name, digest in recorded.items():
-        check_digest(Path(folder) / name, digest, REENCODE)
+        check_digest(Path(folder) / name, digest, reencode())
 
 
 def write_encoded(arrays: EncodedArrays, folder: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
 from criteo_dlrm.common.errors import DataError
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
@@ -149,10 +149,10 @@ def check_days(days: list[dict], artifact: str) -> None:
                 f"time changed (touch, a copy), give it back (`touch -d @{seconds}.{nanoseconds:09d} "
                 f"'{source['path']}'`) and restore the day with "
                 f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder})}`; otherwise train on the current data "
-                f"with `{kedro_run()}`."
+                f"with `{kedro_run(WHOLE_JOB)}`."
             )
         elif raw:
-            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{kedro_run()}`."
+            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{kedro_run(WHOLE_JOB)}`."
         else:
             folder = Path(day["source"]["path"]).parent
             fix = (

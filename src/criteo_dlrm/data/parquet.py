@@ -28,7 +28,11 @@ BATCH_ROWS = 1 << 18
 # How ingestion writes a day: a checksum in every page, so damage is found on read.
 WRITE_OPTIONS = {"write_page_checksum": True}
 FINGERPRINT_SUFFIX = ".fingerprint"
-REINGEST = f"Convert it again: `{kedro_run('ingestion')}` (a damaged day is rebuilt from its raw file)."
+
+
+def reingest() -> str:
+    """The fix for a damaged file: the user's command, merged (``kedro_run``)."""
+    return f"Convert it again: `{kedro_run('ingestion')}` (a damaged day is rebuilt from its raw file)."
 
 
 class MissingDataError(DataError, FileNotFoundError):
@@ -64,7 +68,7 @@ def sealed(path: str | Path) -> bool:
 def _check_sealed(path: Path) -> None:
     sidecar = fingerprint_path(path)
     if sidecar.exists() and sidecar.read_text().strip() != parquet_fingerprint(path):
-        raise DamagedDayError(f"{path}: its footer is not what ingestion wrote (damaged or edited). {REINGEST}")
+        raise DamagedDayError(f"{path}: its footer is not what ingestion wrote (damaged or edited). {reingest()}")
 
 
 def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
@@ -79,7 +83,7 @@ def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
     try:
         day = pq.ParquetFile(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as error:
-        raise DamagedDayError(f"{path}: not a readable Parquet file ({error}). {REINGEST}") from error
+        raise DamagedDayError(f"{path}: not a readable Parquet file ({error}). {reingest()}") from error
     _check_sealed(path)
     check_parquet_schema(day.schema_arrow, str(path), labelled)
     return day
@@ -90,7 +94,7 @@ def read_checked(path: str | Path, batches: Iterator[pa.RecordBatch]) -> Iterato
     try:
         yield from batches
     except (OSError, pa.ArrowException) as error:
-        raise DamagedDayError(f"{path}: a data page is damaged ({error}). {REINGEST}") from error
+        raise DamagedDayError(f"{path}: a data page is damaged ({error}). {reingest()}") from error
 
 
 def verify_day(path: str | Path) -> None:

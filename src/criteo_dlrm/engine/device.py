@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_cores
 
@@ -32,7 +33,7 @@ def resolve_device(name: str = "auto", parameter: str = "device") -> torch.devic
         if not torch.cuda.is_available():
             raise ConfigError(
                 f"{parameter} is {name!r} but this machine has no usable CUDA device "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use --params={parameter}=auto or cpu."
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use `{kedro_run(params={parameter: 'auto'})}` (or cpu)."
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"{parameter} is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist.")

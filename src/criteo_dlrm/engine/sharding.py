@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.commands import current_invocation, kedro_run
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_memory
 from criteo_dlrm.config.training import TrainingConfig
@@ -61,12 +61,18 @@ def fused_optimizers(device_type: str) -> list[str]:
     return sorted(["rowwise_adagrad", "adagrad", "sgd", *(["sparse_adam"] if device_type == "cuda" else [])])
 
 
+ROWWISE_ADAGRAD_LEARNING_RATE = 0.05
+
+
 def check_fused_optimizer(config: TrainingConfig, device_type: str) -> None:
     """With TorchRec, refuse an embedding optimiser FBGEMM lacks on this device, naming the command that works
     (before any process starts: inside the workers it would surface after the launch)."""
     if config.embedding_backend != "torchrec" or config.embedding_optimizer in fused_optimizers(device_type):
         return
     params = {"training.embedding_backend": "torchrec", "training.embedding_optimizer": "rowwise_adagrad"}
+    if "training.embedding_learning_rate" not in current_invocation().params:
+        # Adagrad's usual rate (docs/torchrec.md), not the default's, which is SparseAdam's.
+        params["training.embedding_learning_rate"] = ROWWISE_ADAGRAD_LEARNING_RATE
     raise ConfigError(
         f"training.embedding_optimizer {config.embedding_optimizer!r} has no fused TorchRec kernel on {device_type}: "
         f"use one of {fused_optimizers(device_type)} with embedding_backend: torchrec (rowwise_adagrad is "

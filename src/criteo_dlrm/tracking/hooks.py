@@ -25,6 +25,7 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
@@ -75,14 +76,14 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
             f"{uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or MLFLOW_TRACKING_URI) answered HTTP "
             f"{error.code} to MLflow's health check ({uri.rstrip('/')}/health): it is not an MLflow tracking "
             f"server, or the address's path is wrong. Point mlflow_tracking_uri at the server (conf/local/mlflow.yml), "
-            f"or run without tracking: `{SWITCH}=off kedro run`."
+            f"or run without tracking: `{SWITCH}=off {kedro_run()}`."
         ) from None
     except (OSError, ValueError) as error:
         raise TrackingServerError(
             f"The MLflow tracking server {uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or "
             f"MLFLOW_TRACKING_URI) does not answer: {getattr(error, 'reason', error)}. Start it, point "
             f"mlflow_tracking_uri elsewhere (conf/local/mlflow.yml), or run without tracking: "
-            f"`{SWITCH}=off kedro run`."
+            f"`{SWITCH}=off {kedro_run()}`."
         ) from None
 
 
@@ -128,7 +129,7 @@ class TrackingHooks:
                 raise NotWritableError(
                     f"MLflow's tracking store {store} is read-only: make it writable, point "
                     f"server.mlflow_tracking_uri (conf/local/mlflow.yml) elsewhere, or run without tracking: "
-                    f"`{SWITCH}=off kedro run`."
+                    f"`{SWITCH}=off {kedro_run()}`."
                 )
         check_tracking_server(uri)
 

@@ -8,6 +8,7 @@ the tolerated share of bad lines: parts are staged under unique names and rename
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full, staging_path, sync_folder
@@ -194,10 +196,11 @@ def _stream_day(
         if "straddl" in str(error):
             line = int(tracker.lines(rows_seen, np.zeros(1, dtype=np.int64))[0])
             mb = options.block_size / (1 << 20)
+            larger = {f"{options.parameters}.block_size_mb": max(64, math.ceil(4 * mb))}
             raise IngestionError(
                 f"{source}: a line from line {line:,} on is longer than one block of text "
                 f"({options.parameters}.block_size_mb={mb:g}). Criteo lines are a few hundred bytes: look at that "
-                f"line, or read larger blocks with `--params={options.parameters}.block_size_mb={max(64, 4 * mb):g}`."
+                f"line, or read larger blocks: `{kedro_run(params=larger)}`."
             ) from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
     except OSError as error:  # a truncated or corrupt .gz, a failing disk

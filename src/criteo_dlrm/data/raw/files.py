@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.schema import NUM_RAW_FIELDS
 from criteo_dlrm.data.raw.rejects import IngestionError
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
@@ -94,12 +95,12 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
     if folder.exists() and not folder.is_dir():
         raise IngestionError(
             f"{parameter}: {folder} is a file, not a folder. Point {parameter} at the folder that holds the day "
-            f"files ({NAMING}){others}: --params={parameter}={folder.parent}"
+            f"files ({NAMING}){others}: `{kedro_run(params={parameter: folder.parent})}`"
         )
     if not folder.is_dir():
         raise IngestionError(
             f"{parameter}: the folder {folder} does not exist. Put Criteo day files ({NAMING}){others} there, or "
-            f"point {parameter} at your folder: --params={parameter}=/path/to/criteo"
+            f"point {parameter} at your folder: `{kedro_run(params={parameter: '/path/to/criteo'})}`"
         )
     days, ignored, problems = [], {}, []
     for path in sorted(folder.iterdir()):
@@ -121,7 +122,7 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
     if not days:
         raise IngestionError(
             f"{parameter}: the folder {folder} holds no Criteo day file (expected {NAMING}){others}. Point "
-            f"{parameter} at the folder that holds them: --params={parameter}=/path/to/criteo"
+            f"{parameter} at the folder that holds them: `{kedro_run(params={parameter: '/path/to/criteo'})}`"
         )
     _refuse_two_files_for_one_day(folder, days)
     by_reason: dict[str, list[str]] = {}

@@ -7,6 +7,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.storage import atomic_file
 
@@ -49,8 +50,7 @@ def check_rejects(
             f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
             f"{parameter}={max_fraction}."
             + describe(rejects, rejects_path)
-            + f"\nFix the file, or accept this share of bad lines: add `--params={parameter}={allowed:.3g}` to the "
-            "command (beside your other --params)."
+            + f"\nFix the file, or accept this share of bad lines: `{kedro_run(params={parameter: float(f'{allowed:.3g}')})}`."
         )
 
 
