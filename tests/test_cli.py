@@ -85,19 +85,20 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert result.returncode == 0, output[-3000:]
     assert "register_new_resolver" not in output and "No typed parameter" not in output
     block = result.stdout[result.stdout.rindex("\nRun ") + 1 :].rstrip().splitlines()
-    assert [line.split()[0] for line in block[1:5]] == ["ingestion", "metadata", "training", "evaluation"]
+    assert [line.split()[0] for line in block[1:6]] == ["ingestion", "day_0,", "metadata", "training", "evaluation"]
+    assert block[2] == "              day_0, day_1 train; day_2 validate (first 50%) and test (last 50%)"
     assert all(len(line) <= 100 for line in block), "short lines, never wrapped"
     checkpoint = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1].name
-    assert block[4] == f"  evaluation  checkpoint {checkpoint}, test rows of day_2:", (
-        "the summary names the checkpoint it evaluated and the rows it evaluated on"
+    assert block[5] == f"  evaluation  checkpoint {checkpoint}, 10,000 test rows of day_2:", (
+        "the summary names the checkpoint it evaluated and the rows (how many) it evaluated on"
     )
-    evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[5]))
+    evaluation = dict(re.findall(r"(AUC|log loss|NE|calibration) ([0-9.]+)", block[6]))
     quoted = _readme_metrics()
     assert float(evaluation["AUC"]) == pytest.approx(quoted["AUC"], abs=2e-3), "README's quoted kedro run output"
     assert float(evaluation["log loss"]) == pytest.approx(quoted["log loss"], abs=2e-3)
     assert float(evaluation["calibration"]) == pytest.approx(quoted["calibration"], abs=5e-3)
-    assert block[6].lstrip().startswith("platt calibration: ECE "), "the calibration applied, and the raw output"
-    assert float(re.search(r"oracle AUC ([0-9.]+)", block[7]).group(1)) == quoted["oracle AUC"]
+    assert block[7].lstrip().startswith("platt calibration: ECE "), "the calibration applied, and the raw output"
+    assert float(re.search(r"oracle AUC ([0-9.]+)", block[8]).group(1)) == quoted["oracle AUC"]
 
     # A list parameter on the command line, as the README's parameters section shows it.
     listed = _kedro(

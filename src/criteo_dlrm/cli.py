@@ -25,7 +25,7 @@ from kedro.framework.cli.project import run as kedro_run
 from omegaconf import OmegaConf
 
 from criteo_dlrm.common.commands import Invocation, dotted, invoked
-from criteo_dlrm.common.errors import ConfigError, UserError
+from criteo_dlrm.common.errors import ConfigError, UserError, user_error
 from criteo_dlrm.pipeline_registry import PIPELINES
 from criteo_dlrm.summary import render
 
@@ -141,17 +141,6 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
             ctx.fail(f"Invalid format of `--params` option: item `{item}` must be key=value.")
         dot_list.append(f"{key.strip()}={val}")
     return OmegaConf.to_container(OmegaConf.from_dotlist(dot_list))
-
-
-def user_error(error: BaseException | None) -> UserError | None:
-    """The first ``UserError`` in ``error``'s chain of causes (Kedro wraps dataset and node errors)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, UserError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 class UserErrorExit(click.ClickException):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 SUMMARISED = (
@@ -85,6 +86,8 @@ def render(record: RunRecord) -> str:
             f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"
         )
+        for warning in summary.get("warnings") or ():  # wrapped: the block's lines stay short
+            lines += [f"            {line}" for line in textwrap.wrap(f"warning: {warning}", 86)]
         if "evaluation_metrics" not in saved:  # evaluation did not run: say what the kept model measured
             lines.append(f"            validation {_metrics_line(summary['best_validation'])}")
             if warning := _below_prior(summary["best_validation"]):
@@ -92,7 +95,8 @@ def render(record: RunRecord) -> str:
     if metrics := saved.get("evaluation_metrics"):
         rows = metrics.get("rows_evaluated", "validation")
         lines.append(
-            f"evaluation  checkpoint {metrics['checkpoint_version']}, {rows} rows of {', '.join(metrics['days'])}:"
+            f"evaluation  checkpoint {metrics['checkpoint_version']}, {metrics['model']['rows']:,} {rows} rows of "
+            f"{', '.join(metrics['days'])}:"
         )
         lines.append(f"            {_metrics_line(metrics['model'])}")
         if (method := metrics.get("calibration_method", "none")) != "none":

@@ -47,6 +47,11 @@ def test_the_bundled_run_is_tracked_with_parameters_history_metrics_artifacts_an
     assert [(m.step, m.value) for m in history] == [(h["step"], h["log_loss"]) for h in summary["history"]]
     metrics = run.data.metrics
     assert metrics["kept_step"] == summary["best_step"] and metrics["processes"] == 1
+    # The kept model's validation figures (what chose it), not only the history's last point.
+    for name in ("log_loss", "auc", "normalized_entropy", "calibration"):
+        assert metrics[f"kept_validation_{name}"] == summary["best_validation"][name]
+    [kept] = client.get_metric_history(run.info.run_id, "kept_validation_auc")
+    assert kept.step == summary["best_step"]
     assert metrics["test_auc"] == evaluation["model"]["auc"]
     assert metrics["test_raw_log_loss"] == evaluation["model_raw"]["log_loss"]
     assert metrics["test_expected_calibration_error"] > 0
@@ -117,6 +122,30 @@ def test_a_refused_run_opens_no_mlflow_run(project):
         client = MlflowClient(tracking_uri=f"sqlite:///{store}")
         ids = [e.experiment_id for e in client.search_experiments()]
         assert not client.search_runs(ids), "no run left RUNNING in the store"
+
+
+@pytest.mark.slow
+def test_an_evaluation_only_run_names_its_checkpoint_and_rows_and_a_refused_one_leaves_no_run(project):
+    bootstrap_project(project)
+    fast = {"training": {"num_epochs": 1, "validations_per_epoch": 1}}
+    with KedroSession.create(project_path=project, runtime_params=fast) as session:
+        session.run(pipeline_names=["ingestion", "metadata", "training"])
+    with KedroSession.create(project_path=project) as session:
+        session.run(pipeline_names=["evaluation"])
+    client, runs = _runs(project)
+    [evaluation] = [run for run in runs if "evaluated_rows" in run.data.tags]
+    [checkpoint] = (project / "data/06_models/dlrm_checkpoint.pt").iterdir()
+    tags = evaluation.data.tags
+    assert tags["checkpoint_version"] == checkpoint.name and tags["metadata_version"] == checkpoint.name
+    assert tags["evaluated_days"] == "day_2[10000:20000]"
+    [day] = (project / "data/02_intermediate").glob("*/day_2.parquet")
+    day.unlink()  # the evaluation node refuses its checkpoint's rows before any work
+    with pytest.raises(Exception, match="LineageError|no longer exists"):
+        with KedroSession.create(project_path=project) as session:
+            session.run(pipeline_names=["evaluation"])
+    assert mlflow.active_run() is None
+    _, after = _runs(project)
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in runs), "the refused run is not kept"
 
 
 @pytest.mark.slow

@@ -17,3 +17,14 @@ class ConfigError(UserError, ValueError):
 
 class DataError(UserError, ValueError):
     """Input data that is missing, damaged or not what a pinned run recorded; the message names the file."""
+
+
+def user_error(error: BaseException | None) -> UserError | None:
+    """The first ``UserError`` in ``error``'s chain of causes (Kedro wraps dataset and node errors)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, UserError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

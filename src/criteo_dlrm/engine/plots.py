@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from criteo_dlrm.engine.metrics import reliability_curve, roc_curve
+from criteo_dlrm.engine.metrics import CALIBRATION_BINS, calibration_report, reliability_curve, roc_curve
 
 # Figures are built with matplotlib's object API, not pyplot: no global backend is chosen or changed
 # (a notebook importing the project keeps its inline plots), and nothing is left open.
@@ -33,25 +33,33 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
     return figure
 
 
-def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], rows: str = "test", bins: int = 20) -> Figure:
-    """Observed CTR against mean predicted CTR in bins of equal row counts, one curve per set of predictions
-    (the raw model output and the calibrated probabilities); the diagonal is perfect."""
-    points = {name: reliability_curve(labels, probabilities, bins) for name, probabilities in curves.items()}
-    figure = Figure(figsize=(6, 6))
+def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], title: str) -> Figure:
+    """Observed CTR against mean predicted CTR in the report's bins of equal row counts (``CALIBRATION_BINS``),
+    with each bin's 95% interval, one curve per set of predictions (the raw model output and the calibrated
+    probabilities), each labelled with its calibration and ECE; the diagonal is perfect. ``title`` names the
+    checkpoint and the rows."""
+    points = {name: reliability_curve(labels, probabilities) for name, probabilities in curves.items()}
+    figure = Figure(figsize=(6.5, 6.5))
     axes = figure.subplots()
-    top = max(max(c["predicted"].max(), c["observed"].max()) for c in points.values()) * 1.05
+    top = max(max(c["predicted"].max(), c["observed_high"].max()) for c in points.values()) * 1.05
     axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
     for name, curve in points.items():
         ratio = curves[name].mean() / max(labels.mean(), 1e-12)
-        axes.plot(curve["predicted"], curve["observed"], marker="o", label=f"{name} (calibration {ratio:.3f})")
+        ece = calibration_report(labels, curves[name])["expected_calibration_error"]
+        errors = np.vstack([curve["observed"] - curve["observed_low"], curve["observed_high"] - curve["observed"]])
+        axes.errorbar(
+            curve["predicted"], curve["observed"], yerr=errors, marker="o", capsize=3,
+            label=f"{name}: calibration {ratio:.3f}, ECE {ece:.4f}",
+        )  # fmt: skip
     axes.set(
-        xlabel=f"mean predicted CTR ({bins} bins of equal rows)",
+        xlabel=f"mean predicted CTR ({CALIBRATION_BINS} bins of equal rows; bars: 95% interval)",
         ylabel="observed CTR",
-        title=f"Calibration on the {rows} rows",
+        title=title,
         xlim=(0, top),
         ylim=(0, top),
     )
-    axes.legend(loc="upper left")
+    axes.title.set_fontsize(10)
+    axes.legend(loc="lower right", fontsize=8)  # below the diagonal's top end, where the points are
     axes.grid(alpha=0.3)
     figure.tight_layout()
     return figure

@@ -9,6 +9,7 @@ the same: seeding, device, model, loaders, the ``Trainer``, and the checkpoint a
 from __future__ import annotations
 
 import contextlib
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,11 @@ def run_training(
     table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
     check_index_range(train, table_sizes, "the training rows")
     check_index_range(validation, table_sizes, "the validation rows")
+    rates = click_rate_warning(
+        metadata["label"]["ctr"], metadata["label"]["rows"], np.asarray(validation.labels), metadata.get("source_days")
+    )
+    if rates:
+        logger.warning("click rates: {}", rates)
     initial_ctr = metadata["label"]["ctr"] if 0 < metadata["label"]["ctr"] < 1 else None
     model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)
@@ -111,6 +117,7 @@ def run_training(
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
     checkpoint["calibration"] = calibrate(checkpoint, validation, config, device)
+    warnings = [warning for warning in (rates, checkpoint["calibration"].pop("warning", None)) if warning]
     summary = {
         **run,
         "device": outcome.device,
@@ -123,12 +130,63 @@ def run_training(
         "best_validation": result.best_metrics,
         "calibration": {key: value for key, value in checkpoint["calibration"].items() if not key.startswith("knots")},
         "history": result.history,
+        "warnings": warnings,
         "metadata_version": metadata_version,
         "source_days": metadata.get("source_days"),
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
     }
     return checkpoint, summary
+
+
+# Click rates this many times apart (either way), far beyond chance, are not one dataset's drift between days
+# (Criteo 1TB's days differ by a few per cent): two datasets in one folder, or a split by label.
+CTR_RATIO_WARNING = 1.5
+# A Platt slope outside this range, or a raw output whose mean is this many times off: the model's scores do
+# not mean on the validation rows what they meant in training.
+EXTREME_SLOPE = (1 / 3, 3.0)
+EXTREME_RAW_CALIBRATION = 2.0
+
+
+def click_rate_warning(train_ctr: float, train_rows: int, labels: np.ndarray, source_days: dict | None) -> str | None:
+    """A warning when the validation rows click at a rate the training rows' does not explain: more than
+    ``CTR_RATIO_WARNING`` times apart and beyond chance (a two-proportion z of 5)."""
+    rows = len(labels)
+    if not rows or not train_rows or not 0 < train_ctr < 1:
+        return None
+    ctr = float(np.mean(labels, dtype=np.float64))
+    pooled = (train_ctr * train_rows + ctr * rows) / (train_rows + rows)
+    z = abs(train_ctr - ctr) / max(math.sqrt(pooled * (1 - pooled) * (1 / train_rows + 1 / rows)), 1e-12)
+    ratio = max(train_ctr, ctr) / max(min(train_ctr, ctr), 1e-12)
+    if ratio < CTR_RATIO_WARNING or z < 5:
+        return None
+    days = source_days or {}
+    names = {split: ", ".join(day["day"] for day in days.get(split) or ()) or "?" for split in ("train", "validation")}
+    return (
+        f"the training days ({names['train']}: CTR {train_ctr:.4f}, {train_rows:,} rows) and the validation days "
+        f"({names['validation']}: CTR {ctr:.4f}, {rows:,} rows) click at rates {ratio:.1f}x apart, far beyond chance "
+        f"(z = {z:.0f}): are they one dataset? Two datasets in one raw folder (Kaggle's and Criteo 1TB's) give this; "
+        "the calibration fitted on the validation rows then corrects for the other data, not the model."
+    )
+
+
+def calibration_warning(state: dict, raw_calibration: float) -> str | None:
+    """A warning for a fitted calibration far from the identity, or a raw output far off the observed rate."""
+    slope = state.get("slope")
+    if slope is not None and not EXTREME_SLOPE[0] <= slope <= EXTREME_SLOPE[1]:
+        return (
+            f"the Platt calibration's slope is {slope:.2f} (1: the model's scores are calibrated as they are; "
+            f"{EXTREME_SLOPE[0]:.2f}-{EXTREME_SLOPE[1]:.0f} is usual) and the raw output's calibration "
+            f"{raw_calibration:.2f}: the validation rows are not like the training rows (another dataset, another "
+            "period), or the model did not learn (see the validation history)."
+        )
+    if not 1 / EXTREME_RAW_CALIBRATION <= raw_calibration <= EXTREME_RAW_CALIBRATION:
+        return (
+            f"the raw output's mean is {raw_calibration:.2f}x the validation rows' click rate: they do not click "
+            "like the training rows (another dataset, another period); the calibration corrects it, the model "
+            "may still rank them poorly."
+        )
+    return None
 
 
 def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfig, device: torch.device) -> dict:
@@ -143,10 +201,15 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
     labels = np.asarray(validation.labels)
     state = fit_calibration(labels, scores, config.calibration)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them
-    raw = log_loss(labels, calibrated(Calibration(None), scores))  # the model's own output, as evaluation's "raw"
+    probabilities = calibrated(Calibration(None), scores)  # the model's own output, as evaluation's "raw"
+    raw = log_loss(labels, probabilities)
     after = log_loss(labels, calibrated(Calibration(state), scores))
     state["validation_log_loss"] = {"raw": raw, "calibrated": after}
     logger.info("calibration: {}; validation log loss {:.5f} -> {:.5f}", describe(state), raw, after)
+    raw_calibration = float(np.mean(probabilities, dtype=np.float64) / max(np.mean(labels, dtype=np.float64), 1e-12))
+    if warning := calibration_warning(state, raw_calibration):
+        state["warning"] = warning
+        logger.warning("calibration: {}", warning)
     return state
 
 

@@ -26,7 +26,7 @@ from kedro.framework.hooks import hook_impl
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.errors import UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 
@@ -104,11 +104,22 @@ def _lineage_tags(metadata: dict, checkpoint_version: str | None = None) -> dict
     return {key: value for key, value in tags.items() if value}
 
 
+def _evaluated_tags(report: dict, days_tag: str) -> dict[str, str]:
+    """``checkpoint_version``, ``metadata_version`` and the days (with row ranges) of an evaluation or scoring."""
+    tags = {
+        "checkpoint_version": report.get("checkpoint_version") or "",
+        "metadata_version": report.get("metadata_version") or "",
+        days_tag: _days({"days": report.get("source_days") or []}, "days"),
+    }
+    return {key: str(value) for key, value in tags.items() if value}
+
+
 class TrackingHooks:
     def __init__(self) -> None:
         self._catalog = None
         self._version: str | None = None
         self._run_id: str | None = None
+        self._saved = False
 
     @hook_impl(tryfirst=True)  # before kedro-mlflow sets up the tracking server it names
     def after_context_created(self, context) -> None:
@@ -143,6 +154,7 @@ class TrackingHooks:
 
         run = mlflow.active_run()
         self._run_id = run.info.run_id if run is not None else None
+        self._saved = False
         if run is None:
             return
         mlflow.set_tag("kedro_run_version", self._version)
@@ -163,6 +175,18 @@ class TrackingHooks:
             mlflow.end_run()
         self._run_id = None
 
+    @hook_impl(trylast=True)  # after kedro-mlflow's, which ends the run as FAILED
+    def on_pipeline_error(self, error: Exception) -> None:
+        """A run refused before it saved anything (a node's check of its inputs, before any work) leaves no
+        MLflow run behind: it measured nothing. Runs that failed otherwise, or after saving, stay FAILED."""
+        import mlflow
+
+        if self._run_id and not self._saved and user_error(error) is not None:
+            mlflow.delete_run(self._run_id)
+        while self._run_id and (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
+            mlflow.end_run()
+        self._run_id = None
+
     def _path(self, name: str) -> str | None:
         dataset = self._catalog.get(name) if self._catalog is not None else None
         return dataset.saved_path() if isinstance(dataset, VersionedFileDataset) else None
@@ -173,12 +197,15 @@ class TrackingHooks:
 
         if mlflow.active_run() is None:  # this pipeline's tracking is off (mlflow.yml: disable_tracking)
             return
+        self._saved = True
         if dataset_name == "feature_metadata":
             mlflow.set_tags(_lineage_tags({**data, "version": self._version}))
         elif dataset_name == "training_summary":
             self._log_training(data)
         elif dataset_name == "evaluation_metrics":
             self._log_evaluation(data)
+        elif dataset_name == "scoring_report":
+            mlflow.set_tags(_evaluated_tags(data, "scored_days"))
         elif dataset_name == "dlrm_checkpoint":
             mlflow.set_tags(_lineage_tags(data["metadata"], self._version))
             self._log_model(data)
@@ -192,6 +219,9 @@ class TrackingHooks:
         for record in summary["history"]:
             values = {f"validation_{name}": record[name] for name in HISTORY if record.get(name) is not None}
             mlflow.log_metrics(values, step=record["step"])
+        # The kept model's figures (the best validation, which chose it), beside the history's last values.
+        kept = {f"kept_validation_{name}": summary["best_validation"][name] for name in HISTORY}
+        mlflow.log_metrics({k: v for k, v in kept.items() if v is not None}, step=summary["best_step"])
         mlflow.log_metrics(
             {
                 "training_steps": summary["steps"],
@@ -220,6 +250,8 @@ class TrackingHooks:
             values.update({f"{rows}_oracle_{name}": metrics["oracle"][name] for name in ("auc", "log_loss")})
         mlflow.log_metrics(values)
         mlflow.set_tags({"evaluated_rows": rows, "calibration_method": metrics.get("calibration_method", "none")})
+        # Which model and rows these figures are of, also when the run evaluated a stored checkpoint only.
+        mlflow.set_tags(_evaluated_tags(metrics, "evaluated_days"))
 
     def _log_model(self, checkpoint: dict) -> None:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model

@@ -2,7 +2,8 @@
 pipeline's calibrated click probabilities for raw Criteo rows.
 
 The input is a pandas DataFrame with one row per click-log line and the columns ``DENSE_0`` … ``DENSE_12``
-(the integer counts as numbers, NaN or None when missing) and ``SPARSE_0`` … ``SPARSE_25`` (the category
+(the integer counts as numbers of any numeric type, int64, float64 or pandas' nullable Int64, NaN, None or NA
+when missing) and ``SPARSE_0`` … ``SPARSE_25`` (the category
 values as the hex strings of the raw files, None or "" when missing). The model holds the checkpoint
 (weights, encoder, calibration) and this package's code, so it loads wherever torch, numpy, pandas and
 pyarrow are installed.
@@ -99,12 +100,14 @@ def log_checkpoint_model(checkpoint: str | Path, example: pd.DataFrame) -> str:
 
 
 def signature():
-    """Every Criteo field may be missing: counts as optional doubles, category values as optional hex strings;
-    the output is one probability per row."""
+    """Every Criteo field may be missing: counts as optional numbers of any numeric type (MLflow's ``double``
+    would refuse an int64 column of whole numbers; ``typed_rows`` checks they are numbers), category values as
+    optional hex strings; the output is one probability per row."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
+    from mlflow.types.schema import AnyType
 
-    inputs = [ColSpec("double", name, required=False) for name in DENSE_COLUMNS]
+    inputs = [ColSpec(AnyType(), name, required=False) for name in DENSE_COLUMNS]
     inputs += [ColSpec("string", name, required=False) for name in SPARSE_COLUMNS]
     return ModelSignature(inputs=Schema(inputs), outputs=Schema([ColSpec("double", "click_probability")]))
 

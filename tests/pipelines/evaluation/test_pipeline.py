@@ -118,3 +118,37 @@ def test_pipeline_writes_readable_non_empty_plots(checkpoint, tmp_path):
         image = Image.open(png).convert("L")
         assert image.size[0] >= 600 and image.size[1] >= 400, name
         assert len(image.getcolors(maxcolors=1 << 16)) > 50, f"{name} is blank"
+
+
+def test_the_calibration_plot_uses_the_report_s_bins_with_intervals_and_names_its_checkpoint_and_rows(checkpoint):
+    from matplotlib.container import ErrorbarContainer
+
+    metrics, _, calibration, _ = evaluate_checkpoint(
+        {**checkpoint, "catalog_version": "2026-01-01T00.00.00.000Z"}, PARAMS
+    )
+    [axes] = calibration.axes
+    title = axes.get_title()
+    assert "checkpoint 2026-01-01T00.00.00.000Z" in title and f"{metrics['model']['rows']:,} " in title
+    curves = [c for c in axes.containers if isinstance(c, ErrorbarContainer)]
+    assert len(curves) == 2, "the raw output and the calibrated probabilities"
+    for curve, name in zip(curves, ("raw", "calibrated"), strict=True):
+        report = metrics["calibration_by_decile"][name]
+        x, y = curve.lines[0].get_data()
+        assert len(x) == len(report["bins"]) == 10, "the JSON's and the ECE's bins"
+        np.testing.assert_allclose(y, [b["observed_ctr"] for b in report["bins"]])
+        assert f"ECE {report['expected_calibration_error']:.4f}" in curve.get_label()
+    assert axes.get_legend()._loc == 4, "lower right, clear of the top points"
+
+
+def test_each_bin_s_interval_is_the_wilson_interval_of_its_clicks():
+    from scipy.stats import binomtest
+
+    from criteo_dlrm.engine.metrics import calibration_report
+
+    rng = np.random.default_rng(0)
+    probabilities = rng.random(1500) * 0.06
+    labels = (rng.random(1500) < probabilities).astype(np.int8)  # 3% CTR, about 45 clicks
+    for entry in calibration_report(labels, probabilities)["bins"]:
+        clicks = round(entry["observed_ctr"] * entry["rows"])
+        reference = binomtest(clicks, entry["rows"]).proportion_ci(method="wilson")
+        assert entry["observed_ctr_interval"] == pytest.approx([reference.low, reference.high], abs=1e-12)

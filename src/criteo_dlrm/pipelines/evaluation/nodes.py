@@ -107,6 +107,14 @@ def _score(
     return metrics, labels, predictions, oracle
 
 
+def figure_title(what: str, metrics: dict) -> str:
+    """``Calibration of checkpoint <version>, 10,000 test rows of day_2``: which model and rows a figure is of."""
+    return (
+        f"{what} of checkpoint {metrics['checkpoint_version']},\n{metrics['model']['rows']:,} "
+        f"{metrics['rows_evaluated']} rows of {', '.join(metrics['days'])}"
+    )
+
+
 def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, Figure, Figure, Figure]:
     """Score the checkpoint's test rows with its own encoder and calibration.
 
@@ -125,6 +133,6 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
     return (
         metrics,
         roc_figure(labels, curves, aucs, split),
-        calibration_figure(labels, calibration_curves, split),
+        calibration_figure(labels, calibration_curves, figure_title("Calibration", metrics)),
         score_histogram_figure(labels, probabilities),
     )
