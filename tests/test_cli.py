@@ -68,6 +68,28 @@ def test_user_errors_end_with_the_message_and_the_fix(tmp_path):
     assert verbose.returncode == 1 and "Traceback" in verbose.stdout + verbose.stderr
 
 
+def test_a_refusal_inside_a_node_is_said_once_last_without_kedro_s_resume_hint_or_mlflow_s_lines(tmp_path):
+    import gzip
+
+    project = copy_project(tmp_path / "project")
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "train.txt").write_bytes(gzip.decompress((project / "data/01_raw/day_0.gz").read_bytes()))
+    result = _kedro(project, f"--params=ingestion.raw_dir={one}")  # tracked: kedro-mlflow's lines too
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert output.count("the only ingested day, train, would validate") == 1, output[-3000:]
+    assert "--from-nodes" not in output and "was closed because of an error" not in output
+    assert result.stderr.strip().splitlines()[-2].startswith("ConfigError: metadata: the only ingested day")
+
+
+def test_a_parameter_typo_is_refused_before_mlflow_opens_its_store(tmp_path):
+    project = copy_project(tmp_path / "project")
+    result = _kedro(project, "--params=training.num_epoch=1")
+    assert result.returncode == 1 and "did you mean training.num_epochs?" in result.stderr
+    assert not (project / "data/09_tracking").exists(), "the tracking store was never opened"
+
+
 def _readme_metrics() -> dict[str, float]:
     """The evaluation lines of the summary block the README quotes under Quick start."""
     readme = (PROJECT_ROOT / "README.md").read_text()

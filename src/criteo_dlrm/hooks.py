@@ -68,14 +68,17 @@ class ProjectHooks:
         self._catalog = None
         self._saved_by_node: dict[str, set[str]] = {}
 
-    @hook_impl
+    # First of every plugin's: a parameter typo is refused before kedro-mlflow opens its store (seconds).
+    @hook_impl(tryfirst=True)
     def after_context_created(self, context) -> None:
         bridge_loguru()
         configure_console()
+        self._configs = parse_parameters(context.params)
 
     @hook_impl
     def after_catalog_created(self, catalog, parameters: dict, save_version: str) -> None:
-        # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry.
+        # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry (the same tree, parsed
+        # once more: a session's catalog may be made without its context's hook, as in tests).
         self._configs = parse_parameters(parameters["parameters"])
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version

@@ -26,6 +26,22 @@ def bridge_loguru() -> None:
     logger.add(_PropagateHandler(), format="{message}", level="DEBUG")
 
 
+# Libraries whose lines about a failing run only repeat or misdirect a user error's message (Kedro's "Node ...
+# failed with error", its ``--from-nodes`` hint, kedro-mlflow's "was closed because of an error", once per run
+# it restarted): ``kedro run`` prints the message once, last, with the fix.
+_REPEATERS = ("kedro", "kedro_mlflow")
+
+
+def not_about_a_user_error(record: logging.LogRecord) -> bool:
+    """False for a Kedro or kedro-mlflow record logged while a ``UserError`` is being handled (loggers run in
+    the thread that raised, inside its ``except``)."""
+    if record.name.split(".")[0] not in _REPEATERS:
+        return True
+    from criteo_dlrm.common.errors import user_error
+
+    return user_error(sys.exc_info()[1]) is None
+
+
 class ConsoleHandler(logging.Handler):
     """Kedro's rich handler on a terminal, printing above tqdm's bars; one unwrapped line per record otherwise."""
 
@@ -37,6 +53,7 @@ class ConsoleHandler(logging.Handler):
             self._handler = logging.StreamHandler(sys.stdout)
             self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
         self.addFilter(lambda record: all(f.filter(record) for f in rich.filters))
+        self.addFilter(not_about_a_user_error)
 
     def emit(self, record: logging.LogRecord) -> None:
         if self._terminal:

@@ -105,7 +105,9 @@ def roc_curve(labels: np.ndarray, scores: np.ndarray, max_points: int = 2000) ->
 CALIBRATION_BINS = 10
 
 
-def wilson_interval(clicks: np.ndarray, rows: np.ndarray, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+def wilson_interval(
+    clicks: np.ndarray, rows: np.ndarray, z: float = 1.959963984540054
+) -> tuple[np.ndarray, np.ndarray]:
     """95% Wilson score interval of a click rate (``clicks`` of ``rows``): sound at 3% CTR and few rows, where
     the normal approximation gives negative bounds."""
     rows = np.maximum(np.asarray(rows, dtype=np.float64), 1)
