@@ -87,7 +87,7 @@ def test_a_parameter_typo_is_refused_before_mlflow_opens_its_store(tmp_path):
     project = copy_project(tmp_path / "project")
     result = _kedro(project, "--params=training.num_epoch=1")
     assert result.returncode == 1 and "did you mean training.num_epochs?" in result.stderr
-    assert not (project / "data/09_tracking").exists(), "the tracking store was never opened"
+    assert not (project / "data/09_tracking/mlflow.db").exists(), "the tracking store was never opened"
 
 
 def _readme_metrics() -> dict[str, float]:

@@ -68,3 +68,39 @@ def test_headless_chromium_renders_the_home_page(site, tmp_path):
     assert "Raw Criteo click logs in" in dom
     for page in ("Getting started", "Parameters reference", "Troubleshooting", "Benchmarks"):
         assert page in dom, page
+
+
+def _numbered_items(markdown: str) -> list[int]:
+    """The item count of each numbered list in a page's source (outside code fences)."""
+    lists, current, fenced = [], 0, False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if re.match(r"^\d+\. ", line):
+            current += 1
+        elif line and not line.startswith(" ") and current:
+            lists.append(current)
+            current = 0
+    return [*lists, current] if current else lists
+
+
+def test_every_numbered_list_renders_with_each_of_its_items(site):
+    """A list item's continuation indented by 3 spaces passes `mkdocs build --strict` but merges the items after
+    it into one paragraph: the built page must have as many list items as the source has."""
+    pages = yaml.safe_load((PROJECT_ROOT / "mkdocs.yml").read_text())["nav"]
+    for page in (next(iter(entry.values())) for entry in pages):
+        expected = _numbered_items((PROJECT_ROOT / "docs" / page).read_text())
+        built = site / ("index.html" if page == "index.md" else f"{page.removesuffix('.md')}/index.html")
+        html = built.read_text()
+        rendered = [len(re.findall(r"<li>", block)) for block in re.findall(r"<ol>(.*?)</ol>", html, re.DOTALL)]
+        assert rendered == expected, (page, expected, rendered)
+
+
+def test_the_home_page_links_every_page_of_the_navigation():
+    home = (PROJECT_ROOT / "docs" / "index.md").read_text()
+    pages = yaml.safe_load((PROJECT_ROOT / "mkdocs.yml").read_text())["nav"]
+    for page in (next(iter(entry.values())) for entry in pages):
+        assert page == "index.md" or f"]({page}" in home, page

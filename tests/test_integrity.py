@@ -849,7 +849,9 @@ def test_an_output_folder_that_is_a_file_is_refused_naming_the_setting(tmp_path,
 
 def test_a_raw_folder_that_is_a_file_says_so(tmp_path):
     (tmp_path / "day_0.gz").write_bytes(b"")
-    with pytest.raises(IngestionError, match=rf"day_0.gz is a file, not a folder.*`kedro run --params=ingestion.raw_dir={tmp_path}`$"):
+    with pytest.raises(
+        IngestionError, match=rf"day_0.gz is a file, not a folder.*`kedro run --params=ingestion.raw_dir={tmp_path}`$"
+    ):
         scan_raw_folder(tmp_path / "day_0.gz")
 
 

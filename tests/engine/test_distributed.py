@@ -70,13 +70,14 @@ def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tin
         assert two["calibration"][name] == pytest.approx(one["calibration"][name], abs=1e-3), name
 
 
-def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path):
+def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path, logged):
     checkpoint, summary = _run(
         tiny_features,
         _config(tmp_path, 2, validate_every_steps=5, num_epochs=2),
         "run",
     )
     assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]
+    assert any(line.startswith("starting 2 training processes") for line in logged), "no silent start-up"
     assert list((tmp_path / "tb" / "run").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard"
     # No job, outcome or stored rows left behind; the in-progress checkpoint waits for the checkpoint to be stored.
     assert [p.name for p in (tmp_path / "progress").iterdir() if not p.name.startswith(".")] == [

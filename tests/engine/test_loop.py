@@ -204,8 +204,15 @@ def test_tensorboard_scalars_and_hparams_read_back(tiny_features, tmp_path):
     assert expected <= tags
     assert [e.step for e in events.Scalars("validation/auc")] == [15]
     assert all(np.isfinite(e.value) for e in events.Scalars("train/loss"))
-    assert "hparams/auc" in tags and "hparams/log_loss" in tags
-    assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+    assert not [tag for tag in tags if tag.startswith("hparams/")], "no one-point cards ahead of the curves"
+    kept_tags = sorted(tag for tag in tags if tag.startswith("validation_kept/"))
+    assert {"validation_kept/auc", "validation_kept/log_loss", "validation_kept/calibration"} <= set(kept_tags)
+    assert sorted(tags)[-len(kept_tags) :] == kept_tags, "after the real curves"
+    [kept] = events.Scalars("validation_kept/auc")
+    [best] = [e for e in events.Scalars("validation/auc") if e.step == kept.step]
+    assert kept.value == best.value, "the kept model's point, at its step"
+    plugin = events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugin and b"validation_kept/auc" in plugin["_hparams_/experiment"]
 
 
 def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
@@ -218,6 +225,7 @@ def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
     assert any("aten::addmm" in name or "aten::mm" in name for name in names)
     report = (tmp_path / "run" / TOP_OPS_REPORT).read_text()
     assert "Self CPU" in report and "aten::" in report
+    assert report.startswith("Operators of the profiled training steps") and "threading.py(...): wait" in report
 
 
 @pytest.mark.parametrize(

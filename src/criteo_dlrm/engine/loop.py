@@ -172,7 +172,9 @@ class Trainer:
         try:
             with profiler(profiling, self.run_dir, self.device) as prof:
                 stopped_early = stopped_early or self._loop(bar, prof)
-            self.metric_logger.log_hparams(_flat(asdict(config)), self.best.get("metrics", {}))
+            self.metric_logger.log_hparams(
+                _flat(asdict(config)), self.best.get("metrics", {}), self.best.get("step", 0)
+            )
         finally:
             bar.close()
             if self._owns_logger:

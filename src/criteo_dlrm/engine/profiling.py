@@ -16,6 +16,14 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from criteo_dlrm.config.training import ProfilerConfig
 
 TOP_OPS_REPORT = "profile_top_ops.txt"
+TOP_OPS_HEADER = """\
+Operators of the profiled training steps, by {sort_by} (time in the operator itself, not its children).
+With profiler.with_stack on, Python functions are rows too: `threading.py(...): wait` (and `acquire`) is time a
+thread spent blocked, waiting for another (the training thread for the next batch, a helper thread such as the
+progress bar's for its next tick): waiting, not computing. Read the aten:: rows for where the compute goes;
+set profiler.with_stack: false for operators only.
+
+"""
 
 
 # What the profiler's native code prints to stderr at every start and stop, for no reader.
@@ -89,5 +97,5 @@ def profiler(config: ProfilerConfig, run_dir: Path, device: torch.device) -> Ite
     except (AssertionError, RuntimeError) as error:  # no profiled step (the run was shorter than wait + warmup)
         logger.warning("profiler recorded no step ({}); increase the run or lower profiler.wait", error)
         return
-    (run_dir / TOP_OPS_REPORT).write_text(table)
+    (run_dir / TOP_OPS_REPORT).write_text(TOP_OPS_HEADER.format(sort_by=sort_by) + table)
     logger.info("profiler: traces and {} written to {}", TOP_OPS_REPORT, run_dir)

@@ -6,14 +6,19 @@ from pathlib import Path
 from typing import Protocol
 
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 
 class MetricLogger(Protocol):
     def log_scalars(self, scalars: dict[str, float], step: int) -> None: ...
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None: ...
+    def log_hparams(self, hparams: dict, metrics: dict[str, float], step: int = 0) -> None: ...
 
     def close(self) -> None: ...
+
+
+# The kept model's validation metrics, in the scalars tab and the HPARAMS tab: sorted after train/ and validation/.
+KEPT = "validation_kept"
 
 
 class TensorBoardLogger:
@@ -31,10 +36,20 @@ class TensorBoardLogger:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
+    def log_hparams(self, hparams: dict, metrics: dict[str, float], step: int = 0) -> None:
+        """The run's settings with the kept model's metrics (``metrics``, at its ``step``) for the HPARAMS tab.
+
+        The metrics go under ``KEPT/<name>`` at the kept step, after the real curves in the scalars tab
+        (``add_hparams`` would put one-point ``hparams/...`` cards ahead of them).
+        """
         # TensorBoard's hparams take scalars and strings only.
         flat = {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in hparams.items()}
-        self.writer.add_hparams(flat, {f"hparams/{k}": v for k, v in metrics.items()}, run_name=".")
+        tags = {f"{KEPT}/{name}": value for name, value in metrics.items()}
+        writer = self.writer._get_file_writer()
+        for summary in hparams_summary(flat, tags):
+            writer.add_summary(summary)
+        for tag, value in tags.items():
+            self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -46,7 +61,7 @@ class NullLogger:
     def log_scalars(self, scalars: dict[str, float], step: int) -> None:
         pass
 
-    def log_hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
+    def log_hparams(self, hparams: dict, metrics: dict[str, float], step: int = 0) -> None:
         pass
 
     def close(self) -> None:

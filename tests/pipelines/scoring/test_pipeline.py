@@ -160,8 +160,11 @@ def test_the_mlflow_model_of_the_run_gives_the_scoring_pipelines_probabilities_a
     monkeypatch.chdir(trained)
     mlflow.set_tracking_uri(f"sqlite:///{trained}/data/09_tracking/mlflow.db")
     version = json.loads(_newest(trained, "data/07_model_output/scoring_report.json").read_text())
-    runs = mlflow.search_runs(experiment_names=["criteo_dlrm"], filter_string="tags.checkpoint_version != ''")
+    # The training run (its lineage tags); scoring runs name their checkpoint too, and carry no model.
+    runs = mlflow.search_runs(experiment_names=["criteo_dlrm"], filter_string="tags.train_days != ''")
     [run_id] = runs["run_id"]
+    scoring = mlflow.search_runs(experiment_names=["criteo_dlrm"], filter_string="tags.scored_days != ''")
+    assert set(scoring["tags.checkpoint_version"]) == {runs["tags.checkpoint_version"].iloc[0]}, "which model scored"
     model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     with gzip.open(trained / "data/01_raw/day_1.gz", "rt") as handle:
         lines = [next(handle) for _ in range(500)]
@@ -200,3 +203,20 @@ def test_a_checkpoint_made_before_calibration_scores_its_raw_output_and_says_so(
     raw = 1 / (1 + np.exp(-predictions["logit"].to_numpy().astype(np.float64)))
     np.testing.assert_allclose(predictions["click_probability"].to_numpy(), raw, rtol=1e-6)
     assert any("was made before calibration" in line for line in logged)
+
+
+def test_the_serving_recipe_of_the_docs_runs_as_written_and_scores_what_the_pipeline_scores(trained):
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    page = (PROJECT_ROOT / "docs/scoring.md").read_text()
+    serving = page[page.index("## Serving") :]
+    code = re.search(r"```python\n(.*?)```", serving, re.DOTALL).group(1)
+    result = subprocess.run([sys.executable, "-c", code], cwd=trained, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = float(re.search(r"click probability ([0-9.]+)", result.stdout).group(1))
+    scored = pd.read_parquet(_first_scoring_run(trained))
+    assert printed == pytest.approx(scored[scored["day"] == "day_1"]["click_probability"].iloc[0], abs=2e-6)
