@@ -88,6 +88,9 @@ def test_a_parameter_typo_is_refused_before_mlflow_opens_its_store(tmp_path):
     result = _kedro(project, "--params=training.num_epoch=1")
     assert result.returncode == 1 and "did you mean training.num_epochs?" in result.stderr
     assert not (project / "data/09_tracking/mlflow.db").exists(), "the tracking store was never opened"
+    output = result.stdout + result.stderr
+    assert "Add type hints" not in output and "\x1b[" not in output, "no MLflow warning in raw colour codes"
+    assert "is relative" not in output, "no misleading line about a relative tracking URI"
 
 
 def _readme_metrics() -> dict[str, float]:

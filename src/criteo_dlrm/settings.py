@@ -1,5 +1,6 @@
 """Project settings (see https://docs.kedro.org/en/stable/configure/configuration_basics/)."""
 
+import logging
 import warnings
 
 from criteo_dlrm.hooks import ProjectHooks
@@ -9,9 +10,12 @@ from criteo_dlrm.tracking.hooks import TrackingHooks, project_path, tracking_ena
 # Kedro 1.7 calls OmegaConf's deprecated register_new_resolver: three warnings per command that no user
 # of this project can act on.
 warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
-# kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here) has no type hints: MLflow says so at
-# every import.
-warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method", category=UserWarning)
+# kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here) has no type hints: MLflow says so, with
+# raw terminal colour codes, at every import. MLflow raises it under a filter of its own (a warnings filter of
+# ours never applies), through the "py.warnings" logger Kedro's logging captures warnings into.
+logging.getLogger("py.warnings").addFilter(
+    lambda record: "Add type hints to the `predict` method" not in record.getMessage()
+)
 
 # Log lines one per line outside a terminal, above the progress bars on one, from the first line of a run.
 configure_console()

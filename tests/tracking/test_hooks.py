@@ -189,3 +189,38 @@ def test_a_two_process_run_is_logged_once(project, backend):
     assert steps and len(steps) == len(set(steps)), "each validation once, from the launching process"
     assert run.data.params["training.distributed.nproc_per_node"] == "2"
     assert run.data.params["training.embedding_backend"] == backend.get("embedding_backend", "torch")
+
+
+def test_a_read_only_tracking_store_is_refused_before_the_run_with_the_switch(tmp_path, monkeypatch):
+    import errno
+    from types import SimpleNamespace
+
+    from criteo_dlrm.common import storage
+    from criteo_dlrm.common.storage import NotWritableError
+    from criteo_dlrm.tracking.hooks import TrackingHooks
+
+    store = tmp_path / "tracking" / "mlflow.db"
+    real = storage.create_exclusive
+
+    def read_only(path):  # a read-only mount (root ignores chmod, so the mount is simulated)
+        if "tracking" in str(path):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(path)
+
+    monkeypatch.setattr(storage, "create_exclusive", read_only)
+    context = SimpleNamespace(
+        project_path=tmp_path, config_loader=_Loader({"server": {"mlflow_tracking_uri": f"sqlite:///{store}"}})
+    )
+    with pytest.raises(
+        NotWritableError,
+        match=r"tracking is not writable \(Read-only file system\).*MLflow's tracking store.*`CRITEO_DLRM_TRACKING=off kedro run`",
+    ):
+        TrackingHooks().after_context_created(context)
+
+
+class _Loader(dict):
+    """A config loader answering ``loader["mlflow"]``."""
+
+    def __init__(self, mlflow: dict):
+        super().__init__(mlflow=mlflow)
+        self.config_patterns: dict = {}

@@ -114,7 +114,7 @@ def wilson_interval(
     rate = np.asarray(clicks, dtype=np.float64) / rows
     centre = (rate + z * z / (2 * rows)) / (1 + z * z / rows)
     half = z * np.sqrt(rate * (1 - rate) / rows + z * z / (4 * rows * rows)) / (1 + z * z / rows)
-    return centre - half, centre + half
+    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)  # 0 / 1 exactly at 0 / all clicks
 
 
 def reliability_curve(

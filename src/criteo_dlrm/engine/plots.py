@@ -47,6 +47,7 @@ def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], title:
         ratio = curves[name].mean() / max(labels.mean(), 1e-12)
         ece = calibration_report(labels, curves[name])["expected_calibration_error"]
         errors = np.vstack([curve["observed"] - curve["observed_low"], curve["observed_high"] - curve["observed"]])
+        errors = np.clip(errors, 0.0, None)  # a bin with no click: its low bound is its rate, up to rounding
         axes.errorbar(
             curve["predicted"], curve["observed"], yerr=errors, marker="o", capsize=3,
             label=f"{name}: calibration {ratio:.3f}, ECE {ece:.4f}",

@@ -133,9 +133,12 @@ class TrackingHooks:
         uri = server.get("mlflow_tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI", "")
         if uri.startswith("sqlite:///"):  # SQLite creates the database file, not its folder (made here)
             store = Path(uri.removeprefix("sqlite:///"))
-            check_writable(
-                store.parent, f"MLflow's tracking store {store}", "server.mlflow_tracking_uri (conf/*/mlflow.yml)"
-            )
+            try:
+                check_writable(
+                    store.parent, f"MLflow's tracking store {store}", "server.mlflow_tracking_uri (conf/*/mlflow.yml)"
+                )
+            except NotWritableError as error:
+                raise NotWritableError(f"{error} Or run without tracking: `{SWITCH}=off {kedro_run()}`.") from None
             if store.exists() and not os.access(store, os.W_OK):
                 raise NotWritableError(
                     f"MLflow's tracking store {store} is read-only: make it writable, point "

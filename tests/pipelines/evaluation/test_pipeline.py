@@ -152,3 +152,15 @@ def test_each_bin_s_interval_is_the_wilson_interval_of_its_clicks():
         clicks = round(entry["observed_ctr"] * entry["rows"])
         reference = binomtest(clicks, entry["rows"]).proportion_ci(method="wilson")
         assert entry["observed_ctr_interval"] == pytest.approx([reference.low, reference.high], abs=1e-12)
+
+
+def test_a_bin_without_a_click_has_an_interval_from_zero_and_plots():
+    from criteo_dlrm.engine.metrics import calibration_report
+    from criteo_dlrm.engine.plots import calibration_figure
+
+    probabilities = np.linspace(0.001, 0.05, 210)
+    labels = np.zeros(210, np.int8)
+    labels[-3:] = 1  # every bin but the last without a click; bins of 21 rows (where rounding went below 0)
+    report = calibration_report(labels, probabilities)
+    assert report["bins"][0]["observed_ctr_interval"][0] == 0.0
+    calibration_figure(labels, {"raw model output": probabilities}, "Calibration")
