@@ -70,3 +70,32 @@ def test_calibration_refuses_one_class_and_unknown_methods():
         fit_calibration(np.zeros(100), np.arange(100.0), "platt")
     with pytest.raises(ValueError, match="unknown calibration method 'beta'"):
         fit_calibration(np.array([0, 1]), np.array([0.0, 1.0]), "beta")
+
+
+def test_an_isotonic_calibration_of_many_rows_keeps_at_most_its_knot_limit_and_scikit_learns_shape():
+    from criteo_dlrm.engine.calibration import MAX_ISOTONIC_KNOTS
+
+    labels, logits = _miscalibrated(2_000_000, seed=4)
+    reference = IsotonicRegression(out_of_bounds="clip", y_min=1e-6, y_max=1 - 1e-6).fit(logits, labels)
+    assert len(reference.X_thresholds_) > MAX_ISOTONIC_KNOTS, "the case: more knots than the limit"
+    state = fit_calibration(labels, logits, "isotonic")
+    assert len(state["knots_logit"]) <= MAX_ISOTONIC_KNOTS
+    points = np.sort(logits[:200_000])
+    ours = Calibration(state)(torch.from_numpy(points).float()).numpy()
+    assert np.all(np.diff(ours) >= -1e-7), "still non-decreasing"
+    # The thinned curve against scikit-learn's, row-weighted: what the calibrated probabilities lose.
+    assert np.mean(np.abs(ours - reference.predict(points))) < 2e-3
+    true = 1 / (1 + np.exp(-(2 * points - 1)))
+    assert np.mean(np.abs(ours - true)) < np.mean(np.abs(reference.predict(points) - true)) + 1e-3
+
+
+def test_thinning_keeps_both_ends_and_the_order_of_the_curve():
+    from criteo_dlrm.engine.calibration import thin_knots
+
+    labels, logits = _miscalibrated(500_000, seed=5)
+    reference = IsotonicRegression(out_of_bounds="clip", y_min=1e-6, y_max=1 - 1e-6).fit(logits, labels)
+    x, y = thin_knots(reference.X_thresholds_, reference.y_thresholds_, 64)
+    assert len(x) <= 64 and x[0] == reference.X_thresholds_[0] and x[-1] == reference.X_thresholds_[-1]
+    assert np.all(np.diff(x) >= 0) and np.all(np.diff(y) >= 0)
+    points = np.sort(logits[:100_000])
+    assert np.mean(np.abs(np.interp(points, x, y) - reference.predict(points))) < 5e-3
