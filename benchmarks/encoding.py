@@ -25,11 +25,11 @@ from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
 def python_dict_encode(table, vocabularies: dict[str, np.ndarray]) -> np.ndarray:
-    """The naive way: one dict lookup per value."""
+    """The naive way: one dict lookup per value (the table layout: 0 unseen, 1 missing, 2.. the vocabulary)."""
     out = np.empty((table.num_rows, len(SPARSE_COLUMNS)), dtype=np.int32)
     for f, name in enumerate(SPARSE_COLUMNS):
-        lookup = {int(v): i + 1 for i, v in enumerate(vocabularies[name])}
-        out[:, f] = [lookup.get(v, 0) for v in sparse_values(table.column(name)).tolist()]
+        lookup = {int(v): i + 2 for i, v in enumerate(vocabularies[name])}
+        out[:, f] = [1 if v < 0 else lookup.get(v, 0) for v in sparse_values(table.column(name)).tolist()]
     return out
 
 

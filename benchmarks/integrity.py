@@ -19,13 +19,14 @@ import pyarrow.parquet as pq
 import torch
 
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder, verify_encoded, write_digests
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import BATCH_ROWS, verify_day
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
 
 from threads import cpu_model
 
@@ -81,7 +82,7 @@ def main() -> None:
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
         sizes = [metadata["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-        model = DLRM(DLRMConfig(sizes, [16] * 26, dense_mlp=DenseMLP([64]), prediction_hidden_sizes=[128, 64]))
+        model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})
         checkpoint = folder / "checkpoint.pt"

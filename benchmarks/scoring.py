@@ -22,6 +22,7 @@ import onnxruntime
 import torch
 
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
@@ -29,9 +30,10 @@ from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine import scoring
+from criteo_dlrm.engine.calibration import Calibration
 from criteo_dlrm.engine.export import export_onnx
 from criteo_dlrm.engine.scoring import score_days, write_predictions
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
 
 CPU = torch.device("cpu")
 
@@ -55,8 +57,8 @@ def main() -> None:
         )
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         torch.manual_seed(0)
-        # The project's default model sizes (parameters_training.yml).
-        config = DLRMConfig(encoder.table_sizes, [16] * 26, dense_mlp=DenseMLP([64]), prediction_hidden_sizes=[128, 64])
+        # The project's default model (parameters_training.yml), built as training builds it.
+        config = TrainingConfig().model_config(encoder.table_sizes)
         model = DLRM(config).eval()
         encoded = encoder.encode_days([parquet])
         loader = BatchLoader(encoded, 16384)
@@ -96,7 +98,13 @@ def main() -> None:
                     lambda: (
                         (work / "p.parquet").unlink(missing_ok=True)
                         or write_predictions(
-                            model, encoder, [("day_0", parquet)], work / "p.parquet", CPU, progress=False
+                            model,
+                            Calibration(None),
+                            encoder,
+                            [("day_0", parquet)],
+                            work / "p.parquet",
+                            CPU,
+                            progress=False,
                         )
                     )
                 ),

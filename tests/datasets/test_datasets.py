@@ -113,3 +113,15 @@ def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, 
     other_days = {**newer, "days": [{**newer["days"][0], "fingerprint": "0" * 16}]}
     dataset.save(EncodedDays(encoder, paths, other_days))
     assert len(encodings) == 2, "other Parquet days: encoded again"
+
+
+def test_previews_carry_kedro_viz_s_type_names_without_kedro_datasets_private_module():
+    import inspect
+
+    from criteo_dlrm.datasets import JSONDataset
+    from criteo_dlrm.datasets.figure_dataset import FigureDataset
+    from tests.conftest import PROJECT_ROOT
+
+    names = {str(inspect.signature(cls.preview).return_annotation) for cls in (JSONDataset, FigureDataset)}
+    assert names == {"JSONPreview", "ImagePreview"}, "the names kedro-viz renders by"
+    assert not [p for p in (PROJECT_ROOT / "src").rglob("*.py") if "from kedro_datasets._" in p.read_text()]

@@ -11,13 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 import psutil
-
-_PRELOAD = ["criteo_dlrm.data.raw.days", "criteo_dlrm.data.metadata", "criteo_dlrm.data.encoding"]
 
 
 def available_cores() -> int:
@@ -99,10 +97,15 @@ def _call_with_shared(function: Callable[..., Any], *task: Any) -> Any:
 
 
 def run_parallel(
-    function: Callable[..., Any], tasks: Iterable[tuple], workers: int, shared: Any = None
+    function: Callable[..., Any],
+    tasks: Iterable[tuple],
+    workers: int,
+    shared: Any = None,
+    preload: Sequence[str] = (),
 ) -> Iterator[tuple[int, Any]]:
     """Run ``function(*task)`` (``function(shared, *task)`` when ``shared`` is given) for each task; yields
-    ``(task index, result)`` as tasks finish.
+    ``(task index, result)`` as tasks finish. ``preload``: modules the forkserver imports once, before it forks
+    the workers (the caller names its own: this module knows none of them).
 
     With one worker the tasks run here, in order (no process is started). Otherwise they run in
     ``workers`` processes, each with ``cores / workers`` pyarrow threads, so that workers do not fight over
@@ -118,7 +121,7 @@ def run_parallel(
         tasks = [(function, *task[1:]) for task in tasks]
         function = _call_with_shared
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)
+    context.set_forkserver_preload(list(preload))
     threads = max(1, available_cores() // workers)
     with ProcessPoolExecutor(
         max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(shared, threads)

@@ -12,8 +12,10 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
-from criteo_dlrm.engine.calibration import CALIBRATION_METHODS
 from criteo_dlrm.models.dlrm import DCN, DenseMLP, DLRMConfig
+
+# training.calibration's choices (engine.calibration implements them).
+CALIBRATION_METHODS = ("platt", "isotonic", "none")
 
 EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
 EMBEDDING_BACKENDS = ("torch", "torchrec")

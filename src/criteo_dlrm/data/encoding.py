@@ -30,6 +30,7 @@ from criteo_dlrm.common.storage import (
     reserve,
     size_text,
 )
+from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 
 
@@ -291,7 +292,9 @@ class FeatureEncoder:
         ]
         maxima = [0] * NUM_SPARSE
         with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
-            for index, day_maxima in run_parallel(_encode_day_into, tasks, workers, shared=self):
+            for index, day_maxima in run_parallel(
+                _encode_day_into, tasks, workers, shared=self, preload=WORKER_MODULES
+            ):
                 maxima = np.maximum(maxima, day_maxima).tolist()
                 bar.update(rows_per_day[index])
         write_index_maxima(into, maxima)

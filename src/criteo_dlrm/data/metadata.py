@@ -21,6 +21,7 @@ from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_para
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.encoding import RESERVED_ROWS
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 
@@ -255,7 +256,7 @@ def compute_feature_metadata(
     tasks = [(paths, group, dense_group, index == 0) for index, (group, dense_group) in enumerate(groups)]
     sparse, vocabularies, dense, positives, peaks = {}, {}, {}, 0, []
     with progress_bar(len(tasks), f"feature metadata ({workers} workers)", "pass", progress) as bar:
-        for _, counted in run_parallel(count_group, tasks, min(workers, len(tasks))):
+        for _, counted in run_parallel(count_group, tasks, min(workers, len(tasks)), preload=WORKER_MODULES):
             positives += counted["positives"]
             dense.update(counted["dense"])
             for name, (values, counts) in counted["counts"].items():

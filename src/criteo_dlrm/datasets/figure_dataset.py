@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kedro_datasets._typing import ImagePreview  # the preview types kedro-viz renders
 from matplotlib.figure import Figure
 
+from .previews import ImagePreview
 from .versioned_file import VersionedFileDataset
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kedro_datasets._typing import JSONPreview  # the preview types kedro-viz renders
-
+from .previews import JSONPreview
 from .versioned_file import VersionedFileDataset
 
 

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-CALIBRATION_METHODS = ("platt", "isotonic", "none")
+from criteo_dlrm.config.training import CALIBRATION_METHODS
+
 # Isotonic knots are clipped away from 0 and 1: a probability of exactly 0 for a row that is then clicked
 # costs an unbounded log loss.
 PROBABILITY_FLOOR = 1e-6

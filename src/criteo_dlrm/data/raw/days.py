@@ -20,6 +20,7 @@ from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
+from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.lineage import made_from
 from criteo_dlrm.data.parquet import open_day, sealed, verify_day, written_by_ingestion
 from criteo_dlrm.data.raw.convert import (
@@ -161,7 +162,7 @@ def convert_days(
 
 def _convert_all(convert, tasks: list, workers: int, reports: list, started: float, files: int) -> None:
     with progress_bar(files, f"converting ({workers} workers)", "file") as bar:
-        for index, converted in run_parallel(convert, tasks, workers):
+        for index, converted in run_parallel(convert, tasks, workers, preload=WORKER_MODULES):
             reports[index] = converted
             rows = sum(r.rows for done in reports for r in done)
             bar.set_postfix(

@@ -1,0 +1,41 @@
+"""Every benchmark runs, at its smallest size, on the project as it is: a default or an API change cannot break
+one unseen (three were: two built models with sizes the new defaults refuse, one compared with the former
+table layout). Their figures are not checked here; the benchmarks page records them."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+SMALLEST = {
+    "calibration": ["--train-rows", "10000", "--validation-rows", "10000", "--ctrs", "0.25"],
+    "encoding": ["--rows", "10000"],
+    "ingestion": ["--rows", "10000"],
+    "integrity": ["--rows", "10000", "--repeats", "1"],
+    "scoring": ["--rows", "10000"],
+    "distributed": ["--processes", "1", "--steps", "3", "--rows", "10000"],
+    "sharding": ["--processes", "1", "--steps", "3", "--rows", "10000", "--skip-budget"],
+    "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],
+    "training": ["--rows", "10000", "--steps", "3", "--skip-compile"],
+    "threads": ["--steps", "5", "--repeats", "1"],
+    "gpu": ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"],
+}  # fmt: skip
+# Not here: quality.py, which trains to convergence on 100,000 rows at least (minutes on 2 cores); it builds its
+# models through TrainingConfig.from_dict, as training does.
+
+
+@pytest.mark.parametrize("name", sorted(SMALLEST))
+def test_every_benchmark_runs_at_its_smallest_size(name, tmp_path):
+    if name == "gpu" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")  # a GPU test: the skip guard allows it
+    result = subprocess.run(
+        [sys.executable, f"benchmarks/{name}.py", *SMALLEST[name]],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "|" in result.stdout, "it printed its table"
