@@ -916,3 +916,11 @@ def test_a_raw_file_whose_time_alone_changed_names_how_to_restore_its_day(day, t
     subprocess.run(shlex.split(touch), check=True)
     convert_or_reuse(raw, parquet)  # what `kedro run --pipelines=ingestion` does for this day
     check_days([recorded], "dlrm_checkpoint")
+
+
+def test_a_modulus_hash_size_without_the_modulus_hash_is_refused_not_ignored():
+    from criteo_dlrm.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"modulus_hash_size is 200,000,000 but metadata.use_modulus_hash is false"):
+        MetadataConfig.from_dict({"modulus_hash_size": 200_000_000}, "metadata.")
+    MetadataConfig.from_dict({"modulus_hash_size": 1000, "use_modulus_hash": True}, "metadata.")

@@ -37,6 +37,12 @@ class MetadataConfig(Config):
         checks.at_least(0, "min_expected_clicks")
         checks.at_least(1, "workers", optional=True)
         checks.at_least(3, "modulus_hash_size", optional=True)  # the out-of-vocabulary and missing rows, and one
+        if self.modulus_hash_size is not None and not self.use_modulus_hash:
+            checks.problems.append(
+                f"{prefix}modulus_hash_size is {self.modulus_hash_size:,} but {prefix}use_modulus_hash is false, so "
+                f"it would be ignored (tables follow the vocabularies): set {prefix}use_modulus_hash: true, or "
+                f"leave {prefix}modulus_hash_size null"
+            )
         checks.need(1 <= self.features_per_pass <= len(SPARSE_COLUMNS), "features_per_pass", "must be 1 to 26")
         for name, size in self.vocabulary_size_overrides.items():
             if name not in SPARSE_COLUMNS:
