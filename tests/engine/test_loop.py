@@ -414,3 +414,13 @@ def test_embedding_weight_decay_adds_the_squares_of_the_looked_up_rows_to_the_lo
     after = split_tables(model.state_dict(), model.config)
     untouched = sorted(set(range(len(tables[0]))) - set(batch.sparse[:, 0].tolist()))
     torch.testing.assert_close(after[0][untouched], tables[0][untouched], rtol=0, atol=0)
+
+
+def test_prefetching_trains_on_the_same_batches_to_the_same_weights(tiny_features, tmp_path):
+    torch.manual_seed(0)
+    ahead = _trainer(tiny_features, tmp_path / "ahead", _settings(num_epochs=2, prefetch_batches=2)).fit()
+    torch.manual_seed(0)
+    inline = _trainer(tiny_features, tmp_path / "inline", _settings(num_epochs=2, prefetch_batches=0)).fit()
+    assert [h["step"] for h in ahead.history] == [h["step"] for h in inline.history]
+    for name, tensor in inline.best_model_state.items():
+        assert torch.equal(ahead.best_model_state[name], tensor), name

@@ -104,6 +104,8 @@ class TrainingConfig(Config):
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
     calibration: str = "platt"  # fitted on the validation rows after training: platt, isotonic or none
     log_every_steps: int = 20
+    # Training batches prepared ahead in a background thread (gather, pin, the copy on CUDA); 0: none.
+    prefetch_batches: int = 2
     phase_timing: bool = True
     resume: bool = True
     checkpoint_every_steps: int = 0
@@ -142,6 +144,7 @@ class TrainingConfig(Config):
         checks.one_of("precision", PRECISIONS)
         checks.one_of("compile_mode", COMPILE_MODES)
         checks.one_of("distributed.backend", BACKENDS)
+        checks.at_least(0, "prefetch_batches")
         checks.at_least(1, "num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
                         "validations_per_epoch", "distributed.nproc_per_node", "distributed.nnodes",
                         "early_stopping.patience")  # fmt: skip

@@ -87,3 +87,83 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
+
+
+class Prefetcher:
+    """Prepares the next ``depth`` batches of ``batches`` in a background thread while the caller trains on the
+    current one: the gather from the (memory-mapped) rows, pinning, and on CUDA the copy to ``device`` on a side
+    stream. A step then waits for its batch only when the input is slower than the step (time per step: the
+    larger of the two, not their sum). Batches come in the same order as from ``batches``.
+
+    ``close()`` (or leaving a ``with`` block) stops the thread; batches it prepared beyond what was taken are
+    dropped, so a caller that stops early (validation, the last step) never sees them.
+    """
+
+    _END = object()
+
+    def __init__(self, batches: Iterator[Batch], depth: int = 2, device: torch.device | None = None):
+        import queue
+        import threading
+
+        self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._device = device if device is not None and device.type == "cuda" else None
+        self._stream = torch.cuda.Stream(self._device) if self._device is not None else None
+        self._thread = threading.Thread(target=self._fill, args=(batches,), name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def _fill(self, batches: Iterator[Batch]) -> None:
+        try:
+            for batch in batches:
+                item = batch
+                if self._stream is not None:  # the copy overlaps the step, which runs on the default stream
+                    with torch.cuda.stream(self._stream):
+                        item = batch.to(self._device, non_blocking=True)
+                        ready = torch.cuda.Event()
+                        ready.record(self._stream)
+                    item = (item, ready)
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(error)
+
+    def _put(self, item) -> bool:
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        item = self._queue.get()
+        if item is self._END:
+            self._queue.put(self._END)  # every later call ends too
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, tuple):  # on CUDA: wait (on the GPU, not here) for its copy, and keep its memory
+            batch, ready = item
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(ready)
+            for tensor in (batch.labels, batch.dense, batch.sparse):
+                tensor.record_stream(current)
+            return batch
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -9,6 +9,7 @@ TorchRec's sharded tables) is the parallel mode's business (``engine.modes``): t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -22,7 +23,7 @@ from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.storage import DamagedFileError, remove_stale_partials
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
-from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.batches import BatchLoader, Prefetcher
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.modes import SingleProcess
@@ -195,45 +196,59 @@ class Trainer:
 
     def _loop(self, bar, prof) -> bool:
         """Train until the last step or early stopping; returns True when early stopping ended it."""
-        config = self.config
         timings = dict.fromkeys(PHASES, 0.0)
         unchecked: list[torch.Tensor] = []  # losses since the last finiteness check
-        interval_start, interval_samples = time.perf_counter(), 0
         while self.step < self.total_steps:
             epoch, position = divmod(self.step, self.steps_per_epoch)
-            batches = self.train_loader.batches(epoch=epoch, start=position)
-            while self.step < self.total_steps:
-                tick = time.perf_counter()
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                timings["data"] += time.perf_counter() - tick
-                unchecked.append(self.train_step(batch, self.step, self.total_steps, timings))
-                self.step += 1
-                rows = batch.global_rows or len(batch)  # every process's rows: the run's rate, not this process's
-                interval_samples += rows
-                self.samples_seen += rows
-                self.train_seconds += time.perf_counter() - tick
-                prof.step()
-                end_of_epoch = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
-                if self.step % config.log_every_steps == 0 or end_of_epoch:
-                    rate = interval_samples / max(time.perf_counter() - interval_start, 1e-9)
-                    loss = self._log_interval(unchecked, timings, rate)
-                    bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{rate:,.0f}", refresh=False)
-                    unchecked, interval_samples = [], 0
-                    timings = dict.fromkeys(timings, 0.0)
-                    interval_start = time.perf_counter()
-                bar.update(1)
-                validate = end_of_epoch or self._validation_due(epoch)
-                save = config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0
-                if validate or save:
-                    # Nothing is saved or validated after a non-finite loss, logged or not yet.
-                    self._check_finite(unchecked)
-                if validate:
-                    if self._validate(epoch) and self.step < self.total_steps:  # also saves progress
-                        return True
-                elif save:
-                    self._save_progress()
+            with self._batches(epoch, position) as batches:
+                if self._epoch(batches, epoch, bar, prof, timings, unchecked):
+                    return True
+        return False
+
+    def _batches(self, epoch: int, position: int):
+        """The epoch's batches from ``position`` on, prepared ``prefetch_batches`` ahead in a background thread."""
+        batches = self.train_loader.batches(epoch=epoch, start=position)
+        if not self.config.prefetch_batches:
+            return contextlib.nullcontext(batches)
+        return Prefetcher(batches, self.config.prefetch_batches, self.device)
+
+    def _epoch(self, batches, epoch: int, bar, prof, timings: dict, unchecked: list) -> bool:
+        """Steps of one epoch (until its end or the last step); True when early stopping ended the run."""
+        config = self.config
+        interval_start, interval_samples = time.perf_counter(), 0
+        while self.step < self.total_steps:
+            tick = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            timings["data"] += time.perf_counter() - tick
+            unchecked.append(self.train_step(batch, self.step, self.total_steps, timings))
+            self.step += 1
+            rows = batch.global_rows or len(batch)  # every process's rows: the run's rate, not this process's
+            interval_samples += rows
+            self.samples_seen += rows
+            self.train_seconds += time.perf_counter() - tick
+            prof.step()
+            end_of_epoch = self.step % self.steps_per_epoch == 0 or self.step == self.total_steps
+            if self.step % config.log_every_steps == 0 or end_of_epoch:
+                rate = interval_samples / max(time.perf_counter() - interval_start, 1e-9)
+                loss = self._log_interval(unchecked, timings, rate)
+                bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{rate:,.0f}", refresh=False)
+                unchecked.clear()
+                interval_samples = 0
+                timings.update(dict.fromkeys(timings, 0.0))
+                interval_start = time.perf_counter()
+            bar.update(1)
+            validate = end_of_epoch or self._validation_due(epoch)
+            save = config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0
+            if validate or save:
+                # Nothing is saved or validated after a non-finite loss, logged or not yet.
+                self._check_finite(unchecked)
+            if validate:
+                if self._validate(epoch) and self.step < self.total_steps:  # also saves progress
+                    return True
+            elif save:
+                self._save_progress()
         return False
 
     def _validation_due(self, epoch: int) -> bool:

@@ -40,7 +40,7 @@ from criteo_dlrm.engine.sharding import check_fused_optimizer, check_replicated_
 # number of processes included: every process count sees the same global batches in the same order).
 NOT_IN_FINGERPRINT = (
     "resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads",
-    "encoding_workers", "distributed", "calibration",
+    "encoding_workers", "distributed", "calibration", "prefetch_batches",
 )  # fmt: skip
 
 
