@@ -76,10 +76,7 @@ class ProjectHooks:
         self._configs = parse_parameters(context.params)
 
     @hook_impl
-    def after_catalog_created(self, catalog, parameters: dict, save_version: str) -> None:
-        # ``parameters`` is Kedro's feed dict: the nested tree is its "parameters" entry (the same tree, parsed
-        # once more: a session's catalog may be made without its context's hook, as in tests).
-        self._configs = parse_parameters(parameters["parameters"])
+    def after_catalog_created(self, catalog, save_version: str) -> None:
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version
         self._catalog = catalog
