@@ -87,9 +87,10 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def _days(source_days: dict, split: str) -> str:
+def _days(days: list[dict] | None) -> str:
+    """``day_0, day_2[10000:20000]``: day names, with the row range of a part of a day."""
     parts = []
-    for day in source_days.get(split) or ():
+    for day in days or ():
         rows = day.get("row_range")
         parts.append(f"{day['day']}[{rows[0]}:{rows[1]}]" if rows else day["day"])
     return ", ".join(parts)
@@ -97,7 +98,7 @@ def _days(source_days: dict, split: str) -> str:
 
 def _lineage_tags(metadata: dict, checkpoint_version: str | None = None) -> dict[str, str]:
     days = metadata.get("source_days") or {}
-    tags = {f"{split}_days": _days(days, split) for split in ("train", "validation", "test")}
+    tags = {f"{split}_days": _days(days.get(split)) for split in ("train", "validation", "test")}
     tags["metadata_version"] = metadata.get("version") or ""
     if checkpoint_version:
         tags["checkpoint_version"] = checkpoint_version
@@ -109,7 +110,7 @@ def _evaluated_tags(report: dict, days_tag: str) -> dict[str, str]:
     tags = {
         "checkpoint_version": report.get("checkpoint_version") or "",
         "metadata_version": report.get("metadata_version") or "",
-        days_tag: _days({"days": report.get("source_days") or []}, "days"),
+        days_tag: _days(report.get("source_days")),
     }
     return {key: str(value) for key, value in tags.items() if value}
 
@@ -171,12 +172,7 @@ class TrackingHooks:
     def after_pipeline_run(self) -> None:
         import mlflow
 
-        # kedro-mlflow 2.0.3 restarts the run before each node, and with MLflow 3 each restart stays on MLflow's
-        # stack of active runs: end them, or the next session in this process (a notebook, a test) logs into
-        # this run.
-        while self._run_id and (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
-            mlflow.end_run()
-        self._run_id = None
+        self._end_own_runs(mlflow)
 
     @hook_impl(trylast=True)  # after kedro-mlflow's, which ends the run as FAILED
     def on_pipeline_error(self, error: Exception) -> None:
@@ -186,6 +182,12 @@ class TrackingHooks:
 
         if self._run_id and not self._saved and user_error(error) is not None:
             mlflow.delete_run(self._run_id)
+        self._end_own_runs(mlflow)
+
+    def _end_own_runs(self, mlflow) -> None:
+        # kedro-mlflow 2.0.3 restarts the run before each node, and with MLflow 3 each restart stays on MLflow's
+        # stack of active runs: end them, or the next session in this process (a notebook, a test) logs into
+        # this run.
         while self._run_id and (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
             mlflow.end_run()
         self._run_id = None
