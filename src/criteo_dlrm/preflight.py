@@ -21,12 +21,11 @@ from criteo_dlrm.common.storage import check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.metadata import MismatchedVersionsError
-from criteo_dlrm.data.raw import day_name, scan_raw_folder
+from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import check_process_count, resolve_device
 from criteo_dlrm.engine.sharding import TABLE_SETTINGS, check_fused_optimizer, check_table_memory, require_torchrec
-from criteo_dlrm.pipelines.scoring.nodes import find_input
 
 
 def _nodes(pipeline: Pipeline) -> set[str]:
@@ -45,14 +44,10 @@ def _output_folders(configs: dict[str, Config], pipeline: Pipeline, catalog) -> 
     nodes, folders = _nodes(pipeline), {}
     for name in sorted(pipeline.all_outputs()):
         dataset = _dataset(catalog, name)
-        if isinstance(dataset, VersionedFileDataset) and dataset._protocol == "file":
-            path = Path(str(dataset._filepath))  # a versioned dataset's versions are folders in it
-            folders[path if dataset._version is not None else path.parent] = (
-                name,
-                f"{name}'s filepath (conf/*/catalog_*.yml)",
-            )
+        if isinstance(dataset, VersionedFileDataset) and (folder := dataset.local_folder()) is not None:
+            folders[folder] = (name, f"{name}'s filepath (conf/*/catalog_*.yml)")
         elif isinstance(dataset, EncodedArraysDataset):
-            folders[dataset._path.parent] = (name, f"{name}'s path (conf/*/catalog_*.yml)")
+            folders[dataset.path.parent] = (name, f"{name}'s path (conf/*/catalog_*.yml)")
     settings = {
         "convert_raw_days": [("ingestion", "output_dir", "the Parquet days")],
         "train_dlrm": [("training", "in_progress_dir", "the in-progress checkpoint"),
@@ -80,7 +75,7 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
     if {"score_new_days", "export_model"} & nodes:
         resolve_device(configs["scoring"].device, "scoring.device")
     if "score_new_days" in nodes:
-        find_input(configs["scoring"])
+        find_scoring_input(configs["scoring"].input_dir)
 
 
 def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, ingests: bool, catalog) -> None:

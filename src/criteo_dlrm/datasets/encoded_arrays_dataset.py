@@ -41,6 +41,11 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         self.metadata = metadata
         self._verified: tuple | None = None  # what this process verified or wrote last (skip a second read)
 
+    @property
+    def path(self) -> Path:
+        """The folder of the rows."""
+        return self._path
+
     def load(self) -> EncodedArrays:
         self._verify()
         return open_encoded(self._path, lineage=self._stored_lineage())

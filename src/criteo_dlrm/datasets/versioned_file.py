@@ -167,6 +167,13 @@ class VersionedFileDataset(AbstractVersionedDataset):
         version = self.resolve_save_version()
         return self.version_path(version) if version else get_filepath_str(self._filepath, self._protocol)
 
+    def local_folder(self) -> Path | None:
+        """The local folder a save writes into (the versions' folder when versioned); None on remote storage."""
+        if self._protocol != "file":
+            return None
+        path = Path(str(self._filepath))
+        return path if self._version is not None else path.parent
+
     def version_folder(self, version: str) -> str:
         return get_filepath_str(self._filepath / version, self._protocol)
 

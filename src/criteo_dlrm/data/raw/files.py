@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.schema import NUM_RAW_FIELDS
+from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.schema import NUM_RAW_FIELDS, check_parquet_schema
 from criteo_dlrm.data.raw.rejects import IngestionError
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
 
@@ -153,6 +155,35 @@ def _refuse_two_files_for_one_day(folder: Path, days: list[Path]) -> None:
             f"Raw data folder {folder} holds two files for one day ({listed}): one would overwrite the other's "
             "Parquet and the other day would be trained on twice. Keep one file per day (move the other away)."
         )
+
+
+def find_scoring_input(
+    input_dir: str | os.PathLike, parameter: str = "scoring.input_dir"
+) -> tuple[list[Path], list[Path]]:
+    """``(raw day files, Parquet days)`` of a folder to score (one of the two is empty): checked before any work
+    (``preflight``), so a missing folder or a Parquet file of another layout is refused before export runs.
+
+    Raises:
+        IngestionError: the folder is missing or holds neither, or a raw name is refused.
+        DataError: a Parquet file that is not a Criteo day (its columns), naming it and the fix.
+    """
+    folder = Path(input_dir)
+    parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    try:
+        return scan_raw_folder(folder, parameter, " or Parquet days (*.parquet)").days, []
+    except IngestionError:
+        if not parquet:
+            raise
+    for path in parquet:
+        try:
+            check_parquet_schema(pq.read_schema(path), str(path), labelled=False)
+        except (OSError, pa.ArrowException, DataError) as error:
+            raise DataError(
+                f"{path} is not a Parquet day this project can score ({str(error).split('. ')[0].split(': ', 1)[-1]}). "
+                f"{parameter} takes raw Criteo day files or Parquet days written by ingestion: point it at such a "
+                "folder, or move the file out of it."
+            ) from error
+    return [], parquet
 
 
 def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:

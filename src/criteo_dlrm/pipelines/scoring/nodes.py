@@ -5,17 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.common.errors import DataError
-from criteo_dlrm.common.schema import RawLayout, check_parquet_schema
+from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import remove_stale_partials, staging_path
 from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
-from criteo_dlrm.data.raw import IngestionError, convert_days, day_name, is_labelled, parquet_folder, scan_raw_folder
+from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
 from criteo_dlrm.engine.calibration import calibration_from_checkpoint
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device
@@ -31,38 +28,11 @@ from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
 
 
-def find_input(config: ScoringConfig) -> tuple[list[Path], list[Path]]:
-    """``(raw day files, Parquet days)`` of ``scoring.input_dir`` (one of the two is empty): checked before any
-    work (``preflight``), so a missing folder or a Parquet file of another layout is refused before export runs.
-
-    Raises:
-        IngestionError: the folder is missing or holds neither, or a raw name is refused.
-        DataError: a Parquet file that is not a Criteo day (its columns), naming it and the fix.
-    """
-    folder = Path(config.input_dir)
-    parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-    try:
-        return scan_raw_folder(folder, "scoring.input_dir", " or Parquet days (*.parquet)").days, []
-    except IngestionError:
-        if not parquet:
-            raise
-    for path in parquet:
-        try:
-            check_parquet_schema(pq.read_schema(path), str(path), labelled=False)
-        except (OSError, pa.ArrowException, DataError) as error:
-            raise DataError(
-                f"{path} is not a Parquet day this project can score ({str(error).split('. ')[0].split(': ', 1)[-1]}). "
-                f"scoring.input_dir takes raw Criteo day files or Parquet days written by ingestion: point it at "
-                "such a folder, or move the file out of it."
-            ) from error
-    return [], parquet
-
-
 def input_days(config: ScoringConfig) -> list[dict]:
     """The days of ``scoring.input_dir`` as Parquet with lineage: raw day files (labelled or not) are
     converted with ingestion's rules, keeping line numbers, into their own folder under
     ``scoring.parquet_dir``; a folder of ``*.parquet`` days is used as it is."""
-    sources, parquet = find_input(config)
+    sources, parquet = find_scoring_input(config.input_dir)
     if parquet:
         return [day_lineage(path.stem, path) for path in parquet]
     output = parquet_folder(config.parquet_dir, Path(config.input_dir))
