@@ -11,12 +11,34 @@ import torch
 from torch import nn
 
 from criteo_dlrm.common.schema import NUM_SPARSE
-from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import predict
 
 HASH_BUCKETS = 1 << 22
+
+
+class PermutationLoader(BatchLoader):
+    """The training loader before chunks, the shuffle's baseline: a permutation of all rows per epoch (8 bytes a
+    row), each batch gathered from its rows, sorted, wherever they are."""
+
+    def batches(self, epoch: int = 0, start: int = 0):
+        if not self.shuffle:
+            yield from super().batches(epoch, start)
+            return
+        rows = len(self.arrays)
+        order = np.random.default_rng([self.seed, epoch]).permutation(rows)
+        for begin in range(start * self.batch_size, rows, self.batch_size):
+            take = np.sort(order[begin : begin + self.batch_size])
+            if self.world_size > 1:
+                take = np.array_split(take, self.world_size)[self.rank]
+            yield Batch(
+                torch.from_numpy(np.asarray(self.arrays.labels[take], dtype=np.float32)),
+                torch.from_numpy(np.asarray(self.arrays.dense[take])),
+                torch.from_numpy(np.asarray(self.arrays.sparse[take]).astype(np.int64)),
+                global_rows=min(self.batch_size, rows - begin),
+            )
 
 
 def hash_features(raw_sparse: np.ndarray, buckets: int = HASH_BUCKETS) -> np.ndarray:

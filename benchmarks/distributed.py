@@ -29,14 +29,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader
-from criteo_dlrm.data.encoding import open_encoded
+from criteo_dlrm.data.encoding import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.modes import DataParallel, parallel_mode
 from criteo_dlrm.engine.step import TrainStep
@@ -114,8 +113,7 @@ def main() -> None:
     spec = CONFIGURATIONS["kaggle-like"]
     with tempfile.TemporaryDirectory() as tmp:
         arrays = synthetic_arrays(args.rows, spec["tables"])
-        for name in ("labels", "dense", "sparse"):
-            np.save(Path(tmp) / f"{name}.npy", getattr(arrays, name))
+        write_encoded(arrays, Path(tmp))  # stored as training stores rows: digests included
         results = {}
         for processes in (int(p) for p in args.processes.split(",")):
             launch = launch_config(processes)

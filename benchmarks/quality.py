@@ -10,6 +10,7 @@ first 10k, validate on the Kaggle random 4,584) when that folder exists.
     python benchmarks/quality.py --min-frequencies 3 10 20 40 80 --sizes 100000 1000000   # small-data settings
     python benchmarks/quality.py --ctr 0.03 --sizes 100000 300000 1000000 3000000         # a low click rate
     python benchmarks/quality.py --small-data 3 10 40 100 400 --ctr 0.03    # the small-data rule at low CTR
+    python benchmarks/quality.py --loaders 1000000 --seeds 0 1 2     # the chunked shuffle against a full one
 
 ``--ctr`` sets the planted click model's base rate (Criteo 1TB's is about 3%, the Kaggle release's 25%).
 """
@@ -448,6 +449,79 @@ def small_data_rule(work: Path, frequencies: list[int], sizes: list[int], valida
         rows(f"planted, CTR {WORLD_CTR['ctr']:.0%}", train, paths[-1:])
 
 
+# The worlds of the loader study: the planted model at 25% and 3% clicks, and one whose click rate drifts from
+# day to day (5% on day 0, +3 points a day), the days stored in order, as ingestion writes them.
+LOADER_WORLDS = {
+    "25% clicks": lambda day: 0.25,
+    "3% clicks": lambda day: 0.03,
+    "drifting": lambda day: 0.05 + 0.03 * day,
+}
+
+
+def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], chunk_rows: int) -> None:
+    """Model quality with each way of shuffling, on the same rows, over seeds, one epoch each (the best epoch at
+    1M rows): a full permutation of day-ordered rows (the loader before chunks: ``PermutationLoader``); the
+    pipeline's way (rows stored shuffled by encoding, read in chunks); and chunks of day-ordered rows (what
+    ``BatchLoader`` does by itself with rows stored in day order; drifting world only).
+
+    ``chunk_rows`` scales the loader's chunk to the study: at Criteo 1TB a window (16 chunks of 65,536 rows) is
+    0.02% of the rows; at 1M rows, chunks of 1,024 rows make it 1.6% (a window of all the rows would shuffle fully).
+    """
+    import criteo_dlrm.data.batches as batches
+    import criteo_dlrm.engine.process as process
+    from criteo_dlrm.data.batches import BatchLoader
+    from criteo_dlrm.data.chunk_digests import write_digests
+    from criteo_dlrm.data.encoding import open_encoded
+
+    from baselines import PermutationLoader
+
+    days = size // DAY_ROWS
+    results = []
+    for world, ctr_of in LOADER_WORLDS.items():
+        paths = []
+        for day in range(days + 1):
+            folder = work / world.replace("%", "").replace(" ", "_") / f"day_{day}"
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            model = ClickModel(WORLD_SEED, ctr=ctr_of(day))
+            write_day(folder, validation_rows if day == days else DAY_ROWS, day=day, model=model)
+            paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
+        options = {**CURVE_SETTINGS, "epochs": 1}
+        metadata, vocabularies, in_order, validation = encode(paths[:-1], paths[-1:], options)
+        stored = paths[0].parent / "train_shuffled"
+        FeatureEncoder.from_metadata(metadata, vocabularies).encode_days(paths[:-1], into=stored, shuffle=True)
+        write_digests(stored)
+        ways = {
+            "full permutation (before)": (PermutationLoader, in_order),
+            "stored shuffled, chunks (pipeline)": (BatchLoader, open_encoded(stored)),
+        }
+        if world == "drifting":
+            ways["day order, chunks"] = (BatchLoader, in_order)
+        for way, (loader, train) in ways.items():
+            for seed in seeds:
+                process.BatchLoader, default_chunk = loader, batches.CHUNK_ROWS
+                batches.CHUNK_ROWS = chunk_rows
+                try:
+                    got = fit_dlrm((metadata, vocabularies, train, validation), {**options, "seed": seed}, work / "tb")
+                finally:
+                    process.BatchLoader, batches.CHUNK_ROWS = BatchLoader, default_chunk
+                results.append({"world": world, "way": way, "seed": seed, **got})
+                print(f"{world}, {way}, seed {seed}: AUC {got['auc']:.4f}, log loss {got['log_loss']:.4f}", flush=True)
+    print(
+        f"\n{size:,} training rows ({days} days), one epoch, seeds {seeds}, chunks of {chunk_rows:,} rows, "
+        f"windows of {batches.WINDOW_CHUNKS}; mean +- standard deviation over seeds:\n"
+    )
+    print("| world | shuffle | AUC | log loss | AUC - full permutation's |\n| --- | --- | ---: | ---: | ---: |")
+    for world in LOADER_WORLDS:
+        base = np.mean([r["auc"] for r in results if r["world"] == world and r["way"].startswith("full")])
+        for way in dict.fromkeys(r["way"] for r in results if r["world"] == world):
+            mine = [r for r in results if r["world"] == world and r["way"] == way]
+            auc, loss = np.array([r["auc"] for r in mine]), np.array([r["log_loss"] for r in mine])
+            print(
+                f"| {world} | {way} | {auc.mean():.4f} +- {auc.std(ddof=1) if len(auc) > 1 else 0:.4f} | "
+                f"{loss.mean():.4f} +- {loss.std(ddof=1) if len(loss) > 1 else 0:.4f} | {auc.mean() - base:+.4f} |"
+            )
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -488,6 +562,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="with --remedies: these settings only (names as printed)")
     parser.add_argument("--min-frequencies", type=int, nargs="+", help="only compare these metadata.min_frequency")
     parser.add_argument("--ctr", type=float, default=0.25, help="the planted click model's base rate")
+    parser.add_argument("--loaders", type=int, metavar="ROWS", help="only compare the ways of shuffling at this size")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --loaders")
+    parser.add_argument("--chunk-rows", type=int, default=1024, help="with --loaders: the loader's chunk")
     parser.add_argument(
         "--small-data",
         type=int,
@@ -497,6 +574,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     WORLD_CTR["ctr"] = args.ctr
+    if args.loaders:
+        with tempfile.TemporaryDirectory() as tmp:
+            loader_study(args.loaders, args.validation_rows, Path(tmp), args.seeds, args.chunk_rows)
+        return
     if args.small_data is not None:
         with tempfile.TemporaryDirectory() as tmp:
             small_data_rule(Path(tmp), args.small_data, sorted(args.sizes), args.validation_rows)

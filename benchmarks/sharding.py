@@ -24,7 +24,6 @@ import resource
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from distributed import join_process_group, seconds_per_step
@@ -34,7 +33,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import open_encoded
+from criteo_dlrm.data.encoding import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.modes import parallel_mode
 from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
@@ -143,11 +142,7 @@ def main() -> None:
     forced = {"type": args.sharding} if args.sharding else {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, sizes in (("kaggle", tables), ("big", big_tables)):
-            folder = Path(tmp) / name
-            folder.mkdir()
-            arrays = synthetic_arrays(args.rows, sizes)
-            for column in ("labels", "dense", "sparse"):
-                np.save(folder / f"{column}.npy", getattr(arrays, column))
+            write_encoded(synthetic_arrays(args.rows, sizes), Path(tmp) / name)  # digests included
         results = {
             (backend, processes): _run(str(Path(tmp) / "kaggle"), tables, backend, processes, args, forced)
             for backend in ("torch", "torchrec")

@@ -18,6 +18,7 @@ SMALLEST = {
     "ingestion": ["--rows", "10000"],
     "integrity": ["--rows", "10000", "--repeats", "1"],
     "scoring": ["--rows", "10000"],
+    "scale": ["--loader-rows", "100000", "--batches", "3", "--pipeline-rows", "40000", "--steps", "3"],
     "distributed": ["--processes", "1", "--steps", "3", "--rows", "10000"],
     "sharding": ["--processes", "1", "--steps", "3", "--rows", "10000", "--skip-budget"],
     "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],

@@ -117,7 +117,7 @@ def _encoded(day, tmp_path) -> tuple[EncodedArraysDataset, EncodedDays]:
     "damage",
     ["noise in labels", "deleted layout", "truncated sparse"],
 )
-def test_damaged_encoded_rows_are_refused_on_load_and_rebuilt_on_the_next_save(day, tmp_path, damage):
+def test_damaged_encoded_rows_are_refused_before_use_and_rebuilt_on_the_next_save(day, tmp_path, damage):
     dataset, days = _encoded(day, tmp_path)
     dataset.save(days)
     clean = {name: np.array(getattr(dataset.load(), name)) for name in ("labels", "dense", "sparse")}
@@ -131,7 +131,15 @@ def test_damaged_encoded_rows_are_refused_on_load_and_rebuilt_on_the_next_save(d
     else:
         with open(folder / "sparse.npy", "r+b") as handle:
             handle.truncate(os.path.getsize(folder / "sparse.npy") // 2)
-    _refused(EncodedArraysDataset(str(folder)).load, folder)
+    from criteo_dlrm.data.batches import BatchLoader
+
+    def train_on_them():  # what training does: load the rows, read them in shuffled batches
+        return list(BatchLoader(EncodedArraysDataset(str(folder)).load(), 500, shuffle=True).batches())
+
+    message = _refused(train_on_them, folder)
+    if damage == "noise in labels":  # found as the chunk is first read (not on load), with its rows named
+        assert "labels.npy is damaged: rows 0-2,999 are not what was written" in message
+        assert "found by an earlier run" in _refused(EncodedArraysDataset(str(folder)).load, folder)
     fresh = EncodedArraysDataset(str(folder))
     fresh.save(days)  # same lineage: without the digests these rows would be reused as they are
     rebuilt = fresh.load()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from criteo_dlrm.data.batches import BatchLoader, epoch_order
+from criteo_dlrm.data.batches import BatchLoader, epoch_chunks, interleave
 from criteo_dlrm.data.encoding import EncodedArrays
 
 
@@ -34,7 +34,70 @@ def test_order_depends_on_seed_and_epoch_and_resumes_mid_epoch():
     second = [b.dense[:, 0].tolist() for b in loader.batches(epoch=1)]
     assert first != second
     assert [b.dense[:, 0].tolist() for b in loader.batches(epoch=0, start=7)] == first[7:]
-    assert not np.array_equal(epoch_order(50, 1, 0), epoch_order(50, 2, 0))
+    assert not np.array_equal(epoch_chunks(50, 1, 0), epoch_chunks(50, 2, 0))
+
+
+def _rows(batches) -> list[list[int]]:
+    return [b.dense[:, 0].numpy().astype(int).tolist() for b in batches]
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 3])
+def test_processes_read_only_their_chunks_and_together_draw_one_process_s_global_batches(world_size):
+    # 100,000 rows in chunks of 1,000, windows of 16 chunks (18 for 3 processes: a multiple of them).
+    arrays = _arrays(100_000)
+    reads = {rank: set() for rank in range(world_size)}
+    loaders = [
+        BatchLoader(arrays, 1000, shuffle=True, seed=7, rank=rank, world_size=world_size, chunk_rows=1000)
+        for rank in range(world_size)
+    ]
+    per_rank = []
+    for rank, loader in enumerate(loaders):
+        loader.arrays = _Recording(arrays, reads[rank])
+        per_rank.append(list(loader.batches(epoch=2)))
+    assert len({len(batches) for batches in per_rank}) == 1 == len({len(loader) for loader in loaders})
+    # Each process read whole chunks, no chunk twice, and the processes together read every chunk once.
+    assert sum(len(chunks) for chunks in reads.values()) == 100 == len(set().union(*reads.values()))
+    used = np.concatenate([np.concatenate(_rows(batches)) for batches in per_rank])
+    assert sorted(used.tolist()) == list(range(100_000))  # every row once per epoch
+    for rank, batches in enumerate(per_rank):  # a process's rows come from its own chunks only
+        assert {row // 1000 for batch in _rows(batches) for row in batch} == reads[rank]
+    steps = len(per_rank[0])
+    globals_ = [sorted(sum((_rows(batches)[step] for batches in per_rank), [])) for step in range(steps)]
+    assert all(batch.global_rows == len(globals_[i]) for batches in per_rank for i, batch in enumerate(batches))
+    one = [sorted(rows) for rows in _rows(BatchLoader(arrays, 1000, shuffle=True, seed=7, chunk_rows=1000).batches(2))]
+    if 16 % world_size == 0:  # the same window as one process: the same global batches, row for row
+        assert globals_ == one
+    else:
+        assert [len(rows) for rows in globals_] == [len(rows) for rows in one]
+
+
+class _Recording(EncodedArrays):
+    """``arrays``, recording which chunks of 1,000 rows were checked (read) through ``check_rows``."""
+
+    def __init__(self, arrays: EncodedArrays, chunks: set):
+        super().__init__(arrays.labels, arrays.dense, arrays.sparse)
+        self._chunks = chunks
+
+    def check_rows(self, start: int, end: int) -> None:
+        assert start % 1000 == 0 and end - start <= 1000, (start, end)
+        assert start // 1000 not in self._chunks, f"chunk {start // 1000} read twice"
+        self._chunks.add(start // 1000)
+
+
+def test_each_batch_mixes_every_chunk_of_its_window_and_each_epoch_differs():
+    loader = BatchLoader(_arrays(64_000), 1600, shuffle=True, seed=1, chunk_rows=1000)  # 4 windows of 16 chunks
+    first, second = (_rows(loader.batches(epoch)) for epoch in (0, 1))
+    for batch in first:  # 1,600 rows: 100 from each of its window's 16 chunks
+        chunks = np.bincount(np.array(batch) // 1000, minlength=64)
+        assert sorted(chunks[chunks > 0].tolist()) == [100] * 16
+    assert [set(rows) for rows in first] != [set(rows) for rows in second]
+    # Within a chunk the rows come in a new order each epoch, not file order.
+    assert first[0] != sorted(first[0])
+
+
+def test_the_interleave_spreads_unequal_chunks_in_proportion():
+    slots, rows = interleave([4, 2])
+    assert list(zip(slots.tolist(), rows.tolist(), strict=True)) == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1), (0, 3)]
 
 
 def test_unshuffled_batches_follow_file_order_from_read_only_memory(tmp_path):

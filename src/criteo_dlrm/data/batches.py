@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.encoding import EncodedArrays, PackedIndices
 
 
 @dataclass
@@ -29,9 +29,59 @@ class Batch:
         return len(self.labels)
 
 
-def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
-    """The row order of one epoch: a permutation drawn from (seed, epoch), so a resumed run sees the same."""
-    return np.random.default_rng([seed, epoch]).permutation(rows)
+# Shuffled batches come from chunks of contiguous rows: each epoch reads the chunks in an order drawn from
+# (seed, epoch), WINDOW_CHUNKS at a time, each chunk with one sequential read (its digests checked on the
+# first), its rows permuted in memory; a window's batches interleave its chunks' rows, so each batch holds rows
+# of every chunk of its window. State: one entry per chunk (O(rows / CHUNK_ROWS)) and one window's rows
+# (WINDOW_CHUNKS x CHUNK_ROWS = 1,048,576 rows, about 120 MB of Criteo 1TB rows, split between the processes).
+# Training rows are stored shuffled (``data.encoding.SHUFFLE_SEED``), so a chunk is already a uniform sample.
+CHUNK_ROWS = 65_536
+WINDOW_CHUNKS = 16
+
+
+def epoch_chunks(chunks: int, seed: int, epoch: int) -> np.ndarray:
+    """The chunk order of one epoch: a permutation drawn from (seed, epoch), so a resumed run sees the same."""
+    return np.random.default_rng([seed, epoch]).permutation(chunks)
+
+
+def interleave(sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The (chunk slot, row) at each position of a window holding chunks of ``sizes`` rows: row j of slot i at
+    key ((j + 0.5) / size_i, i), so every stretch of the window holds each chunk's rows in proportion."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    slots = np.repeat(np.arange(len(sizes)), sizes)
+    rows = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    order = np.lexsort((slots, (rows + 0.5) / sizes[slots]))
+    return slots[order], rows[order]
+
+
+@dataclass
+class _Window:
+    """One window of an epoch, as one process holds it: its own chunks' rows, read and permuted."""
+
+    start: int  # its first position in the epoch's stream
+    sizes: list[int]  # rows of each chunk (slot) in it
+    owned: np.ndarray  # (slots,) whether this process reads the slot
+    first: np.ndarray  # (slots,) the slot's first row in ``rows`` (owned slots)
+    rows: tuple  # labels, dense, sparse of the owned chunks, concatenated, each chunk's rows permuted
+    _interleaved: tuple | None = None  # ``interleave(sizes)``, for a window of unequal chunks (made once)
+
+    @property
+    def end(self) -> int:
+        return self.start + sum(self.sizes)
+
+    def positions(self, begin: int, end: int) -> np.ndarray:
+        """Indices into ``rows`` of this process's rows at stream positions ``begin:end`` (inside the window)."""
+        count = len(self.sizes)
+        if len(set(self.sizes)) == 1:  # equal chunks: the interleave is round-robin
+            local = np.arange(begin - self.start, end - self.start)
+            slots, rows = local % count, local // count
+        else:
+            if self._interleaved is None:
+                self._interleaved = interleave(self.sizes)
+            slots, rows = self._interleaved
+            slots, rows = slots[begin - self.start : end - self.start], rows[begin - self.start : end - self.start]
+        mine = self.owned[slots]
+        return self.first[slots[mine]] + rows[mine]
 
 
 class BatchLoader:
@@ -40,12 +90,17 @@ class BatchLoader:
     Args:
         arrays: encoded rows.
         batch_size: rows per batch; the last batch of an epoch may be smaller.
-        shuffle: a new permutation each epoch from ``seed``; else file order.
+        shuffle: a new order each epoch from ``seed`` (chunk by chunk: ``CHUNK_ROWS``); else file order.
         seed: the shuffling seed.
         pin_memory: page-lock batches so that copies to a GPU can be asynchronous.
         rank, world_size: data-parallel training: every process draws the same global batches of
-            ``batch_size`` rows (the same order as one process) and takes its ``rank``-th part of each, so
-            every row is used once per epoch across the processes.
+            ``batch_size`` rows (the same rows as one process) and takes its part of each: shuffled, the rows
+            of the chunks it reads (slot ``i`` of each window is read by process ``i % world_size``: each reads
+            only its share of the rows); in file order, its ``np.array_split`` part. Every row is used once
+            per epoch across the processes.
+        chunk_rows, window_chunks: the shuffle's chunk and window (defaults ``CHUNK_ROWS`` and
+            ``WINDOW_CHUNKS``); fewer rows than a window's make smaller chunks, so a window always has
+            ``window_chunks`` chunks (rounded up to a multiple of ``world_size``, so each process reads as many).
     """
 
     def __init__(
@@ -57,11 +112,17 @@ class BatchLoader:
         pin_memory: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        chunk_rows: int | None = None,
+        window_chunks: int = WINDOW_CHUNKS,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.arrays, self.batch_size, self.shuffle, self.seed, self.pin = arrays, batch_size, shuffle, seed, pin_memory
         self.rank, self.world_size = rank, world_size
+        self.window_chunks = -(-max(window_chunks, 1) // world_size) * world_size
+        rows = len(arrays)
+        self.chunk_rows = chunk_rows or min(CHUNK_ROWS, max(1, -(-rows // self.window_chunks)))
+        self.chunks = -(-rows // self.chunk_rows)
 
     def __len__(self) -> int:
         return -(-len(self.arrays) // self.batch_size)
@@ -69,14 +130,15 @@ class BatchLoader:
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """Batches ``start``, ``start + 1``, ... of epoch ``epoch``."""
         rows = len(self.arrays)
-        order = epoch_order(rows, self.seed, epoch) if self.shuffle else None
+        if self.shuffle:
+            yield from self._shuffled(epoch, start)
+            return
         for begin in range(start * self.batch_size, rows, self.batch_size):
             end = min(begin + self.batch_size, rows)
-            # Index arrays make numpy copy the rows (memory-mapped sources are read-only). Shuffled rows are
-            # sorted within the batch: the same rows, read with better locality.
-            take = np.arange(begin, end) if order is None else np.sort(order[begin:end])
+            take = np.arange(begin, end)
             if self.world_size > 1:
                 take = np.array_split(take, self.world_size)[self.rank]
+            self.arrays.check_rows(begin, end)
             batch = Batch(
                 torch.from_numpy(self.arrays.labels[take].astype(np.float32, copy=False)),
                 torch.from_numpy(self.arrays.dense[take]),
@@ -85,8 +147,66 @@ class BatchLoader:
             )
             yield batch.pin_memory() if self.pin else batch
 
+    def _chunk_size(self, chunk: int) -> int:
+        return min(self.chunk_rows, len(self.arrays) - chunk * self.chunk_rows)
+
+    def _shuffled(self, epoch: int, start: int) -> Iterator[Batch]:
+        order = epoch_chunks(self.chunks, self.seed, epoch)
+        windows = [order[i : i + self.window_chunks] for i in range(0, self.chunks, self.window_chunks)]
+        starts = np.concatenate([[0], np.cumsum([sum(map(self._chunk_size, window)) for window in windows])])
+        rows, window, index = len(self.arrays), None, -1
+        for begin in range(start * self.batch_size, rows, self.batch_size):
+            end = min(begin + self.batch_size, rows)
+            parts = []
+            position = begin
+            while position < end:
+                if window is None or position >= window.end:
+                    index = int(np.searchsorted(starts, position, side="right")) - 1
+                    window = self._read_window(windows[index], int(starts[index]), epoch)
+                stop = min(end, window.end)
+                parts.append((window, window.positions(position, stop)))
+                position = stop
+            yield self._gather(parts, end - begin)
+
+    def _read_window(self, chunks: np.ndarray, start: int, epoch: int) -> _Window:
+        """Read this process's chunks of a window (each one sequential read, checked), rows permuted."""
+        sizes = [self._chunk_size(int(chunk)) for chunk in chunks]
+        owned = np.arange(len(chunks)) % self.world_size == self.rank
+        first = np.concatenate([[0], np.cumsum(np.where(owned, sizes, 0))[:-1]])
+        total = int(np.where(owned, sizes, 0).sum())
+        sources = _stored_arrays(self.arrays)
+        rows = tuple(np.empty((total, *array.shape[1:]), dtype=array.dtype) for array in sources)
+        for slot in np.flatnonzero(owned):
+            chunk, size, at = int(chunks[slot]), sizes[slot], int(first[slot])
+            begin = chunk * self.chunk_rows
+            self.arrays.check_rows(begin, begin + size)
+            permutation = np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
+            for out, source in zip(rows, sources, strict=True):
+                out[at : at + size] = np.asarray(source[begin : begin + size])[permutation]
+        return _Window(start, sizes, owned, first, rows)
+
+    def _gather(self, parts: list[tuple[_Window, np.ndarray]], global_rows: int) -> Batch:
+        labels, dense, sparse = (
+            np.concatenate([window.rows[field][take] for window, take in parts]) for field in range(3)
+        )
+        if isinstance(self.arrays.sparse, PackedIndices):
+            sparse = PackedIndices(sparse, self.arrays.sparse.widths)[:]
+        batch = Batch(
+            torch.from_numpy(labels.astype(np.float32, copy=False)),
+            torch.from_numpy(dense),
+            torch.from_numpy(sparse.astype(np.int64)),
+            global_rows=global_rows,
+        )
+        return batch.pin_memory() if self.pin else batch
+
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
+
+
+def _stored_arrays(arrays: EncodedArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels, dense and sparse as stored (packed index bytes as they are: unpacked per batch)."""
+    sparse = arrays.sparse.packed if isinstance(arrays.sparse, PackedIndices) else arrays.sparse
+    return arrays.labels, arrays.dense, sparse
 
 
 class Prefetcher:

@@ -16,21 +16,19 @@ import pandas as pd
 import pyarrow as pa
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import (
     DamagedFileError,
-    check_digest,
     check_free_space,
     disk_full_error,
-    file_digest,
     reading,
     reserve,
     size_text,
 )
 from criteo_dlrm.data import WORKER_MODULES
+from criteo_dlrm.data.chunk_digests import ChunkDigests, open_digests, reencode, write_digests
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 
 
@@ -81,7 +79,7 @@ class PackedIndices:
         words = np.ndarray((count, row_bytes), dtype="<u4", buffer=buffer, strides=(row_bytes, 1))
         return (words[:, self._offsets] & self._masks).view(np.int32)
 
-    def __setitem__(self, rows: slice, indices: np.ndarray) -> None:
+    def __setitem__(self, rows: slice | np.ndarray, indices: np.ndarray) -> None:
         indices = np.asarray(indices, dtype="<i4")
         too_wide = ((indices < 0) | (indices >= self._limits)).any(axis=0)
         if too_wide.any():
@@ -108,9 +106,29 @@ class EncodedArrays:
     lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
     # (26,) the largest index of each table, as recorded when stored rows were written (None: not recorded).
     index_maxima: list[int] | None = None
+    # Stored rows: each chunk's digest, checked on its first read (``check_rows``); None for rows in memory.
+    digests: ChunkDigests | None = None
+    # "shuffled": stored in an order drawn once when they were written (``encode_days(shuffle=True)``); else as read.
+    row_order: str = "as read"
 
     def __len__(self) -> int:
         return len(self.dense)
+
+    def check_rows(self, start: int, end: int) -> None:
+        """Verify the stored chunks holding rows ``start:end`` (each once per process) before they are used.
+
+        Raises:
+            DamagedFileError: naming the damaged file, its rows and the fix.
+        """
+        if self.digests is not None:
+            for name in STORED_FIELDS:
+                self.digests.check(name, start, end)
+
+    def checked_labels(self) -> np.ndarray:
+        """All labels, verified: what a reader of the whole label column uses."""
+        if self.digests is not None:
+            self.digests.check_all("labels")
+        return np.asarray(self.labels)
 
     @property
     def folder(self) -> Path | None:
@@ -127,13 +145,18 @@ class EncodedDays:
     paths: list[Day]  # whole days, or parts of them (DayRows)
     lineage: dict | None = None  # stored with the rows, so they are reused only for the same inputs
     workers: int | None = None  # processes encoding whole days; None: one per core (bounded by memory)
+    shuffle: bool = False  # store the rows shuffled (training rows: the loader then reads them in order)
 
     def __len__(self) -> int:
         return count_rows(self.paths)
 
+    @property
+    def row_order(self) -> str:
+        return "shuffled" if self.shuffle else "as read"
+
     def write(self, folder: Path) -> EncodedArrays:
         """Encode straight into ``labels.npy``, ``dense.npy`` and ``sparse.npy`` in ``folder``."""
-        return self.encoder.encode_days(self.paths, into=folder, workers=self.workers)
+        return self.encoder.encode_days(self.paths, into=folder, workers=self.workers, shuffle=self.shuffle)
 
 
 # Table rows of each categorical feature: a value the vocabulary does not hold, a missing value (a row of
@@ -246,7 +269,9 @@ class FeatureEncoder:
             dense, sparse = np.ascontiguousarray(dense), np.ascontiguousarray(sparse)
         return EncodedArrays(labels, dense, sparse)
 
-    def encode_days(self, paths: list[Day], into: Path | None = None, workers: int | None = 1) -> EncodedArrays:
+    def encode_days(
+        self, paths: list[Day], into: Path | None = None, workers: int | None = 1, shuffle: bool = False
+    ) -> EncodedArrays:
         """Encode whole days, into memory or, with ``into``, into files in that folder (``open_encoded``).
 
         In memory: float32 labels, dense and int32 indices, 160 bytes per row. On disk: uint8 labels,
@@ -254,6 +279,10 @@ class FeatureEncoder:
         written through memory maps, so the days never need to fit in memory, and ``workers`` processes
         (None: one per core) each encode whole days into their own rows; the files are the same whatever
         the number of workers.
+
+        ``shuffle`` (stored rows only) stores them in a uniformly random order, drawn from a fixed seed
+        (``shuffle_destinations``): an external shuffle with memory bounded by ``SHUFFLE_BUCKET_ROWS`` rows per
+        worker, so a reader of contiguous chunks gets rows from every day.
         """
         rows_per_day = [count_rows([path]) for path in paths]
         rows = sum(rows_per_day)
@@ -267,7 +296,8 @@ class FeatureEncoder:
             return out
         into.mkdir(parents=True, exist_ok=True)
         widths = index_widths(self.table_sizes)
-        (into / LAYOUT).write_text(json.dumps({"format": STORED_FORMAT, "sparse_widths": widths}))
+        layout = {"format": STORED_FORMAT, "sparse_widths": widths, "row_order": "shuffled" if shuffle else "as read"}
+        (into / LAYOUT).write_text(json.dumps(layout))
         shapes = {
             "labels": ((rows,), np.uint8),
             "dense": ((rows, NUM_DENSE), np.float32),
@@ -285,36 +315,49 @@ class FeatureEncoder:
                 except OSError as error:
                     raise disk_full_error(into, f"{rows:,} encoded rows", needed) from error
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
-        workers = choose_workers(workers, len(paths), ENCODING_MEMORY, rows, ENCODING_CORES)
+        destinations = shuffle_destinations(rows_per_day) if shuffle else None
+        chosen = choose_workers(workers, len(paths), ENCODING_MEMORY, rows, ENCODING_CORES)
         tasks = [
-            (path if isinstance(path, DayRows) else str(path), str(into), start)
-            for path, start in zip(paths, starts, strict=True)
+            (
+                path if isinstance(path, DayRows) else str(path),
+                str(into),
+                start
+                if destinations is None
+                else (day, destinations.buckets, destinations.block_rows, destinations.day_starts[day]),
+            )
+            for day, (path, start) in enumerate(zip(paths, starts, strict=True))
         ]
         maxima = [0] * NUM_SPARSE
-        with progress_bar(rows, f"encoding ({workers} workers)", "rows") as bar:
-            for index, day_maxima in run_parallel(
-                _encode_day_into, tasks, workers, shared=self, preload=WORKER_MODULES
-            ):
+        with progress_bar(rows, f"encoding ({chosen} workers)", "rows") as bar:
+            for index, day_maxima in run_parallel(_encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES):
                 maxima = np.maximum(maxima, day_maxima).tolist()
                 bar.update(rows_per_day[index])
+        if destinations is not None:
+            destinations.shuffle_buckets(into, workers)
         write_index_maxima(into, maxima)
-        encoded = open_encoded(into)
+        encoded = open_encoded(into, verify=False)
         size = bytes_per_row(encoded)
         logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
-    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int) -> list[int]:
-        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on; returns each table's largest index."""
+    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int | tuple) -> list[int]:
+        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on, or (``start`` a day's
+        ``(day, buckets, block_rows, bucket_starts)``) into that day's rows of each bucket; returns each table's
+        largest index."""
         maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
+        read = 0
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
-            end = start + len(encoded)
-            out.labels[start:end] = encoded.labels
-            out.dense[start:end] = encoded.dense
-            out.sparse[start:end] = encoded.sparse
+            if isinstance(start, tuple):  # a shuffled write: each row goes to the next free row of its bucket
+                where = _bucket_rows(*start[:3], read, len(encoded), start[3])
+            else:
+                where = slice(start + read, start + read + len(encoded))
+            read += len(encoded)
+            out.labels[where] = encoded.labels
+            out.dense[where] = encoded.dense
+            out.sparse[where] = encoded.sparse
             if len(encoded):
                 np.maximum(maxima, encoded.sparse.max(axis=0), out=maxima)
-            start = end
         return maxima.tolist()
 
     def state_dict(self) -> dict:
@@ -356,14 +399,106 @@ ENCODING_MEMORY = 1 << 30
 ENCODING_CORES = 2
 
 
-def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int) -> list[int]:
+def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int | tuple) -> list[int]:
     """A worker's task: encode one day into its rows of the files in ``folder``; returns its tables' largest
     indices."""
     out = open_encoded(Path(folder), writable=True)
+    if isinstance(start, tuple):
+        start = (*start[:3], np.array(start[3], dtype=np.int64))  # advanced as rows are written
     maxima = encoder._encode_rows([path], out, start)
     for array in (out.labels, out.dense, out.sparse):
         array.flush()
     return maxima
+
+
+# The stored shuffle (``encode_days(shuffle=True)``): each row goes to one of ``ceil(rows / SHUFFLE_BUCKET_ROWS)``
+# buckets, drawn from (SHUFFLE_SEED, its day's position, its block of SHUFFLE_BLOCK_ROWS rows), and is written
+# to the next free row of that bucket's range; then each bucket is permuted in memory. A uniform random order
+# (every arrangement of the rows equally likely) with state per bucket and per block, not per row. The seed is
+# fixed: the stored order is part of the rows' layout, not of a training run (each epoch draws its own chunk
+# order, ``data.batches``), so changing ``training.seed`` never re-encodes.
+SHUFFLE_SEED = 20_260_101
+SHUFFLE_BUCKET_ROWS = 2_097_152  # per bucket: 230 MB of Criteo 1TB rows in a worker's memory, twice
+SHUFFLE_BLOCK_ROWS = 1 << 20
+
+
+def _block_buckets(day: int, block: int, rows: int, buckets: int) -> np.ndarray:
+    """The bucket of each of the ``rows`` rows of block ``block`` of day ``day``."""
+    if buckets == 1:
+        return np.zeros(rows, dtype=np.int64)
+    return np.random.default_rng([SHUFFLE_SEED, day, block]).integers(0, buckets, size=rows, dtype=np.int64)
+
+
+def _day_buckets(day: int, first: int, rows: int, buckets: int, block_rows: int) -> np.ndarray:
+    """The buckets of rows ``first:first + rows`` of day ``day`` (the blocks they fall in, drawn again)."""
+    parts, row = [], first
+    while row < first + rows:
+        block, offset = divmod(row, block_rows)
+        take = min(block_rows - offset, first + rows - row)
+        parts.append(_block_buckets(day, block, block_rows, buckets)[offset : offset + take])
+        row += take
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _bucket_rows(day: int, buckets: int, block_rows: int, first: int, rows: int, cursors: np.ndarray) -> np.ndarray:
+    """Where rows ``first:first + rows`` of day ``day`` are stored: the next free rows of their buckets
+    (``cursors``, advanced)."""
+    assigned = _day_buckets(day, first, rows, buckets, block_rows)
+    counts = np.bincount(assigned, minlength=buckets)
+    order = np.argsort(assigned, kind="stable")
+    group_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(rows) - group_starts[assigned[order]]  # each row's place among its bucket's rows here
+    where = np.empty(rows, dtype=np.int64)
+    where[order] = cursors[assigned[order]] + rank
+    cursors += counts
+    return where
+
+
+@dataclass
+class ShuffleDestinations:
+    """Where each day's rows go in a shuffled write: bucket ``b`` holds rows ``bucket_starts[b]:bucket_starts[b+1]``,
+    day ``d``'s rows in bucket ``b`` start at ``day_starts[d][b]``."""
+
+    buckets: int
+    block_rows: int  # rows per block of bucket draws (sent to the workers with the rest: no module state)
+    bucket_starts: list[int]
+    day_starts: list[list[int]]
+
+    def shuffle_buckets(self, folder: Path, workers: int | None) -> None:
+        """Permute each bucket's rows in memory (in parallel workers, one bucket each)."""
+        ranges = list(zip(self.bucket_starts[:-1], self.bucket_starts[1:], strict=True))
+        rows = self.bucket_starts[-1]
+        chosen = choose_workers(workers, len(ranges), 3 * SHUFFLE_BUCKET_ROWS * 160, rows)
+        tasks = [(str(folder), bucket, start, end) for bucket, (start, end) in enumerate(ranges)]
+        with progress_bar(rows, f"shuffling ({chosen} workers)", "rows") as bar:
+            for index, _ in run_parallel(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
+                bar.update(ranges[index][1] - ranges[index][0])
+
+
+def shuffle_destinations(rows_per_day: list[int]) -> ShuffleDestinations:
+    """Count each day's rows per bucket (the buckets drawn block by block, no rows read) and place them."""
+    rows = sum(rows_per_day)
+    buckets = max(1, -(-rows // SHUFFLE_BUCKET_ROWS))
+    counts = np.zeros((len(rows_per_day), buckets), dtype=np.int64)
+    for day, day_rows in enumerate(rows_per_day):
+        for block in range(-(-day_rows // SHUFFLE_BLOCK_ROWS)):
+            size = min(SHUFFLE_BLOCK_ROWS, day_rows - block * SHUFFLE_BLOCK_ROWS)
+            counts[day] += np.bincount(
+                _block_buckets(day, block, SHUFFLE_BLOCK_ROWS, buckets)[:size], minlength=buckets
+            )
+    bucket_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+    day_starts = bucket_starts[:-1] + np.cumsum(counts, axis=0) - counts
+    return ShuffleDestinations(buckets, SHUFFLE_BLOCK_ROWS, bucket_starts.tolist(), day_starts.tolist())
+
+
+def _shuffle_bucket(folder: str, bucket: int, start: int, end: int) -> None:
+    """A worker's task: permute rows ``start:end`` (one bucket) of the files in ``folder``, in memory."""
+    out = open_encoded(Path(folder), writable=True)
+    order = np.random.default_rng([SHUFFLE_SEED, bucket]).permutation(end - start)
+    sparse = out.sparse.packed if isinstance(out.sparse, PackedIndices) else out.sparse
+    for array in (out.labels, out.dense, sparse):
+        array[start:end] = np.asarray(array[start:end])[order]
+        array.flush()
 
 
 # The stored layout: ``layout.json`` beside ``labels.npy`` (uint8), ``dense.npy`` (float32) and ``sparse.npy``
@@ -373,30 +508,32 @@ STORED_FORMAT = 2
 STORED_FIELDS = ("labels", "dense", "sparse")
 
 
-DIGESTS = "digests.json"
 # Each table's largest stored index, written with the rows: rows are checked against the tables they are used
 # with without reading them (``check_index_range``).
 INDEX_MAXIMA = "index_maxima.json"
 
 
-def reencode() -> str:
-    """The fix for a damaged file: the user's command, merged (``kedro_run``)."""
-    return f"Encode the rows again: `{kedro_run('training')}` (damaged encoded rows are rebuilt)."
-
-
-def open_encoded(folder: str | Path, writable: bool = False, lineage: dict | None = None) -> EncodedArrays:
+def open_encoded(
+    folder: str | Path, writable: bool = False, lineage: dict | None = None, verify: bool = True
+) -> EncodedArrays:
     """The encoded rows stored in ``folder``, memory-mapped: rows are read from disk when a batch needs them.
 
+    Rows opened to read (``verify``) have their small files and sizes checked against their digests now, and each
+    chunk of rows when it is first read (``EncodedArrays.check_rows``, ``data.chunk_digests``); ``writable`` and
+    ``verify=False`` are for the writer, before the digests exist.
+
     Raises:
-        DamagedFileError: a file is missing, truncated or does not match the others, naming it.
+        DamagedFileError: a file is missing, truncated, changed or does not match the others, naming it.
     """
     folder = Path(folder)
+    digests = open_digests(folder) if verify and not writable else None
     mode = "r+" if writable else "r"
     arrays = [
         reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), reencode())
         for name in STORED_FIELDS
     ]
     labels, dense, sparse = arrays
+    layout = {}
     if (folder / LAYOUT).exists():
         layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), reencode())
         sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), reencode())
@@ -410,7 +547,9 @@ def open_encoded(folder: str | Path, writable: bool = False, lineage: dict | Non
     maxima = (
         reading(maxima_path, lambda: json.loads(maxima_path.read_text()), reencode()) if maxima_path.exists() else None
     )
-    return EncodedArrays(labels, dense, sparse, lineage=lineage, index_maxima=maxima)
+    return EncodedArrays(
+        labels, dense, sparse, lineage, maxima, digests=digests, row_order=layout.get("row_order", "as read")
+    )
 
 
 def write_index_maxima(folder: Path, maxima: list[int]) -> None:
@@ -448,31 +587,6 @@ def check_index_range(rows: EncodedArrays, table_sizes: list[int], what: str) ->
             f"{where}: {what} were not encoded with the tables of the metadata they are used with "
             f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {reencode()}"
         )
-
-
-def write_digests(folder: Path) -> None:
-    """Record the digest of every file in ``folder`` (``digests.json``): written last, once the rows are complete."""
-    digests = {path.name: file_digest(path) for path in sorted(folder.iterdir()) if path.name != DIGESTS}
-    (folder / DIGESTS).write_text(json.dumps(digests, indent=1))
-
-
-def verify_encoded(folder: Path) -> None:
-    """Check every file of ``folder`` against ``digests.json``; a folder without it is refused (this project
-    writes it with every set of rows, last).
-
-    Costs one read of the rows (sha256 at about 1.4 GB/s per core, the pieces hashed in parallel).
-
-    Raises:
-        DamagedFileError: naming the first file that is missing or changed, or the missing ``digests.json``.
-    """
-    path = Path(folder) / DIGESTS
-    if not path.exists():
-        raise DamagedFileError(
-            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {reencode()}"
-        )
-    recorded = reading(path, lambda: json.loads(path.read_text()), reencode())
-    for name, digest in recorded.items():
-        check_digest(Path(folder) / name, digest, reencode())
 
 
 def write_encoded(arrays: EncodedArrays, folder: Path) -> None:

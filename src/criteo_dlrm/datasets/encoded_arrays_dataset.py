@@ -11,15 +11,8 @@ from loguru import logger
 
 from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials
-from criteo_dlrm.data.encoding import (
-    EncodedArrays,
-    EncodedDays,
-    check_index_range,
-    open_encoded,
-    verify_encoded,
-    write_digests,
-    write_encoded,
-)
+from criteo_dlrm.data.chunk_digests import write_digests
+from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, check_index_range, open_encoded, write_encoded
 
 LINEAGE = "lineage.json"
 
@@ -33,13 +26,15 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
     folder already holds intact rows with the same lineage (same metadata version and vocabularies, same
     Parquet days): those are reused as they are; damaged ones are encoded again. The rows are written into a
     staged folder that replaces ``path`` when complete, under a lock, so two runs never mix their rows.
-    Loading checks every file against its digest (one read of the rows) and refuses damaged rows, naming them.
+    Loading checks the small files and the files' sizes against their digests; each chunk of rows is checked
+    when it is first read (``data.chunk_digests``), so damaged rows are refused, naming them, before they are
+    used, without a full read before training starts. Damage found that way is recorded in the folder, and the
+    next save encodes the rows again.
     """
 
     def __init__(self, path: str, metadata: dict[str, Any] | None = None):
         self._path = Path(path)
         self.metadata = metadata
-        self._verified: tuple | None = None  # what this process verified or wrote last (skip a second read)
 
     @property
     def path(self) -> Path:
@@ -47,18 +42,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         return self._path
 
     def load(self) -> EncodedArrays:
-        self._verify()
         return open_encoded(self._path, lineage=self._stored_lineage())
-
-    def _state(self) -> tuple:
-        return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(self._path.iterdir()))
-
-    def _verify(self) -> None:
-        if self._verified is not None and self._verified == self._state():
-            return
-        verify_encoded(self._path)
-        open_encoded(self._path)  # consistent shapes and layout
-        self._verified = self._state()
 
     def _stored_lineage(self) -> dict | None:
         path = self._path / LINEAGE
@@ -68,13 +52,14 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         if data.lineage is None or not self._exists() or self._stored_lineage() != data.lineage:
             return False
         try:
-            self._verify()
+            stored = open_encoded(self._path)  # small files, sizes; damage an earlier reader recorded
             if isinstance(data, EncodedDays):  # a lineage that claims these tables, and indices beyond them
-                check_index_range(open_encoded(self._path), data.encoder.table_sizes, "the stored rows")
+                check_index_range(stored, data.encoder.table_sizes, "the stored rows")
         except DamagedFileError as error:
             logger.warning("{} Encoding them again.", error)
             return False
-        return True
+        # Rows written before chunk digests, or in another row order, are encoded again (once).
+        return stored.digests is not None and (not isinstance(data, EncodedDays) or stored.row_order == data.row_order)
 
     def save(self, data: EncodedArrays | EncodedDays) -> None:
         with exclusive(self._path, f"the encoded rows {self._path.name}"):
@@ -94,8 +79,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
                         staging.mkdir(parents=True, exist_ok=True)
                         (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
                     write_encoded(data, staging)
-            self._verified = self._state()
-        logger.info("{}: {:,} encoded rows written", self._path, len(open_encoded(self._path)))
+        logger.info("{}: {:,} encoded rows written", self._path, len(open_encoded(self._path, verify=False)))
 
     def _exists(self) -> bool:
         return self._path.is_dir() and all((self._path / f"{name}.npy").exists() for name in ("labels", "dense"))

@@ -313,7 +313,7 @@ class Trainer:
         """Score the whole validation set; returns True when early stopping says stop."""
         started = time.perf_counter()
         probabilities = self.mode.predict(self.validation_loader)
-        labels = self.validation_loader.arrays.labels
+        labels = self.validation_loader.arrays.checked_labels()
         try:
             metrics = binary_metrics(labels, probabilities)
         except MetricError as error:

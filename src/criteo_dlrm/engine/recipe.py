@@ -73,7 +73,7 @@ def run_training(
     check_index_range(train, table_sizes, "the training rows")
     check_index_range(validation, table_sizes, "the validation rows")
     rates = click_rate_warning(
-        metadata["label"]["ctr"], metadata["label"]["rows"], np.asarray(validation.labels), metadata.get("source_days")
+        metadata["label"]["ctr"], metadata["label"]["rows"], validation.checked_labels(), metadata.get("source_days")
     )
     if rates:
         logger.warning("click rates: {}", rates)
@@ -198,7 +198,7 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
     model = model_from_checkpoint(checkpoint).to(device)
     loader = BatchLoader(validation, config.batch_size.validation)
     scores = predict(model, loader, device, config.precision, output="logit")
-    labels = np.asarray(validation.labels)
+    labels = validation.checked_labels()
     state = fit_calibration(labels, scores, config.calibration)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them
     probabilities = calibrated(Calibration(None), scores)  # the model's own output, as evaluation's "raw"

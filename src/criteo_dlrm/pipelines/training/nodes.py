@@ -41,6 +41,7 @@ def encode_features(
             [recorded_rows(day) for day in days[split]],
             encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
             config.encoding_workers,
+            shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
         )
         for split in ("train", "validation")
     )
