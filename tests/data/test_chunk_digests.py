@@ -1,0 +1,103 @@
+"""Chunk digests: damage is found when the damaged chunk is first read, named by file and rows, before its rows
+are used, and without reading the other chunks first."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from criteo_dlrm.common.storage import DamagedFileError
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.chunk_digests import CHUNK_DIGESTS, DAMAGED, DIGESTS, open_digests, write_digests
+from criteo_dlrm.data.encoding import EncodedArrays, open_encoded, write_encoded
+
+ROWS, CHUNK = 10_000, 1_000
+
+
+def _stored(folder) -> EncodedArrays:
+    index = np.arange(ROWS)
+    arrays = EncodedArrays(
+        (index % 2).astype(np.float32),
+        np.repeat(index[:, None], 13, 1).astype(np.float32),
+        np.repeat(index[:, None] % 7, 26, 1).astype(np.int32),
+    )
+    write_encoded(arrays, folder)
+    write_digests(folder, chunk_rows=CHUNK)
+    return arrays
+
+
+def _damage_row(folder, name: str, row: int) -> None:
+    """Change one byte of ``row`` in ``name``.npy (its header untouched)."""
+    mapped = np.load(folder / f"{name}.npy", mmap_mode="r")
+    position = mapped.offset + row * mapped.strides[0]
+    with open(folder / f"{name}.npy", "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)
+        handle.seek(position)
+        handle.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_each_chunk_s_digest_is_the_sha256_of_its_bytes_the_first_with_the_header(tmp_path):
+    _stored(tmp_path)
+    digests = np.load(tmp_path / CHUNK_DIGESTS)
+    assert digests.shape == (3, ROWS // CHUNK, 32)
+    data = (tmp_path / "dense.npy").read_bytes()
+    offset = np.load(tmp_path / "dense.npy", mmap_mode="r").offset
+    row_bytes = 13 * 4
+    assert digests[1, 0].tobytes() == hashlib.sha256(data[: offset + CHUNK * row_bytes]).digest()
+    third = data[offset + 3 * CHUNK * row_bytes : offset + 4 * CHUNK * row_bytes]
+    assert digests[1, 3].tobytes() == hashlib.sha256(third).digest()
+    record = json.loads((tmp_path / DIGESTS).read_text())
+    assert record["chunk_rows"] == CHUNK and CHUNK_DIGESTS in record["files"]
+
+
+@pytest.mark.parametrize("name", ["labels", "dense", "sparse"])
+def test_a_damaged_chunk_stops_the_reader_at_that_chunk_naming_the_file_and_its_rows(tmp_path, name):
+    _stored(tmp_path)
+    _damage_row(tmp_path, name, 7_345)
+    rows = open_encoded(tmp_path)  # opening reads no rows: the damage is not seen yet
+    delivered = []
+    with pytest.raises(DamagedFileError) as caught:
+        for batch in BatchLoader(rows, 500).batches():  # in file order: chunks 0-6 are read and used first
+            delivered.append(batch)
+    message = str(caught.value)
+    assert f"{tmp_path / f'{name}.npy'} is damaged: rows 7,000-7,999" in message
+    assert "kedro run --pipelines=training" in message
+    assert len(delivered) == 14, "the batches before the damaged chunk, none from it"
+    assert (tmp_path / DAMAGED).exists()
+    with pytest.raises(DamagedFileError, match="found by an earlier run"):
+        open_digests(tmp_path)
+
+
+def test_shuffled_reading_checks_each_chunk_once_and_finds_damage_whichever_order(tmp_path):
+    _stored(tmp_path)
+    _damage_row(tmp_path, "dense", 2_001)
+    loader = BatchLoader(open_encoded(tmp_path), 250, shuffle=True, chunk_rows=CHUNK, window_chunks=2)
+    with pytest.raises(DamagedFileError, match="rows 2,000-2,999"):
+        list(loader.batches(epoch=0))
+
+
+def test_a_changed_size_or_small_file_is_refused_on_opening(tmp_path):
+    _stored(tmp_path)
+    with open(tmp_path / "sparse.npy", "ab") as handle:
+        handle.write(b"\0" * 26)  # one row more than its header says
+    with pytest.raises(DamagedFileError, match="sparse.npy is damaged"):
+        open_digests(tmp_path)
+    _stored(tmp_path / "again")
+    (tmp_path / "again" / "index_maxima.json").write_text("[1]")
+    with pytest.raises(DamagedFileError, match="index_maxima.json"):
+        open_digests(tmp_path / "again")
+
+
+def test_folders_with_one_digest_per_file_are_still_checked_whole_on_opening(tmp_path):
+    from criteo_dlrm.common.storage import file_digest
+
+    _stored(tmp_path)
+    (tmp_path / CHUNK_DIGESTS).unlink()
+    names = ["labels.npy", "dense.npy", "sparse.npy", "index_maxima.json"]
+    (tmp_path / DIGESTS).write_text(json.dumps({name: file_digest(tmp_path / name) for name in names}))
+    assert open_digests(tmp_path) is None
+    _damage_row(tmp_path, "labels", 9_999)
+    with pytest.raises(DamagedFileError, match="labels.npy is damaged"):
+        open_digests(tmp_path)
