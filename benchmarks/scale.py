@@ -7,7 +7,8 @@ Part 1, the training loader: random encoded rows (Criteo 1TB's index widths) sto
 digests included; for each size, in a fresh process with the rows' files dropped from the page cache
 (``posix_fadvise(DONTNEED)``), the time from opening the rows to the first shuffled batch of 16,384 rows, the rate
 over ``--batches`` batches, the bytes read from storage per byte delivered (``/proc/self/io``) and the memory the
-loader added (peak RSS over the RSS before opening), for the previous loader (a full per-epoch permutation of the
+loader added (the peak of the process's own memory, RssAnon, over its value before opening; the page cache a
+memory map shows in RSS is not counted), for the previous loader (a full per-epoch permutation of the
 rows, each batch gathered from random rows, every file's digest checked before the first batch) and the current
 one (``data.batches``: chunks read in order, digests checked per chunk), in one run.
 
@@ -22,11 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def measure_loader(folder: Path, which: str, batches: int) -> dict:
 
     row_bytes = bytes_per_row(open_encoded(folder, verify=False))
     drop_from_cache(folder)
-    rss_before = _rss()
+    memory = _AnonymousMemory()
+    memory.start()
     read_before = read_bytes()
     start = time.perf_counter()
     loader = _previous_loader(folder, batches) if which == "previous" else _current_loader(folder, batches)
@@ -129,16 +131,44 @@ def measure_loader(folder: Path, which: str, batches: int) -> dict:
         first = first or time.perf_counter() - start
         rows += count
     wall = time.perf_counter() - start
+    read = read_bytes() - read_before
+    memory.stop()
     return {
         "first_batch_s": first,
         "rows_per_s": rows / wall,
-        "read_per_delivered": (read_bytes() - read_before) / (rows * row_bytes),
-        "memory_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before) / 1e6,
+        "read_per_delivered": read / (rows * row_bytes),
+        "memory_mb": memory.added / 1e6,
     }
 
 
-def _rss() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+class _AnonymousMemory(threading.Thread):
+    """The peak of this process's own memory (RssAnon: not the file pages a memory map shows, which are the
+    kernel's page cache) above what it was at the start, sampled every 5 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.baseline = self.peak = self._read()
+        self._done = threading.Event()
+
+    @staticmethod
+    def _read() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("/proc/self/status has no RssAnon")
+
+    def run(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, self._read())
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self.peak = max(self.peak, self._read())
+
+    @property
+    def added(self) -> int:
+        return self.peak - self.baseline
 
 
 def _fresh(*args: str) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -182,7 +183,7 @@ class BatchLoader:
             self.arrays.check_rows(begin, begin + size)
             permutation = np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
             for out, source in zip(rows, sources, strict=True):
-                out[at : at + size] = np.asarray(source[begin : begin + size])[permutation]
+                out[at : at + size] = _read(source, begin, begin + size)[permutation]
         return _Window(start, sizes, owned, first, rows)
 
     def _gather(self, parts: list[tuple[_Window, np.ndarray]], global_rows: int) -> Batch:
@@ -201,6 +202,21 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
+
+
+def _read(source: np.ndarray, begin: int, end: int) -> np.ndarray:
+    """Rows ``begin:end`` of ``source``; from a memory-mapped file with one ``pread`` (the pages are not mapped
+    into the process, so they stay the kernel's page cache, not the loader's memory)."""
+    filename = getattr(source, "filename", None)
+    if filename is None or not isinstance(source, np.memmap):
+        return np.asarray(source[begin:end])
+    out = np.empty((end - begin, *source.shape[1:]), dtype=source.dtype)
+    row_bytes = out.itemsize * int(np.prod(source.shape[1:], dtype=np.int64))
+    with open(filename, "rb") as handle:
+        done = os.preadv(handle.fileno(), [memoryview(out).cast("B")], source.offset + begin * row_bytes)
+    if done != out.nbytes:
+        raise OSError(f"{filename}: read {done:,} of {out.nbytes:,} bytes at row {begin:,}")
+    return out
 
 
 def _stored_arrays(arrays: EncodedArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
