@@ -163,9 +163,11 @@ class BatchLoader:
             while position < end:
                 if window is None or position >= window.end:
                     index = int(np.searchsorted(starts, position, side="right")) - 1
+                    window = None  # one window in memory at a time: its rows for this batch are taken already
                     window = self._read_window(windows[index], int(starts[index]), epoch)
                 stop = min(end, window.end)
-                parts.append((window, window.positions(position, stop)))
+                take = window.positions(position, stop)
+                parts.append(tuple(field[take] for field in window.rows))
                 position = stop
             yield self._gather(parts, end - begin)
 
@@ -183,12 +185,12 @@ class BatchLoader:
             self.arrays.check_rows(begin, begin + size)
             permutation = np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
             for out, source in zip(rows, sources, strict=True):
-                out[at : at + size] = _read(source, begin, begin + size)[permutation]
+                np.take(_read(source, begin, begin + size), permutation, axis=0, out=out[at : at + size])
         return _Window(start, sizes, owned, first, rows)
 
-    def _gather(self, parts: list[tuple[_Window, np.ndarray]], global_rows: int) -> Batch:
+    def _gather(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], global_rows: int) -> Batch:
         labels, dense, sparse = (
-            np.concatenate([window.rows[field][take] for window, take in parts]) for field in range(3)
+            parts[0][field] if len(parts) == 1 else np.concatenate([part[field] for part in parts]) for field in range(3)
         )
         if isinstance(self.arrays.sparse, PackedIndices):
             sparse = PackedIndices(sparse, self.arrays.sparse.widths)[:]
