@@ -190,7 +190,8 @@ class BatchLoader:
 
     def _gather(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], global_rows: int) -> Batch:
         labels, dense, sparse = (
-            parts[0][field] if len(parts) == 1 else np.concatenate([part[field] for part in parts]) for field in range(3)
+            parts[0][field] if len(parts) == 1 else np.concatenate([part[field] for part in parts])
+            for field in range(3)
         )
         if isinstance(self.arrays.sparse, PackedIndices):
             sparse = PackedIndices(sparse, self.arrays.sparse.widths)[:]
