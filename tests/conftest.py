@@ -64,6 +64,15 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+# The tests' small model, in parameters_training.yml's names (``TrainingConfig.from_dict(TINY_MODEL)``): the one
+# copy every test that trains a model starts from.
+TINY_MODEL = {
+    "dense_mlp": {"hidden_layer_sizes": [16], "output_size": 8},
+    "sparse_embedding_sizes": 8,
+    "prediction_hidden_sizes": [16],
+}
+
+
 @pytest.fixture(scope="session")
 def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""

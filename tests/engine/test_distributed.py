@@ -17,6 +17,7 @@ from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
+from tests.conftest import TINY_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,7 @@ def _config(tmp_path: Path, processes: int, **overrides) -> TrainingConfig:
     values = {
         "num_epochs": 1,
         "batch_size": {"train": 256, "validation": 300},
-        "dense_mlp": {"hidden_layer_sizes": [16], "output_size": 8},
-        "sparse_embedding_sizes": 8,
-        "prediction_hidden_sizes": [16],
+        **TINY_MODEL,
         "log_every_steps": 4,
         "validations_per_epoch": 1,
         "early_stopping": {"patience": 10},

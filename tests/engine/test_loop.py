@@ -17,29 +17,29 @@ from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DCN, DLRM, DenseMLP, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
+from tests.conftest import TINY_MODEL
 
 
 def _model(features, seed=0, sparse=True) -> DLRM:
     torch.manual_seed(seed)
     sizes = [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
     ctr = features["metadata"]["label"]["ctr"]  # the output starts at the prior, as a run's model does
-    config = DLRMConfig(sizes, [8] * 26, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16], initial_ctr=ctr)
-    return DLRM(config, sparse_gradients=sparse)
+    return DLRM(TrainingConfig.from_dict(TINY_MODEL).model_config(sizes, ctr), sparse_gradients=sparse)
 
 
-def _trainer(features, tmp_path, settings: TrainingConfig, **kwargs) -> Trainer:
+def _trainer(features, tmp_path, config: TrainingConfig, **kwargs) -> Trainer:
     cpu = torch.device("cpu")
     return Trainer(
-        SingleProcess(_model(features, sparse=settings.sparse_gradients), settings, cpu),
-        settings,
-        BatchLoader(features["train"], settings.batch_size.train, shuffle=True, seed=settings.seed),
-        BatchLoader(features["validation"], settings.batch_size.validation),
+        SingleProcess(_model(features, sparse=config.sparse_gradients), config, cpu),
+        config,
+        BatchLoader(features["train"], config.batch_size.train, shuffle=True, seed=config.seed),
+        BatchLoader(features["validation"], config.batch_size.validation),
         tmp_path / "run",
         **kwargs,
     )
 
 
-def _settings(**overrides) -> TrainingConfig:
+def _config(**overrides) -> TrainingConfig:
     """The test's configuration; ``early_stopping_patience=2`` sets ``early_stopping.patience``, and so on."""
     # Validation at each epoch's end only, unless a test asks for more.
     values = {"num_epochs": 2, "batch_size": {"train": 200, "validation": 512}, "log_every_steps": 5}
@@ -75,15 +75,15 @@ def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
 
 
 def test_warm_up_and_decay_schedules():
-    settings = TrainingConfig(warmup_steps=4, decay="linear")
-    assert [learning_rate_factor(s, 12, settings) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
+    config = TrainingConfig(warmup_steps=4, decay="linear")
+    assert [learning_rate_factor(s, 12, config) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
     cosine = TrainingConfig(decay="cosine")
     assert learning_rate_factor(5, 10, cosine) == pytest.approx(0.5)
     assert learning_rate_factor(7, 10, TrainingConfig()) == 1.0
 
 
 def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_features, tmp_path):
-    result = _trainer(tiny_features, tmp_path, _settings(num_epochs=3)).fit()
+    result = _trainer(tiny_features, tmp_path, _config(num_epochs=3)).fit()
     assert result.steps == 3 * 15
     assert [h["step"] for h in result.history] == [15, 30, 45]
     assert all(h["rows"] == 1000 for h in result.history), "validation covers the whole validation set"
@@ -92,10 +92,10 @@ def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_feat
 
 
 def test_same_seed_gives_the_same_metrics_twice(tiny_features, tmp_path):
-    first = _trainer(tiny_features, tmp_path / "a", _settings()).fit()
-    second = _trainer(tiny_features, tmp_path / "b", _settings()).fit()
+    first = _trainer(tiny_features, tmp_path / "a", _config()).fit()
+    second = _trainer(tiny_features, tmp_path / "b", _config()).fit()
     assert [h["log_loss"] for h in first.history] == [h["log_loss"] for h in second.history]
-    other = _trainer(tiny_features, tmp_path / "c", _settings(seed=1)).fit()
+    other = _trainer(tiny_features, tmp_path / "c", _config(seed=1)).fit()
     assert [h["log_loss"] for h in other.history] != [h["log_loss"] for h in first.history]
 
 
@@ -109,12 +109,12 @@ class _Crash(Exception):
     ids=["at-validations", "every-3-steps"],
 )
 def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path, saving, crash_at, resumes_at):
-    settings = _settings(num_epochs=2, **saving)
-    reference = _trainer(tiny_features, tmp_path / "whole", settings)
+    config = _config(num_epochs=2, **saving)
+    reference = _trainer(tiny_features, tmp_path / "whole", config)
     reference_result = reference.fit()
 
     resume_path = tmp_path / "progress.pt"
-    crashing = _trainer(tiny_features, tmp_path / "crash", settings, resume_path=resume_path, fingerprint="x")
+    crashing = _trainer(tiny_features, tmp_path / "crash", config, resume_path=resume_path, fingerprint="x")
     original_step = crashing.train_step
 
     def step_then_crash(batch, *args):
@@ -127,7 +127,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path,
         crashing.fit()
     assert resume_path.exists()
 
-    resumed = _trainer(tiny_features, tmp_path / "resumed", settings, resume_path=resume_path, fingerprint="x")
+    resumed = _trainer(tiny_features, tmp_path / "resumed", config, resume_path=resume_path, fingerprint="x")
     assert resumed.step == resumes_at
     result = resumed.fit()
     for name, tensor in reference.mode.model.state_dict().items():
@@ -141,8 +141,8 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path,
 
 def test_a_checkpoint_of_other_settings_is_not_resumed(tiny_features, tmp_path):
     resume_path = tmp_path / "progress.pt"
-    _trainer(tiny_features, tmp_path / "a", _settings(num_epochs=1), resume_path=resume_path, fingerprint="one").fit()
-    other = _trainer(tiny_features, tmp_path / "b", _settings(num_epochs=1), resume_path=resume_path, fingerprint="two")
+    _trainer(tiny_features, tmp_path / "a", _config(num_epochs=1), resume_path=resume_path, fingerprint="one").fit()
+    other = _trainer(tiny_features, tmp_path / "b", _config(num_epochs=1), resume_path=resume_path, fingerprint="two")
     assert other.step == 0
 
 
@@ -162,7 +162,7 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
 
     monkeypatch.setattr(loop, "binary_metrics", scripted)
     result = _trainer(
-        tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)
+        tiny_features, tmp_path, _config(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)
     ).fit()
     assert result.stopped_early
     assert [h["log_loss"] for h in result.history] == [0.5, 0.4, 0.45, 0.46]
@@ -174,10 +174,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     dense = np.array(train.dense)
     dense[25 * 200 % len(dense) :, 0] = np.inf  # rows of later batches (file order below) carry an inf
     poisoned = EncodedArrays(np.array(train.labels), dense, np.array(train.sparse))
-    settings = _settings(num_epochs=3, validate_every_steps=5)
+    config = _config(num_epochs=3, validate_every_steps=5)
     trainer = Trainer(
-        SingleProcess(_model(tiny_features), settings, torch.device("cpu")),
-        settings,
+        SingleProcess(_model(tiny_features), config, torch.device("cpu")),
+        config,
         BatchLoader(poisoned, 200, shuffle=False),
         BatchLoader(tiny_features["validation"], 512),
         tmp_path / "run",
@@ -191,7 +191,7 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 
 def test_tensorboard_scalars_and_hparams_read_back(tiny_features, tmp_path):
     logger = TensorBoardLogger(tmp_path / "run")
-    _trainer(tiny_features, tmp_path, _settings(num_epochs=1), metric_logger=logger).fit()
+    _trainer(tiny_features, tmp_path, _config(num_epochs=1), metric_logger=logger).fit()
     logger.close()
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
@@ -217,7 +217,7 @@ def test_tensorboard_scalars_and_hparams_read_back(tiny_features, tmp_path):
 
 def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
     profile = ProfilerConfig(enabled=True, wait=1, warmup=1, active=2, repeat=1)
-    _trainer(tiny_features, tmp_path, _settings(num_epochs=1, profiler=profile)).fit()
+    _trainer(tiny_features, tmp_path, _config(num_epochs=1, profiler=profile)).fit()
     traces = list((tmp_path / "run").glob("*.pt.trace.json"))
     assert len(traces) == 1
     trace = json.loads(traces[0].read_text())
@@ -245,13 +245,11 @@ def test_invalid_training_settings_are_refused(overrides, message):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
-    settings = _settings(
-        num_epochs=1, precision="bf16", profiler=ProfilerConfig(enabled=True, wait=1, warmup=1, active=2)
-    )
+    config = _config(num_epochs=1, precision="bf16", profiler=ProfilerConfig(enabled=True, wait=1, warmup=1, active=2))
     device = torch.device("cuda")
     trainer = Trainer(
-        SingleProcess(_model(tiny_features).to(device), settings, device),
-        settings,
+        SingleProcess(_model(tiny_features).to(device), config, device),
+        config,
         BatchLoader(tiny_features["train"], 200, shuffle=True, pin_memory=True),
         BatchLoader(tiny_features["validation"], 512, pin_memory=True),
         tmp_path / "run",
@@ -278,7 +276,7 @@ def _poison_after_step(trainer: Trainer, step: int) -> None:
 def test_a_non_finite_loss_between_log_lines_is_never_saved_as_progress(tiny_features, tmp_path):
     progress = tmp_path / "progress.pt"
     trainer = _trainer(
-        tiny_features, tmp_path, _settings(log_every_steps=5, checkpoint_every_steps=3), resume_path=progress
+        tiny_features, tmp_path, _config(log_every_steps=5, checkpoint_every_steps=3), resume_path=progress
     )
     _poison_after_step(trainer, 11)
     with pytest.raises(TrainingDivergedError, match=r"at step 12\b.*progress.pt"):
@@ -289,7 +287,7 @@ def test_a_non_finite_loss_between_log_lines_is_never_saved_as_progress(tiny_fea
 
 
 def test_a_non_finite_loss_between_log_lines_is_never_validated(tiny_features, tmp_path):
-    trainer = _trainer(tiny_features, tmp_path, _settings(log_every_steps=5, validate_every_steps=3))
+    trainer = _trainer(tiny_features, tmp_path, _config(log_every_steps=5, validate_every_steps=3))
     _poison_after_step(trainer, 11)
     with pytest.raises(TrainingDivergedError, match=r"at step 12\b"):
         trainer.fit()
@@ -305,7 +303,7 @@ def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tm
     lines: list[str] = []
     sink = logger.add(lines.append, format="{message}")
     try:
-        _trainer(tiny_features, tmp_path, _settings(num_epochs=5, validate_every_steps=5)).fit()
+        _trainer(tiny_features, tmp_path, _config(num_epochs=5, validate_every_steps=5)).fit()
     finally:
         logger.remove(sink)
     assert any(
@@ -320,10 +318,8 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
     progress.parent.mkdir()
     stale = progress.parent / f".progress.pt.{2**22 + 12345}.partial"  # a pid that no process has
     stale.write_bytes(b"")
-    settings = _settings(num_epochs=2, validate_every_steps=4, log_every_steps=2)
-    first = _trainer(
-        tiny_features, tmp_path / "first", settings, resume_path=progress, fingerprint="x", tensorboard=True
-    )
+    config = _config(num_epochs=2, validate_every_steps=4, log_every_steps=2)
+    first = _trainer(tiny_features, tmp_path / "first", config, resume_path=progress, fingerprint="x", tensorboard=True)
     assert not stale.exists(), "stale partial checkpoint files are cleaned at start"
     original_step = first.train_step
 
@@ -337,12 +333,12 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
     with pytest.raises(_Crash):
         first.fit()
     resumed = _trainer(
-        tiny_features, tmp_path / "second", settings, resume_path=progress, fingerprint="x", tensorboard=True
+        tiny_features, tmp_path / "second", config, resume_path=progress, fingerprint="x", tensorboard=True
     )
     assert resumed.run_dir == tmp_path / "first" / "run" and resumed.step == 16
     resumed.fit()
     assert not (tmp_path / "second" / "run").exists(), "no orphan folder"
-    _trainer(tiny_features, tmp_path / "whole", settings, tensorboard=True).fit()
+    _trainer(tiny_features, tmp_path / "whole", config, tensorboard=True).fit()
 
     def curve(folder):
         events = EventAccumulator(str(folder))
@@ -357,16 +353,16 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
 def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
     torch.manual_seed(0)
     sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-    config = DLRMConfig(
+    model_config = DLRMConfig(
         sizes, [4] * 13 + [8] * 13, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16],
         interaction="dcn", dcn=DCN(2, 16),
     )  # fmt: skip
-    settings = _settings(num_epochs=3)
+    config = _config(num_epochs=3)
     trainer = Trainer(
-        SingleProcess(DLRM(config), settings, torch.device("cpu")),
-        settings,
-        BatchLoader(tiny_features["train"], settings.batch_size.train, shuffle=True),
-        BatchLoader(tiny_features["validation"], settings.batch_size.validation),
+        SingleProcess(DLRM(model_config), config, torch.device("cpu")),
+        config,
+        BatchLoader(tiny_features["train"], config.batch_size.train, shuffle=True),
+        BatchLoader(tiny_features["validation"], config.batch_size.validation),
         tmp_path / "run",
     )
     assert trainer.fit().best_metrics["auc"] > 0.6
@@ -377,7 +373,7 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
 ):
     # 3,000 rows in batches of 200: 15 steps an epoch; 4 validations an epoch: after 4, 8, 12 and 15 steps.
     result = _trainer(
-        tiny_features, tmp_path, _settings(num_epochs=2, validations_per_epoch=4, early_stopping_patience=9)
+        tiny_features, tmp_path, _config(num_epochs=2, validations_per_epoch=4, early_stopping_patience=9)
     ).fit()
     assert [h["step"] for h in result.history] == [4, 8, 12, 15, 19, 23, 27, 30]
     assert all(
@@ -392,7 +388,7 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
 
     monkeypatch.setattr(loop, "binary_metrics", scripted)
     stopped = _trainer(
-        tiny_features, tmp_path / "stop", _settings(num_epochs=3, validations_per_epoch=4, early_stopping_patience=1)
+        tiny_features, tmp_path / "stop", _config(num_epochs=3, validations_per_epoch=4, early_stopping_patience=1)
     ).fit()
     assert stopped.stopped_early and stopped.steps == 12, "stopped in the middle of the first epoch"
     assert stopped.best_step == 8
@@ -401,7 +397,7 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
 def test_embedding_weight_decay_adds_the_squares_of_the_looked_up_rows_to_the_loss(tiny_features, tmp_path):
     from criteo_dlrm.models.torchrec_embeddings import split_tables
 
-    trainer = _trainer(tiny_features, tmp_path, _settings(embedding_weight_decay=0.01, embedding_optimizer="sgd"))
+    trainer = _trainer(tiny_features, tmp_path, _config(embedding_weight_decay=0.01, embedding_optimizer="sgd"))
     batch = next(trainer.train_loader.batches())
     model = trainer.mode.model
     with torch.no_grad():
@@ -418,9 +414,9 @@ def test_embedding_weight_decay_adds_the_squares_of_the_looked_up_rows_to_the_lo
 
 def test_prefetching_trains_on_the_same_batches_to_the_same_weights(tiny_features, tmp_path):
     torch.manual_seed(0)
-    ahead = _trainer(tiny_features, tmp_path / "ahead", _settings(num_epochs=2, prefetch_batches=2)).fit()
+    ahead = _trainer(tiny_features, tmp_path / "ahead", _config(num_epochs=2, prefetch_batches=2)).fit()
     torch.manual_seed(0)
-    inline = _trainer(tiny_features, tmp_path / "inline", _settings(num_epochs=2, prefetch_batches=0)).fit()
+    inline = _trainer(tiny_features, tmp_path / "inline", _config(num_epochs=2, prefetch_batches=0)).fit()
     assert [h["step"] for h in ahead.history] == [h["step"] for h in inline.history]
     for name, tensor in inline.best_model_state.items():
         assert torch.equal(ahead.best_model_state[name], tensor), name

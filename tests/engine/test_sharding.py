@@ -20,6 +20,7 @@ from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
 from criteo_dlrm.models.dlrm import DLRM
+from tests.conftest import TINY_MODEL
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
 
@@ -29,9 +30,7 @@ def _config(tmp_path: Path, **overrides) -> TrainingConfig:
         "num_epochs": 2,
         "batch_size": {"train": 64, "validation": 300},
         "learning_rate": 0.003,
-        "dense_mlp": {"hidden_layer_sizes": [16], "output_size": 8},
-        "sparse_embedding_sizes": 8,
-        "prediction_hidden_sizes": [16],
+        **TINY_MODEL,
         "log_every_steps": 10,
         "validations_per_epoch": 2,
         "early_stopping": {"patience": 10},
