@@ -159,14 +159,14 @@ def test_a_checkpoint_with_overwritten_bytes_is_refused_naming_it(tmp_path):
 
 
 def test_a_truncated_in_progress_checkpoint_is_set_aside_and_the_run_starts_afresh(tiny_features, tmp_path):
-    from tests.engine.test_loop import _settings, _trainer
+    from tests.engine.test_loop import _config, _trainer
 
     progress = tmp_path / "in_progress" / "progress.pt"
-    first = _trainer(tiny_features, tmp_path / "a", _settings(num_epochs=1), resume_path=progress, fingerprint="x")
+    first = _trainer(tiny_features, tmp_path / "a", _config(num_epochs=1), resume_path=progress, fingerprint="x")
     first.fit()
     with open(progress, "r+b") as handle:
         handle.truncate(progress.stat().st_size // 3)
-    again = _trainer(tiny_features, tmp_path / "b", _settings(num_epochs=1), resume_path=progress, fingerprint="x")
+    again = _trainer(tiny_features, tmp_path / "b", _config(num_epochs=1), resume_path=progress, fingerprint="x")
     assert again.step == 0
     assert Path(f"{progress}.damaged").exists()
 
@@ -378,11 +378,11 @@ def test_a_finished_run_whose_checkpoint_could_not_be_stored_is_stored_by_the_re
 
 
 def test_a_run_killed_before_its_first_validation_resumes_into_its_own_run_folder(tiny_features, tmp_path):
-    from tests.engine.test_loop import _Crash, _settings, _trainer
+    from tests.engine.test_loop import _config, _Crash, _trainer
 
     progress = tmp_path / "in_progress" / "progress.pt"
-    settings = _settings(num_epochs=1, validations_per_epoch=1)
-    first = _trainer(tiny_features, tmp_path / "first", settings, resume_path=progress, fingerprint="x")
+    config = _config(num_epochs=1, validations_per_epoch=1)
+    first = _trainer(tiny_features, tmp_path / "first", config, resume_path=progress, fingerprint="x")
     original = first.train_step
 
     def crash(batch, index, *args):
@@ -393,7 +393,7 @@ def test_a_run_killed_before_its_first_validation_resumes_into_its_own_run_folde
     first.train_step = crash
     with pytest.raises(_Crash):
         first.fit()
-    second = _trainer(tiny_features, tmp_path / "second", settings, resume_path=progress, fingerprint="x")
+    second = _trainer(tiny_features, tmp_path / "second", config, resume_path=progress, fingerprint="x")
     assert second.run_dir == tmp_path / "first" / "run", "no orphan folder: the rerun continues the first one's"
 
 
