@@ -155,7 +155,7 @@ class BatchLoader:
         order = epoch_chunks(self.chunks, self.seed, epoch)
         windows = [order[i : i + self.window_chunks] for i in range(0, self.chunks, self.window_chunks)]
         starts = np.concatenate([[0], np.cumsum([sum(map(self._chunk_size, window)) for window in windows])])
-        rows, window, index = len(self.arrays), None, -1
+        rows, window = len(self.arrays), None
         for begin in range(start * self.batch_size, rows, self.batch_size):
             end = min(begin + self.batch_size, rows)
             parts = []
@@ -177,7 +177,7 @@ class BatchLoader:
         owned = np.arange(len(chunks)) % self.world_size == self.rank
         first = np.concatenate([[0], np.cumsum(np.where(owned, sizes, 0))[:-1]])
         total = int(np.where(owned, sizes, 0).sum())
-        sources = _stored_arrays(self.arrays)
+        sources = self.arrays.stored()
         rows = tuple(np.empty((total, *array.shape[1:]), dtype=array.dtype) for array in sources)
         for slot in np.flatnonzero(owned):
             chunk, size, at = int(chunks[slot]), sizes[slot], int(first[slot])
@@ -220,12 +220,6 @@ def _read(source: np.ndarray, begin: int, end: int) -> np.ndarray:
     if done != out.nbytes:
         raise OSError(f"{filename}: read {done:,} of {out.nbytes:,} bytes at row {begin:,}")
     return out
-
-
-def _stored_arrays(arrays: EncodedArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Labels, dense and sparse as stored (packed index bytes as they are: unpacked per batch)."""
-    sparse = arrays.sparse.packed if isinstance(arrays.sparse, PackedIndices) else arrays.sparse
-    return arrays.labels, arrays.dense, sparse
 
 
 class Prefetcher:

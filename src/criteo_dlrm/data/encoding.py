@@ -124,6 +124,11 @@ class EncodedArrays:
             for name in STORED_FIELDS:
                 self.digests.check(name, start, end)
 
+    def stored(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Labels, dense and sparse as stored: packed index bytes as they are (``PackedIndices.packed``)."""
+        sparse = self.sparse.packed if isinstance(self.sparse, PackedIndices) else self.sparse
+        return self.labels, self.dense, sparse
+
     def checked_labels(self) -> np.ndarray:
         """All labels, verified: what a reader of the whole label column uses."""
         if self.digests is not None:
@@ -495,8 +500,7 @@ def _shuffle_bucket(folder: str, bucket: int, start: int, end: int) -> None:
     """A worker's task: permute rows ``start:end`` (one bucket) of the files in ``folder``, in memory."""
     out = open_encoded(Path(folder), writable=True)
     order = np.random.default_rng([SHUFFLE_SEED, bucket]).permutation(end - start)
-    sparse = out.sparse.packed if isinstance(out.sparse, PackedIndices) else out.sparse
-    for array in (out.labels, out.dense, sparse):
+    for array in out.stored():
         array[start:end] = np.asarray(array[start:end])[order]
         array.flush()
 
@@ -600,5 +604,4 @@ def write_encoded(arrays: EncodedArrays, folder: Path) -> None:
 
 def bytes_per_row(arrays: EncodedArrays) -> int:
     """Bytes one row of ``arrays`` takes (on disk, for stored rows)."""
-    sparse = arrays.sparse.packed if isinstance(arrays.sparse, PackedIndices) else arrays.sparse
-    return sum(array.itemsize * int(np.prod(array.shape[1:])) for array in (arrays.labels, arrays.dense, sparse))
+    return sum(array.itemsize * int(np.prod(array.shape[1:])) for array in arrays.stored())
