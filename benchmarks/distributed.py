@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import elastic_launch
 
-from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.encoding import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
@@ -41,7 +40,7 @@ from criteo_dlrm.engine.modes import DataParallel, parallel_mode
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
 
-from training import CONFIGURATIONS, spec_config, synthetic_arrays
+from training import CONFIGURATIONS, spec_batch, spec_config, spec_training, synthetic_arrays
 
 
 def join_process_group(device_kind: str) -> torch.device:
@@ -91,7 +90,7 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
     torch.manual_seed(0)
     spec = CONFIGURATIONS["kaggle-like"]
     model = DLRM(spec_config(spec)).to(device)
-    config = TrainingConfig(batch_size=BatchSize(train=batch), device=str(device))
+    config = spec_training(spec, batch_size={"train": batch}, device=str(device))
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
@@ -108,7 +107,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=CONFIGURATIONS["kaggle-like"]["batch"])
+    parser.add_argument("--batch", type=int, default=spec_batch(CONFIGURATIONS["kaggle-like"]))
     args = parser.parse_args()
     spec = CONFIGURATIONS["kaggle-like"]
     with tempfile.TemporaryDirectory() as tmp:

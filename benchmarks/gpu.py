@@ -16,7 +16,6 @@ import time
 
 import torch
 
-from criteo_dlrm.config.training import BatchSize, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import compile_model, configure_backends
 from criteo_dlrm.models import DLRM
@@ -26,6 +25,7 @@ from training import (
     KAGGLE_LIKE,
     flops_per_sample,
     spec_config,
+    spec_training,
     synthetic_arrays,
     training_step,
 )
@@ -38,7 +38,7 @@ def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arra
     model = DLRM(spec_config(KAGGLE_LIKE)).to(device)
     if compiled:
         compile_model(model, "max-autotune-no-cudagraphs")
-    config = TrainingConfig(precision="bf16" if bf16 else "fp32", batch_size=BatchSize(train=batch))
+    config = spec_training(KAGGLE_LIKE, precision="bf16" if bf16 else "fp32", batch_size={"train": batch})
     train = training_step(model, config, device, arrays)
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=True)
     batches = itertools.chain.from_iterable(loader.batches(epoch=e) for e in itertools.count())

@@ -51,29 +51,76 @@ def hashed(paths: list[Path], encoded: EncodedArrays) -> EncodedArrays:
     return EncodedArrays(encoded.labels, encoded.dense, hash_features(raw))
 
 
+def embedding_size(size: int) -> dict:
+    """Embeddings of ``size`` and the dense MLP's output of the same size (the dot interactions need both)."""
+    return {"training.sparse_embedding_sizes": size, "training.dense_mlp.output_size": size}
+
+
+def section(options: dict, name: str) -> dict:
+    """The options under ``name`` (``--params`` names, ``training.batch_size.train``) as that section's nested
+    dict (``{"batch_size": {"train": ...}}``), as ``TrainingConfig.from_dict`` and ``MetadataConfig.from_dict``
+    read ``params:training`` and ``params:metadata``."""
+    nested: dict = {}
+    for key, value in options.items():
+        first, *path = key.split(".")
+        if first == name:
+            inner = nested
+            for part in path[:-1]:
+                inner = inner.setdefault(part, {})
+            inner[path[-1]] = value
+    return nested
+
+
+# Every study's settings are ``kedro run --params`` names (``training.learning_rate``, ``metadata.min_frequency``),
+# plus two of the studies' own: ``initial_ctr`` and ``shared_missing_row`` (former layouts, see ``encode``).
 # The DLRM settings of the learning curve: the project's defaults (conf/base) for everything not named here.
-CURVE_SETTINGS = {"min_frequency": 3, "min_expected_clicks": 3, "dim": TrainingConfig().sparse_embedding_sizes}
+CURVE_SETTINGS = {
+    "metadata.min_frequency": 3,
+    "metadata.min_expected_clicks": 3,
+    **embedding_size(TrainingConfig().sparse_embedding_sizes),
+}
 INTERACTIONS = ("dot_cat", "dcn")  # the default and DCN-v2
 # Ten thousand training rows need other settings. Both models get four candidates, picked by validation
 # log loss, so neither is tuned more than the other.
 REAL_DLRM_GRID = [
-    {"min_frequency": frequency, "dim": dim, "batch": 128, "optimizer": "adagrad", "embedding_lr": 0.015}
+    {
+        "metadata.min_frequency": frequency,
+        **embedding_size(dim),
+        "training.batch_size.train": 128,
+        "training.embedding_optimizer": "adagrad",
+        "training.embedding_learning_rate": 0.015,
+    }
     for frequency in (20, 40)
     for dim in (4, 8)
 ]
 REAL_LOGISTIC_GRID = [{"lr": lr} for lr in (0.01, 0.02, 0.05, 0.1)]
 
 
+def metadata_config(options: dict) -> MetadataConfig:
+    return MetadataConfig.from_dict({"min_expected_clicks": 0, **section(options, "metadata")})
+
+
+def training_config(options: dict, run_dir: Path) -> TrainingConfig:
+    """The options' ``training`` settings over the project's defaults, on the CPU, logging to ``run_dir``."""
+    settings = {
+        "device": "cpu",
+        "dense_mlp": {"hidden_layer_sizes": [64]},
+        "batch_size": {"validation": 16384},
+        "log_every_steps": 1000,
+        "resume": False,
+        "tensorboard_dir": str(run_dir),
+    }
+    for key, value in section(options, "training").items():
+        settings[key] = {**settings[key], **value} if isinstance(value, dict) and key in settings else value
+    return TrainingConfig.from_dict(settings)
+
+
 def encode(train_paths: list[Path], validation_paths: list[Path], options: dict) -> tuple:
     """``(metadata, vocabularies, train, validation)``: the metadata pass over the training days with the
-    options' ``min_frequency`` (and small-data rule), and both sides encoded with it. ``shared_missing_row``:
-    the layout before missing values had a row of their own (missing and unseen share row 0)."""
-    rule = {key: options[key] for key in ("min_expected_clicks",) if key in options}
-    metadata, vocabularies = compute_feature_metadata(
-        train_paths,
-        MetadataConfig(min_frequency=options["min_frequency"], **{"min_expected_clicks": 0, **rule}),
-        progress=False,
-    )
+    options' ``metadata`` settings (``min_expected_clicks`` 0 unless given), and both sides encoded with it.
+    ``shared_missing_row``: the layout before missing values had a row of their own (missing and unseen share
+    row 0)."""
+    metadata, vocabularies = compute_feature_metadata(train_paths, metadata_config(options), progress=False)
     if options.get("shared_missing_row"):
         metadata = {**metadata, "format": 1}
         metadata["sparse"] = {n: {**st, "table_size": st["table_size"] - 1} for n, st in metadata["sparse"].items()}
@@ -88,32 +135,7 @@ def train_dlrm(train_paths: list[Path], validation_paths: list[Path], options: d
 def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
     """Train the DLRM on ``encode``'s output with the options (the project's defaults for the rest)."""
     metadata, vocabularies, train, validation = encoded
-    dim = options["dim"]
-    defaults = TrainingConfig()
-    config = TrainingConfig.from_dict(
-        {
-            "device": "cpu",
-            "seed": options.get("seed", defaults.seed),
-            "sparse_embedding_sizes": dim,
-            "dense_mlp": {"hidden_layer_sizes": [64], "output_size": dim},
-            "interaction": options.get("interaction", defaults.interaction),
-            "prediction_hidden_sizes": options.get("top", defaults.prediction_hidden_sizes),
-            "num_epochs": options.get("epochs", defaults.num_epochs),
-            "validations_per_epoch": options.get("validations_per_epoch", defaults.validations_per_epoch),
-            "batch_size": {"train": options.get("batch", defaults.batch_size.train), "validation": 16384},
-            "embedding_optimizer": options.get("optimizer", defaults.embedding_optimizer),
-            "embedding_learning_rate": options.get("embedding_lr", defaults.embedding_learning_rate),
-            "learning_rate": options.get("lr", defaults.learning_rate),
-            "warmup_steps": options.get("warmup", defaults.warmup_steps),
-            "decay": options.get("decay", defaults.decay),
-            "prediction_dropout": options.get("dropout", defaults.prediction_dropout),
-            "embedding_weight_decay": options.get("embedding_l2", defaults.embedding_weight_decay),
-            "early_stopping": {"patience": options.get("patience", defaults.early_stopping.patience)},
-            "log_every_steps": 1000,
-            "resume": False,
-            "tensorboard_dir": str(run_dir),
-        }
-    )
+    config = training_config(options, run_dir)
     if "initial_ctr" in options:  # the output's starting click rate (0.5: the bias at 0, as before the prior)
         metadata = {**metadata, "label": {**metadata["label"], "ctr": options["initial_ctr"]}}
     checkpoint, summary = run_training(config, train, validation, metadata, vocabularies, "quality")
@@ -170,59 +192,96 @@ def real_days(work: Path) -> tuple[list[Path], list[Path]]:
 # Known remedies for the one-epoch overfitting, each against the defaults on the same data (``--remedies``).
 REMEDIES = {
     "defaults": {},
-    "defaults, seed 1": {"seed": 1},
-    "defaults, seed 2": {"seed": 2},
+    "defaults, seed 1": {"training.seed": 1},
+    "defaults, seed 2": {"training.seed": 2},
     "output bias at 0 (probability 0.5) to start, as before": {"initial_ctr": 0.5},
     "missing and unseen values share row 0, as before": {"shared_missing_row": True},
-    "min_expected_clicks 1": {"min_expected_clicks": 1},
-    "min_expected_clicks 12": {"min_expected_clicks": 12},
-    "min_expected_clicks 30": {"min_expected_clicks": 30},
-    "min_expected_clicks 30, seed 1": {"min_expected_clicks": 30, "seed": 1},
-    "min_expected_clicks 30, seed 2": {"min_expected_clicks": 30, "seed": 2},
-    "embedding learning rate 0.001": {"embedding_lr": 0.001},
-    "embedding learning rate 0.01": {"embedding_lr": 0.01},
-    "embedding learning rate 0.01, seed 1": {"embedding_lr": 0.01, "seed": 1},
-    "embedding learning rate 0.01, seed 2": {"embedding_lr": 0.01, "seed": 2},
-    "embedding learning rate 0.02": {"embedding_lr": 0.02},
-    "learning rates 0.003 / 0.01": {"lr": 0.003, "embedding_lr": 0.01},
-    "warm-up 500 steps": {"warmup": 500},
-    "embedding L2 0.00001": {"embedding_l2": 1e-5},
-    "embedding L2 0.0001": {"embedding_l2": 1e-4},
-    "embedding L2 0.001": {"embedding_l2": 1e-3},
-    "embedding learning rate 0.03": {"embedding_lr": 0.03},
-    "embedding optimizer adagrad 0.1": {"optimizer": "adagrad", "embedding_lr": 0.1},
-    "embedding optimizer adagrad 0.05": {"optimizer": "adagrad", "embedding_lr": 0.05},
-    "embedding optimizer adagrad 0.02": {"optimizer": "adagrad", "embedding_lr": 0.02},
-    "interaction cat": {"interaction": "cat"},
-    "dense learning rate 0.0003": {"lr": 0.0003},
-    "learning rates 0.0003 / 0.001": {"lr": 0.0003, "embedding_lr": 0.001},
-    "dense learning rate 0.003": {"lr": 0.003},
-    "embedding size 8": {"dim": 8},
-    "embedding size 32": {"dim": 32},
-    "top MLP 512-256": {"top": [512, 256]},
-    "embedding size 32, learning rates 0.003 / 0.01": {"dim": 32, "lr": 0.003, "embedding_lr": 0.01},
-    "top MLP dropout 0.1": {"dropout": 0.1},
-    "top MLP dropout 0.3": {"dropout": 0.3},
-    "1 epoch, cosine decay": {"epochs": 1, "decay": "cosine"},
-    "1 epoch, linear decay": {"epochs": 1, "decay": "linear"},
-    "batch 2048, learning rates x sqrt(8)": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8**0.5},
-    "batch 8192, learning rates x sqrt(32)": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 32**0.5},
-    "batch 8192, learning rates x sqrt(32), warm-up 30 steps": {
-        "batch": 8192,
-        "lr": 0.001 * 32**0.5,
-        "embedding_lr": 0.003 * 32**0.5,
-        "warmup": 30,
+    "min_expected_clicks 1": {"metadata.min_expected_clicks": 1},
+    "min_expected_clicks 12": {"metadata.min_expected_clicks": 12},
+    "min_expected_clicks 30": {"metadata.min_expected_clicks": 30},
+    "min_expected_clicks 30, seed 1": {"metadata.min_expected_clicks": 30, "training.seed": 1},
+    "min_expected_clicks 30, seed 2": {"metadata.min_expected_clicks": 30, "training.seed": 2},
+    "embedding learning rate 0.001": {"training.embedding_learning_rate": 0.001},
+    "embedding learning rate 0.01": {"training.embedding_learning_rate": 0.01},
+    "embedding learning rate 0.01, seed 1": {"training.embedding_learning_rate": 0.01, "training.seed": 1},
+    "embedding learning rate 0.01, seed 2": {"training.embedding_learning_rate": 0.01, "training.seed": 2},
+    "embedding learning rate 0.02": {"training.embedding_learning_rate": 0.02},
+    "learning rates 0.003 / 0.01": {"training.learning_rate": 0.003, "training.embedding_learning_rate": 0.01},
+    "warm-up 500 steps": {"training.warmup_steps": 500},
+    "embedding L2 0.00001": {"training.embedding_weight_decay": 1e-5},
+    "embedding L2 0.0001": {"training.embedding_weight_decay": 1e-4},
+    "embedding L2 0.001": {"training.embedding_weight_decay": 1e-3},
+    "embedding learning rate 0.03": {"training.embedding_learning_rate": 0.03},
+    "embedding optimizer adagrad 0.1": {
+        "training.embedding_optimizer": "adagrad",
+        "training.embedding_learning_rate": 0.1,
     },
-    "batch 2048, dense x sqrt(8), embeddings x 8": {"batch": 2048, "lr": 0.001 * 8**0.5, "embedding_lr": 0.003 * 8},
-    "batch 8192, dense x sqrt(32), embeddings x 32": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 32},
-    "batch 8192, dense x sqrt(32), embeddings x 8": {"batch": 8192, "lr": 0.001 * 32**0.5, "embedding_lr": 0.003 * 8},
-    "batch 8192, dense x 8, embeddings x sqrt(32)": {"batch": 8192, "lr": 0.001 * 8, "embedding_lr": 0.003 * 32**0.5},
+    "embedding optimizer adagrad 0.05": {
+        "training.embedding_optimizer": "adagrad",
+        "training.embedding_learning_rate": 0.05,
+    },
+    "embedding optimizer adagrad 0.02": {
+        "training.embedding_optimizer": "adagrad",
+        "training.embedding_learning_rate": 0.02,
+    },
+    "interaction cat": {"training.interaction": "cat"},
+    "dense learning rate 0.0003": {"training.learning_rate": 0.0003},
+    "learning rates 0.0003 / 0.001": {"training.learning_rate": 0.0003, "training.embedding_learning_rate": 0.001},
+    "dense learning rate 0.003": {"training.learning_rate": 0.003},
+    "embedding size 8": {**embedding_size(8)},
+    "embedding size 32": {**embedding_size(32)},
+    "top MLP 512-256": {"training.prediction_hidden_sizes": [512, 256]},
+    "embedding size 32, learning rates 0.003 / 0.01": {
+        **embedding_size(32),
+        "training.learning_rate": 0.003,
+        "training.embedding_learning_rate": 0.01,
+    },
+    "top MLP dropout 0.1": {"training.prediction_dropout": 0.1},
+    "top MLP dropout 0.3": {"training.prediction_dropout": 0.3},
+    "1 epoch, cosine decay": {"training.num_epochs": 1, "training.decay": "cosine"},
+    "1 epoch, linear decay": {"training.num_epochs": 1, "training.decay": "linear"},
+    "batch 2048, learning rates x sqrt(8)": {
+        "training.batch_size.train": 2048,
+        "training.learning_rate": 0.001 * 8**0.5,
+        "training.embedding_learning_rate": 0.003 * 8**0.5,
+    },
+    "batch 8192, learning rates x sqrt(32)": {
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 32**0.5,
+        "training.embedding_learning_rate": 0.003 * 32**0.5,
+    },
+    "batch 8192, learning rates x sqrt(32), warm-up 30 steps": {
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 32**0.5,
+        "training.embedding_learning_rate": 0.003 * 32**0.5,
+        "training.warmup_steps": 30,
+    },
+    "batch 2048, dense x sqrt(8), embeddings x 8": {
+        "training.batch_size.train": 2048,
+        "training.learning_rate": 0.001 * 8**0.5,
+        "training.embedding_learning_rate": 0.003 * 8,
+    },
+    "batch 8192, dense x sqrt(32), embeddings x 32": {
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 32**0.5,
+        "training.embedding_learning_rate": 0.003 * 32,
+    },
+    "batch 8192, dense x sqrt(32), embeddings x 8": {
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 32**0.5,
+        "training.embedding_learning_rate": 0.003 * 8,
+    },
+    "batch 8192, dense x 8, embeddings x sqrt(32)": {
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 8,
+        "training.embedding_learning_rate": 0.003 * 32**0.5,
+    },
     "batch 8192, dense x sqrt(32), embeddings x 32, 6 validations/epoch, patience 4": {
-        "batch": 8192,
-        "lr": 0.001 * 32**0.5,
-        "embedding_lr": 0.003 * 32,
-        "validations_per_epoch": 6,
-        "patience": 4,
+        "training.batch_size.train": 8192,
+        "training.learning_rate": 0.001 * 32**0.5,
+        "training.embedding_learning_rate": 0.003 * 32,
+        "training.validations_per_epoch": 6,
+        "training.early_stopping.patience": 4,
     },
 }
 
@@ -230,17 +289,21 @@ REMEDIES = {
 # levers that had helped most, three seeds each (docs/benchmarks.md, "Low click rates").
 SIZE_16_LEVERS = {
     "": {},
-    ", min_expected_clicks 30": {"min_expected_clicks": 30},
-    ", embedding learning rate 0.01": {"embedding_lr": 0.01},
-    ", dense learning rate 0.003": {"lr": 0.003},
+    ", min_expected_clicks 30": {"metadata.min_expected_clicks": 30},
+    ", embedding learning rate 0.01": {"training.embedding_learning_rate": 0.01},
+    ", dense learning rate 0.003": {"training.learning_rate": 0.003},
 }
 for seed in range(3):
-    REMEDIES[f"former defaults (dot, size 16), seed {seed}"] = {"interaction": "dot", "dim": 16, "seed": seed}
+    REMEDIES[f"former defaults (dot, size 16), seed {seed}"] = {
+        "training.interaction": "dot",
+        **embedding_size(16),
+        "training.seed": seed,
+    }
     for lever, change in SIZE_16_LEVERS.items():
         REMEDIES[f"dot_cat, size 16{lever}, seed {seed}"] = {
-            "interaction": "dot_cat",
-            "dim": 16,
-            "seed": seed,
+            "training.interaction": "dot_cat",
+            **embedding_size(16),
+            "training.seed": seed,
             **change,
         }
 
@@ -257,7 +320,9 @@ def remedies(size: int, validation_rows: int, work: Path, names: list[str] | Non
     for name, change in REMEDIES.items():
         if names and name not in names:
             continue
-        d = train_dlrm(paths[:-1], paths[-1:], {**CURVE_SETTINGS, "validations_per_epoch": 4, **change}, work / "runs")
+        d = train_dlrm(
+            paths[:-1], paths[-1:], {**CURVE_SETTINGS, "training.validations_per_epoch": 4, **change}, work / "runs"
+        )
         closed = (d["auc"] - logistic["auc"]) / (oracle["auc"] - logistic["auc"])
         print(
             f"| {name} | {d['auc']:.4f} | {d['log_loss']:.4f} | {d['calibration']:.3f} | {closed:.0%} | "
@@ -309,7 +374,7 @@ def learning_curve(
         train_paths = paths[: size // DAY_ROWS]
         logistic = train_logistic(train_paths, [validation_path], {})
         for interaction in interactions:
-            options = {**CURVE_SETTINGS, **overrides, "interaction": interaction}
+            options = {**CURVE_SETTINGS, **overrides, "training.interaction": interaction}
             dlrm = train_dlrm(train_paths, [validation_path], options, work / "runs")
             results.append(
                 {
@@ -356,7 +421,12 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
                 train_dlrm(
                     train,
                     validation,
-                    {**CURVE_SETTINGS, "min_frequency": frequency, "min_expected_clicks": 0, "seed": seed},
+                    {
+                        **CURVE_SETTINGS,
+                        "metadata.min_frequency": frequency,
+                        "metadata.min_expected_clicks": 0,
+                        "training.seed": seed,
+                    },
                     work / "r",
                 )
                 for seed in range(3)
@@ -376,7 +446,7 @@ def small_data(work: Path, frequencies: list[int], sizes: list[int], validation_
     for size in sizes:
         logistic = train_logistic(paths[: size // DAY_ROWS], paths[-1:], {})
         for frequency in frequencies:
-            options = {**CURVE_SETTINGS, "min_frequency": frequency, "min_expected_clicks": 0}
+            options = {**CURVE_SETTINGS, "metadata.min_frequency": frequency, "metadata.min_expected_clicks": 0}
             d = train_dlrm(paths[: size // DAY_ROWS], paths[-1:], options, work / "runs")
             print(
                 f"| {size:,} | {frequency} | {d['auc']:.4f} | {d['log_loss']:.4f} | {logistic['auc']:.4f} | "
@@ -418,13 +488,14 @@ def small_data_rule(work: Path, frequencies: list[int], sizes: list[int], valida
         clicks = int(labels.sum())
         logistic = best([train_logistic(train, validation, options) for options in REAL_LOGISTIC_GRID])
         seeds = range(3) if len(labels) <= 100_000 else range(1)
-        settings = [(str(f), {"min_frequency": f, "min_expected_clicks": 0}) for f in frequencies]
+        settings = [(str(f), {"metadata.min_frequency": f, "metadata.min_expected_clicks": 0}) for f in frequencies]
         rule = default.effective_min_frequency(clicks / len(labels))
-        settings.append((f"rule: {rule}", {"min_frequency": default.min_frequency,
-                                           "min_expected_clicks": default.min_expected_clicks}))  # fmt: skip
+        settings.append((f"rule: {rule}", {"metadata.min_frequency": default.min_frequency,
+                                           "metadata.min_expected_clicks": default.min_expected_clicks}))  # fmt: skip
         for label, setting in settings:
             runs = [
-                train_dlrm(train, validation, {**CURVE_SETTINGS, **setting, "seed": s}, work / "runs") for s in seeds
+                train_dlrm(train, validation, {**CURVE_SETTINGS, **setting, "training.seed": s}, work / "runs")
+                for s in seeds
             ]
             auc, ne = [r["auc"] for r in runs], [r["normalized_entropy"] for r in runs]
             spread = f" +- {statistics.stdev(ne):.4f}" if len(runs) > 1 else ""
@@ -485,7 +556,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
             model = ClickModel(WORLD_SEED, ctr=ctr_of(day))
             write_day(folder, validation_rows if day == days else DAY_ROWS, day=day, model=model)
             paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
-        options = {**CURVE_SETTINGS, "epochs": 1}
+        options = {**CURVE_SETTINGS, "training.num_epochs": 1}
         metadata, vocabularies, in_order, validation = encode(paths[:-1], paths[-1:], options)
         stored = paths[0].parent / "train_shuffled"
         FeatureEncoder.from_metadata(metadata, vocabularies).encode_days(paths[:-1], into=stored, shuffle=True)
@@ -501,7 +572,9 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
                 process.BatchLoader, default_chunk = loader, batches.CHUNK_ROWS
                 batches.CHUNK_ROWS = chunk_rows
                 try:
-                    got = fit_dlrm((metadata, vocabularies, train, validation), {**options, "seed": seed}, work / "tb")
+                    got = fit_dlrm(
+                        (metadata, vocabularies, train, validation), {**options, "training.seed": seed}, work / "tb"
+                    )
                 finally:
                     process.BatchLoader, batches.CHUNK_ROWS = BatchLoader, default_chunk
                 results.append({"world": world, "way": way, "seed": seed, **got})
@@ -599,7 +672,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print("generated data (planted click model):", flush=True)
-        overrides = {"validations_per_epoch": args.validations_per_epoch} if args.validations_per_epoch else {}
+        overrides = {"training.validations_per_epoch": args.validations_per_epoch} if args.validations_per_epoch else {}
         results = learning_curve(sorted(args.sizes), args.validation_rows, work, tuple(args.interactions), overrides)
         real = None if args.skip_real else real_rows(work)
     print(

@@ -40,7 +40,7 @@ from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
 
-from training import CONFIGURATIONS, spec_config, synthetic_arrays
+from training import CONFIGURATIONS, spec_batch, spec_config, synthetic_arrays
 
 OPTIMIZERS = {"torch": "sparse_adam", "torchrec": "rowwise_adagrad"}
 
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--batch", type=int, default=CONFIGURATIONS["kaggle-like"]["batch"])
+    parser.add_argument("--batch", type=int, default=spec_batch(CONFIGURATIONS["kaggle-like"]))
     parser.add_argument("--sharding", default=None, help="force a sharding type for torchrec (e.g. row_wise on CUDA)")
     parser.add_argument("--big-rows", type=int, default=10_000_000)
     parser.add_argument("--budget-gb", type=float, default=0.5)

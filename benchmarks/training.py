@@ -20,13 +20,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from criteo_dlrm.config.training import BatchSize, TrainingConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.modes import parallel_mode
 from criteo_dlrm.engine.step import TrainStep
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM, DLRMConfig
 
 from predecessor import PredecessorDLRM, predecessor_loader
 
@@ -34,33 +34,44 @@ KAGGLE_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
     10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ]  # fmt: skip
-KAGGLE_LIKE = {"tables": KAGGLE_CARDINALITIES, "dim": 16, "dense": [512, 256, 64, 16], "top": [512, 256]}
+# The models measured, in parameters_training.yml's names (built as training builds them), the paper's
+# interaction (dot), as every figure here was measured.
+KAGGLE_LIKE_MODEL = {
+    "sparse_embedding_sizes": 16,
+    "dense_mlp": {"hidden_layer_sizes": [512, 256, 64], "output_size": 16},
+    "prediction_hidden_sizes": [512, 256],
+    "interaction": "dot",
+}
+KAGGLE_LIKE = {"tables": KAGGLE_CARDINALITIES, "training": KAGGLE_LIKE_MODEL}
 CONFIGURATIONS = {
     "default": {
         "tables": [min(c, 100_000) for c in KAGGLE_CARDINALITIES],
-        "dim": 16,
-        "dense": [64, 16],
-        "top": [128, 64],
-        "batch": 256,
+        "training": {
+            "sparse_embedding_sizes": 16,
+            "dense_mlp": {"hidden_layer_sizes": [64], "output_size": 16},
+            "prediction_hidden_sizes": [128, 64],
+            "interaction": "dot",
+            "batch_size": {"train": 256},
+        },
     },
     "kaggle-like": {
         "tables": [min(c, 100_000) for c in KAGGLE_CARDINALITIES],
-        "dim": 16,
-        "dense": [512, 256, 64, 16],
-        "top": [512, 256],
-        "batch": 2048,
+        "training": {**KAGGLE_LIKE_MODEL, "batch_size": {"train": 2048}},
     },
 }
 
 
+def spec_training(spec: dict, **training) -> TrainingConfig:
+    """The spec's ``training`` section with ``training`` (top-level YAML names) replacing its values."""
+    return TrainingConfig.from_dict({**spec["training"], **training})
+
+
 def spec_config(spec: dict) -> DLRMConfig:
-    return DLRMConfig(
-        spec["tables"],
-        [spec["dim"]] * 26,
-        dense_mlp=DenseMLP(spec["dense"][:-1], spec["dense"][-1]),
-        prediction_hidden_sizes=spec["top"],
-        interaction=spec.get("interaction", "dot"),  # the paper's, as every figure here was measured
-    )
+    return spec_training(spec).model_config(spec["tables"])
+
+
+def spec_batch(spec: dict) -> int:
+    return spec_training(spec).batch_size.train
 
 
 def training_step(model: nn.Module, config: TrainingConfig, device: torch.device, arrays: EncodedArrays):
@@ -119,23 +130,25 @@ def train_rate(model: nn.Module, step, batches, warmup: int, steps: int, rows=le
 
 def ours(arrays: EncodedArrays, spec: dict, optimizer: str, precision: str, compiled: bool, steps: int) -> float:
     torch.manual_seed(0)
-    settings = TrainingConfig(
+    settings = spec_training(
+        spec,
         embedding_optimizer=optimizer,
         embedding_learning_rate=0.01 if optimizer == "sgd" else 1e-3,
         precision=precision,
-        batch_size=BatchSize(train=spec["batch"]),
     )
     model = DLRM(spec_config(spec), sparse_gradients=settings.sparse_gradients)
     if compiled:
         compile_model(model)
     step = training_step(model, settings, torch.device("cpu"), arrays)
-    batches = _cycle(BatchLoader(arrays, spec["batch"], shuffle=True))
+    batches = _cycle(BatchLoader(arrays, settings.batch_size.train, shuffle=True))
     return train_rate(model, step, batches, warmup=5 if compiled else 2, steps=steps)
 
 
 def predecessor(arrays: EncodedArrays, spec: dict, steps: int) -> float:
     torch.manual_seed(0)
-    model = PredecessorDLRM(spec["tables"], spec["dim"], spec["dense"], spec["top"])
+    config = spec_config(spec)
+    dense = [*config.dense_mlp.hidden_layer_sizes, config.dense_mlp.output_size]
+    model = PredecessorDLRM(spec["tables"], config.sparse_embedding_sizes[0], dense, config.prediction_hidden_sizes)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_function = nn.BCELoss()
 
@@ -147,7 +160,7 @@ def predecessor(arrays: EncodedArrays, spec: dict, steps: int) -> float:
 
     def batches():
         while True:
-            yield from predecessor_loader(arrays, spec["batch"])
+            yield from predecessor_loader(arrays, spec_batch(spec))
 
     return train_rate(model, step, batches(), warmup=1, steps=steps, rows=lambda batch: len(batch[0]))
 
@@ -175,7 +188,7 @@ def main() -> None:
         arrays = synthetic_arrays(args.rows, spec["tables"])
         config = spec_config(spec)
         limit = gflops * 1e9 / flops_per_sample(config)
-        rows = {"loader alone": loader_rate(arrays, spec["batch"])}
+        rows = {"loader alone": loader_rate(arrays, spec_batch(spec))}
         steps = args.steps if name == "kaggle-like" else args.steps * 4
         rows["ours, fp32, Adam + SparseAdam (default)"] = ours(arrays, spec, "sparse_adam", "fp32", False, steps)
         rows["ours, fp32, Adam + sparse SGD"] = ours(arrays, spec, "sgd", "fp32", False, steps)
@@ -191,7 +204,7 @@ def main() -> None:
         )
         baseline = rows["the predecessor's design (outer product, per-row Dataset)"]
         print(
-            f"## {name}: batch {spec['batch']}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample, matmul-bound limit {limit:,.0f} samples/s\n"
+            f"## {name}: batch {spec_batch(spec)}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample, matmul-bound limit {limit:,.0f} samples/s\n"
         )
         print("| measurement | samples/s | x predecessor | share of matmul limit |")
         print("| --- | ---: | ---: | ---: |")

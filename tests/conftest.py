@@ -73,6 +73,15 @@ TINY_MODEL = {
 }
 
 
+def tiny_model_config(table_sizes: list[int], initial_ctr: float | None = None, **training):
+    """``TINY_MODEL``'s ``DLRMConfig`` for ``table_sizes``, with ``training`` (parameters_training.yml's names;
+    a nested section given whole, e.g. ``dense_mlp={...}``) replacing its values: built the way training builds
+    one, so the model's defaults have one home."""
+    from criteo_dlrm.config.training import TrainingConfig
+
+    return TrainingConfig.from_dict({**TINY_MODEL, **training}).model_config(table_sizes, initial_ctr)
+
+
 @pytest.fixture(scope="session")
 def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""

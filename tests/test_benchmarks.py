@@ -10,8 +10,6 @@ import torch
 
 from tests.conftest import PROJECT_ROOT
 
-pytestmark = pytest.mark.slow
-
 SMALLEST = {
     "calibration": ["--train-rows", "10000", "--validation-rows", "10000", "--ctrs", "0.25"],
     "encoding": ["--rows", "10000"],
@@ -30,6 +28,7 @@ SMALLEST = {
 # models through TrainingConfig.from_dict, as training does.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMALLEST))
 def test_every_benchmark_runs_at_its_smallest_size(name, tmp_path):
     if name == "gpu" and not torch.cuda.is_available():
@@ -40,3 +39,25 @@ def test_every_benchmark_runs_at_its_smallest_size(name, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "|" in result.stdout, "it printed its table"
+
+
+def test_every_quality_study_setting_builds_its_model_through_the_yaml_names(monkeypatch, tmp_path):
+    """quality.py trains too long to run here: each of its settings is built instead, through the YAML's names
+    (an unknown or misspelt name, or sizes the defaults refuse, fail here, not minutes into a study)."""
+    monkeypatch.syspath_prepend(str(PROJECT_ROOT / "benchmarks"))
+    import quality
+
+    import training
+
+    studies = [quality.CURVE_SETTINGS, *quality.REAL_DLRM_GRID]
+    studies += [{**quality.CURVE_SETTINGS, "training.interaction": i} for i in quality.INTERACTIONS]
+    studies += [{**quality.CURVE_SETTINGS, **change} for change in quality.REMEDIES.values()]
+    for options in studies:
+        assert {key.split(".")[0] for key in options} <= {"training", "metadata", "initial_ctr", "shared_missing_row"}
+        config = quality.training_config(options, tmp_path)
+        assert config.model_config([3] * 26).table_sizes == [3] * 26
+        quality.metadata_config(options)
+    assert quality.training_config({"training.batch_size.train": 8192}, tmp_path).batch_size.train == 8192
+    assert quality.metadata_config({"metadata.min_frequency": 7}).min_frequency == 7
+    for spec in [training.KAGGLE_LIKE, *training.CONFIGURATIONS.values()]:
+        training.spec_config(spec)

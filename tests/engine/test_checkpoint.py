@@ -1,5 +1,6 @@
 """Checkpoints: the content digest, and checkpoints of the earlier format still evaluate, score and export."""
 
+import dataclasses
 import io
 
 import numpy as np
@@ -11,8 +12,9 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint, save_atomically
 from criteo_dlrm.engine.export import serving_encoder
 from criteo_dlrm.engine.scoring import probabilities
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables
+from tests.conftest import tiny_model_config
 
 
 def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
@@ -28,13 +30,13 @@ def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
 
 def test_the_untrained_model_predicts_the_training_click_rate():
     torch.manual_seed(0)
-    config = DLRMConfig([50] * 26, [32] * 26, initial_ctr=0.03)
+    config = tiny_model_config([50] * 26, initial_ctr=0.03)
     model = DLRM(config).eval()
     dense = torch.randn(2000, 13)
     sparse = torch.randint(0, 50, (2000, 26))
     predicted = probabilities(model, dense, sparse, torch.device("cpu"))
     assert float(predicted.mean()) == pytest.approx(0.03, rel=0.25), "at the prior, not at 0.5"
-    assert float(DLRM(DLRMConfig([50] * 26, [32] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
+    assert float(DLRM(tiny_model_config([50] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
 
 
 def _legacy(checkpoint: dict, vocabularies: list[np.ndarray]) -> dict:
@@ -43,7 +45,7 @@ def _legacy(checkpoint: dict, vocabularies: list[np.ndarray]) -> dict:
     config = DLRMConfig.from_dict(checkpoint["model_config"])
     tables = split_tables(checkpoint["model_state"], config)
     legacy_tables = {f: torch.cat([table[:1], table[2:]]) for f, table in tables.items()}
-    legacy_config = DLRMConfig(**{**config.__dict__, "table_sizes": [s - 1 for s in config.table_sizes]})
+    legacy_config = dataclasses.replace(config, table_sizes=[s - 1 for s in config.table_sizes])
     state = {k: v for k, v in checkpoint["model_state"].items() if not k.startswith("embeddings.")}
     state = {k.replace("dense_mlp.", "bottom_mlp.").replace("prediction_mlp.", "top_mlp."): v for k, v in state.items()}
     state.update(grouped_tables(legacy_tables, legacy_config))
@@ -66,7 +68,12 @@ def _legacy(checkpoint: dict, vocabularies: list[np.ndarray]) -> dict:
 def test_a_checkpoint_of_the_earlier_format_scores_the_rows_it_scored(tmp_path):
     torch.manual_seed(1)
     vocabularies = [np.arange(10, 10 + 6)] * 26
-    config = DLRMConfig([8] * 26, [4] * 26, dense_mlp=DenseMLP([8], 4), prediction_hidden_sizes=[8])
+    config = tiny_model_config(
+        [8] * 26,
+        sparse_embedding_sizes=4,
+        dense_mlp={"hidden_layer_sizes": [8], "output_size": 4},
+        prediction_hidden_sizes=[8],
+    )
     model = DLRM(config).eval()
     encoder = FeatureEncoder(config.table_sizes, np.zeros(13), np.ones(13), vocabularies)
     current = {"model_state": model.state_dict(), "model_config": config.to_dict(), "encoder": encoder.state_dict()}

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from criteo_dlrm.engine.device import autocast, compile_model, configure_backends, resolve_device
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.dlrm import ConfigError
+from tests.conftest import tiny_model_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -53,7 +54,14 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
 
 def _small_model() -> DLRM:
     torch.manual_seed(0)
-    return DLRM(DLRMConfig([5] * 26, [4] * 26, dense_mlp=DenseMLP([8], 4), prediction_hidden_sizes=[8]))
+    return DLRM(
+        tiny_model_config(
+            [5] * 26,
+            sparse_embedding_sizes=4,
+            dense_mlp={"hidden_layer_sizes": [8], "output_size": 4},
+            prediction_hidden_sizes=[8],
+        )
+    )
 
 
 @pytest.mark.slow

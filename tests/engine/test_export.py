@@ -16,7 +16,8 @@ from criteo_dlrm.engine.export import (
     export_program,
     serving_encoder,
 )
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
+from tests.conftest import tiny_model_config
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.slow
 def model():
     torch.manual_seed(0)
     sizes = [3, 50, 1000, 7] + [20] * 22
-    config = DLRMConfig(sizes, [8] * 26, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[32, 16])
+    config = tiny_model_config(sizes, prediction_hidden_sizes=[32, 16])
     return DLRM(config).eval()
 
 

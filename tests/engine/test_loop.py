@@ -15,9 +15,9 @@ from criteo_dlrm.engine.modes import SingleProcess, build_optimizers
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
 from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
-from criteo_dlrm.models import DCN, DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.dlrm import ConfigError
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, tiny_model_config
 
 
 def _model(features, seed=0, sparse=True) -> DLRM:
@@ -353,10 +353,9 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
 def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
     torch.manual_seed(0)
     sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-    model_config = DLRMConfig(
-        sizes, [4] * 13 + [8] * 13, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16],
-        interaction="dcn", dcn=DCN(2, 16),
-    )  # fmt: skip
+    model_config = tiny_model_config(
+        sizes, sparse_embedding_sizes=[4] * 13 + [8] * 13, interaction="dcn", dcn={"num_layers": 2, "low_rank": 16}
+    )
     config = _config(num_epochs=3)
     trainer = Trainer(
         SingleProcess(DLRM(model_config), config, torch.device("cpu")),

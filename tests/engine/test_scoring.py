@@ -8,7 +8,8 @@ from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.engine.calibration import Calibration
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
-from criteo_dlrm.models import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models import DLRM
+from tests.conftest import tiny_model_config
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
     encoder = FeatureEncoder.from_metadata(metadata, tiny_features["vocabularies"].arrays)
-    config = DLRMConfig(encoder.table_sizes, [8] * 26, dense_mlp=DenseMLP([16], 8))
+    config = tiny_model_config(encoder.table_sizes, prediction_hidden_sizes=[128, 64])
     return DLRM(config).eval(), encoder, metadata["source_days"]
 
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from criteo_dlrm.models.dlrm import DLRM, DenseMLP, DLRMConfig
+from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables, table_key
+from tests.conftest import tiny_model_config
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
 
@@ -15,8 +16,7 @@ NAMES = [f"T{f}" for f in range(26)]
 
 def _config(interaction: str, dims: list[int]) -> DLRMConfig:
     sizes = [3 + 7 * f for f in range(26)]
-    return DLRMConfig(sizes, dims, dense_mlp=DenseMLP([16], 8), prediction_hidden_sizes=[16],
-                      interaction=interaction)  # fmt: skip
+    return tiny_model_config(sizes, sparse_embedding_sizes=dims, interaction=interaction)
 
 
 def _torchrec_copy(model: DLRM) -> DLRM:

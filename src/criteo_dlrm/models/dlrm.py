@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.schema import NUM_DENSE
 
 __all__ = ["DCN", "DLRM", "ConfigError", "DLRMConfig", "DenseMLP"]
 
@@ -43,22 +44,27 @@ class DCN:
 
 # DLRMConfig's names before they became the YAML's (checkpoints of format 1 hold them).
 _FORMER_NAMES = {"embedding_dims": "sparse_embedding_sizes"}
+# Fields a format-1 checkpoint may lack (added while it was current), at the value that built such a model.
+_FORMAT_1_ADDED = {"prediction_dropout": 0.0, "dcn_layers": 3, "dcn_rank": 64}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DLRMConfig:
     """Sizes of the model, named as in ``parameters_training.yml``. ``table_sizes`` come from
     ``feature_metadata``; ``sparse_embedding_sizes`` has one size per table; ``initial_ctr`` (the training
-    data's click rate) starts the output bias at its logit, so the untrained model predicts the prior."""
+    data's click rate) starts the output bias at its logit, so the untrained model predicts the prior.
+
+    No defaults of its own: the YAML's are ``TrainingConfig``'s (build one with ``TrainingConfig.model_config``),
+    and a checkpoint holds every field (``from_dict`` maps the former formats)."""
 
     table_sizes: list[int]
     sparse_embedding_sizes: list[int]
-    dense_mlp: DenseMLP = field(default_factory=DenseMLP)
-    prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
-    prediction_dropout: float = 0.0
-    interaction: str = "dot_cat"
-    dcn: DCN = field(default_factory=DCN)
-    dense_in_features: int = 13
+    dense_mlp: DenseMLP
+    prediction_hidden_sizes: list[int]
+    prediction_dropout: float
+    interaction: str
+    dcn: DCN
+    dense_in_features: int = NUM_DENSE
     initial_ctr: float | None = None
 
     def __post_init__(self) -> None:
@@ -107,12 +113,13 @@ class DLRMConfig:
     def from_dict(cls, values: dict) -> DLRMConfig:
         """From ``to_dict()``'s output, or a checkpoint's ``model_config`` of either format."""
         values = {_FORMER_NAMES.get(key, key): value for key, value in values.items()}
-        if "dense_hidden_sizes" in values:  # format 1: flat names
+        if "dense_hidden_sizes" in values:  # format 1: flat names, and fields added later at their first values
+            values = {**_FORMAT_1_ADDED, **values}
             values["dense_mlp"] = {
                 "hidden_layer_sizes": values.pop("dense_hidden_sizes"),
                 "output_size": values.pop("dense_output_size"),
             }
-            values["dcn"] = {"num_layers": values.pop("dcn_layers", 3), "low_rank": values.pop("dcn_rank", 64)}
+            values["dcn"] = {"num_layers": values.pop("dcn_layers"), "low_rank": values.pop("dcn_rank")}
         return cls(**values)
 
     @property
