@@ -36,7 +36,7 @@ from torch.distributed.launcher.api import elastic_launch
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.encoding import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
-from criteo_dlrm.engine.modes import DataParallel, parallel_mode
+from criteo_dlrm.engine.modes import DataParallel, mode_class
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
 
@@ -94,8 +94,8 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-    synced = seconds_per_step(TrainStep(parallel_mode(model, config, device), config), batches, steps)
-    alone = WithoutExchange(model, config, device) if world > 1 else parallel_mode(model, config, device)
+    synced = seconds_per_step(TrainStep(mode_class(config)(model, config, device), config), batches, steps)
+    alone = WithoutExchange(model, config, device) if world > 1 else mode_class(config)(model, config, device)
     unsynced = seconds_per_step(TrainStep(alone, config), batches, steps)
     dist.destroy_process_group()
     return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}

@@ -218,9 +218,8 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
     from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.raw import convert_days
     from criteo_dlrm.data.synthetic import ClickModel, write_day
-    from criteo_dlrm.engine.modes import parallel_mode
+    from criteo_dlrm.engine.modes import build_mode
     from criteo_dlrm.engine.step import TrainStep
-    from criteo_dlrm.models import DLRM
 
     days = 4
     raw = data / "raw"
@@ -270,8 +269,8 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
         import torch
 
         torch.manual_seed(0)
-        model = DLRM(config.model_config(sizes, metadata["label"]["ctr"]))
-        step = TrainStep(parallel_mode(model, config, torch.device("cpu")), config)
+        model_config = config.model_config(sizes, metadata["label"]["ctr"])
+        step = TrainStep(build_mode(model_config, config, torch.device("cpu")), config)
         loader = BatchLoader(open_encoded(encoded), config.batch_size.train, shuffle=True)
         for index, batch in enumerate(loader.batches()):
             if index == steps:

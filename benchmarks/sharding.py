@@ -30,15 +30,13 @@ from distributed import join_process_group, seconds_per_step
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
-from criteo_dlrm.engine.modes import parallel_mode
-from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
+from criteo_dlrm.engine.memory import check_replicated_memory
+from criteo_dlrm.engine.modes import build_mode
 from criteo_dlrm.engine.step import TrainStep
-from criteo_dlrm.models import DLRM
 
 from training import CONFIGURATIONS, spec_batch, spec_config, synthetic_arrays
 
@@ -67,20 +65,17 @@ def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: in
     config = _config(backend, batch, str(device), sharding)
     model_config = spec_config({**CONFIGURATIONS["kaggle-like"], "tables": tables})
     torch.manual_seed(0)
+    mode = build_mode(model_config, config, device)
+    summary = mode.summary()
     if backend == "torchrec":
-        model = shard_model(model_config, config, device, SPARSE_COLUMNS)
-        memory = max(model.bytes_per_rank)
-        types = sorted({t["sharding_type"] for t in model.plan})
+        memory = max(summary["bytes_per_rank"])
+        types = sorted({t["sharding_type"] for t in summary["tables"]})
     else:
-        model = DLRM(model_config).to(device)
-        memory = embedding_bytes(
-            model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer
-        )
-        types = ["replicated"]
+        memory, types = summary["bytes_per_process"], ["replicated"]
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-    seconds = seconds_per_step(TrainStep(parallel_mode(model, config, device), config), batches, steps)
+    seconds = seconds_per_step(TrainStep(mode, config), batches, steps)
     dist.destroy_process_group()
     return {
         "samples_per_second": batch / seconds,

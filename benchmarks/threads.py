@@ -36,9 +36,8 @@ def measure(threads: str, steps: int) -> float:
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.engine.device import configure_backends
-    from criteo_dlrm.engine.modes import parallel_mode
+    from criteo_dlrm.engine.modes import build_mode
     from criteo_dlrm.engine.step import TrainStep
-    from criteo_dlrm.models import DLRM
 
     from training import CONFIGURATIONS, spec_config, synthetic_arrays
 
@@ -47,8 +46,7 @@ def measure(threads: str, steps: int) -> float:
     configure_backends(torch.device("cpu"), True, count)
     spec = {**CONFIGURATIONS["default"], "tables": [min(size, 3000) for size in CONFIGURATIONS["default"]["tables"]]}
     torch.manual_seed(0)
-    model = DLRM(spec_config(spec))
-    step = TrainStep(parallel_mode(model, config, torch.device("cpu")), config)
+    step = TrainStep(build_mode(spec_config(spec), config, torch.device("cpu")), config)
     arrays = synthetic_arrays(40_000, spec["tables"])
     loader = BatchLoader(arrays, config.batch_size.train, shuffle=True)
 

@@ -82,6 +82,42 @@ def tiny_model_config(table_sizes: list[int], initial_ctr: float | None = None, 
     return TrainingConfig.from_dict({**TINY_MODEL, **training}).model_config(table_sizes, initial_ctr)
 
 
+def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: bool = True, device=None,
+                 model_config=None, **trainer_options):  # fmt: skip
+    """A ``Trainer`` wired as a training process wires one (``engine.process``): ``config``'s parallel mode with
+    its model built from ``config.seed`` (``model_config``, or ``config``'s sizes for the features' tables, the
+    output at their click rate), the training rows (``train``, or the features') in batches of
+    ``batch_size.train``, the validation rows in batches of ``batch_size.validation``."""
+    import torch
+
+    from criteo_dlrm.common.schema import SPARSE_COLUMNS
+    from criteo_dlrm.data.batches import BatchLoader
+    from criteo_dlrm.engine.loop import Trainer
+    from criteo_dlrm.engine.modes import build_mode
+
+    device = device or torch.device("cpu")
+    metadata = features["metadata"]
+    if model_config is None:
+        sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+        model_config = config.model_config(sizes, metadata["label"]["ctr"])
+    torch.manual_seed(config.seed)
+    pin = device.type == "cuda"
+    return Trainer(
+        build_mode(model_config, config, device),
+        config,
+        BatchLoader(
+            features["train"] if train is None else train,
+            config.batch_size.train,
+            shuffle=shuffle,
+            seed=config.seed,
+            pin_memory=pin,
+        ),  # fmt: skip
+        BatchLoader(features["validation"], config.batch_size.validation, pin_memory=pin),
+        run_dir,
+        **trainer_options,
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""

@@ -25,7 +25,8 @@ from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import check_process_count, resolve_device
-from criteo_dlrm.engine.sharding import TABLE_SETTINGS, check_fused_optimizer, check_table_memory, require_torchrec
+from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_table_memory
+from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
 
 
 def _nodes(pipeline: Pipeline) -> set[str]:

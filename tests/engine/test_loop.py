@@ -7,17 +7,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
-from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.engine import loop
 from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError
-from criteo_dlrm.engine.modes import SingleProcess, build_optimizers
+from criteo_dlrm.engine.modes import build_optimizers
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
 from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.dlrm import ConfigError
-from tests.conftest import TINY_MODEL, tiny_model_config
+from tests.conftest import TINY_MODEL, tiny_model_config, tiny_trainer
 
 
 def _model(features, seed=0, sparse=True) -> DLRM:
@@ -28,15 +27,7 @@ def _model(features, seed=0, sparse=True) -> DLRM:
 
 
 def _trainer(features, tmp_path, config: TrainingConfig, **kwargs) -> Trainer:
-    cpu = torch.device("cpu")
-    return Trainer(
-        SingleProcess(_model(features, sparse=config.sparse_gradients), config, cpu),
-        config,
-        BatchLoader(features["train"], config.batch_size.train, shuffle=True, seed=config.seed),
-        BatchLoader(features["validation"], config.batch_size.validation),
-        tmp_path / "run",
-        **kwargs,
-    )
+    return tiny_trainer(features, config, tmp_path / "run", **kwargs)
 
 
 def _config(**overrides) -> TrainingConfig:
@@ -175,15 +166,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     dense[25 * 200 % len(dense) :, 0] = np.inf  # rows of later batches (file order below) carry an inf
     poisoned = EncodedArrays(np.array(train.labels), dense, np.array(train.sparse))
     config = _config(num_epochs=3, validate_every_steps=5)
-    trainer = Trainer(
-        SingleProcess(_model(tiny_features), config, torch.device("cpu")),
-        config,
-        BatchLoader(poisoned, 200, shuffle=False),
-        BatchLoader(tiny_features["validation"], 512),
-        tmp_path / "run",
-        resume_path=tmp_path / "progress.pt",
+    trainer = _trainer(
+        tiny_features, tmp_path, config, train=poisoned, shuffle=False, resume_path=tmp_path / "progress.pt",
         fingerprint="f",
-    )
+    )  # fmt: skip
     with pytest.raises(TrainingDivergedError, match=r"at step 11\b.*progress.pt"):
         trainer.fit()
     assert torch.load(tmp_path / "progress.pt", weights_only=True)["step"] == 10
@@ -246,14 +232,7 @@ def test_invalid_training_settings_are_refused(overrides, message):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
     config = _config(num_epochs=1, precision="bf16", profiler=ProfilerConfig(enabled=True, wait=1, warmup=1, active=2))
-    device = torch.device("cuda")
-    trainer = Trainer(
-        SingleProcess(_model(tiny_features).to(device), config, device),
-        config,
-        BatchLoader(tiny_features["train"], 200, shuffle=True, pin_memory=True),
-        BatchLoader(tiny_features["validation"], 512, pin_memory=True),
-        tmp_path / "run",
-    )
+    trainer = _trainer(tiny_features, tmp_path, config, device=torch.device("cuda"))
     result = trainer.fit()
     assert result.best_metrics["auc"] > 0.55
     assert "CUDA" in (tmp_path / "run" / TOP_OPS_REPORT).read_text()
@@ -351,19 +330,11 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
 
 
 def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
-    torch.manual_seed(0)
     sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
     model_config = tiny_model_config(
         sizes, sparse_embedding_sizes=[4] * 13 + [8] * 13, interaction="dcn", dcn={"num_layers": 2, "low_rank": 16}
     )
-    config = _config(num_epochs=3)
-    trainer = Trainer(
-        SingleProcess(DLRM(model_config), config, torch.device("cpu")),
-        config,
-        BatchLoader(tiny_features["train"], config.batch_size.train, shuffle=True),
-        BatchLoader(tiny_features["validation"], config.batch_size.validation),
-        tmp_path / "run",
-    )
+    trainer = _trainer(tiny_features, tmp_path, _config(num_epochs=3), model_config=model_config)
     assert trainer.fit().best_metrics["auc"] > 0.6
 
 

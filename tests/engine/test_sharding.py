@@ -11,16 +11,15 @@ import torch.distributed as dist
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.loop import Trainer
+from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.modes import Sharded
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
-from criteo_dlrm.engine.sharding import check_replicated_memory, embedding_bytes, shard_model
+from criteo_dlrm.engine.sharding import shard_model
 from criteo_dlrm.models.dlrm import DLRM
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, tiny_trainer
 
 pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
 
@@ -85,17 +84,7 @@ class _Crash(Exception):
 
 
 def _trainer(features, config: TrainingConfig, folder: Path, resume_path: Path) -> Trainer:
-    torch.manual_seed(config.seed)
-    sharded = shard_model(config.model_config(_table_sizes(features)), config, torch.device("cpu"), SPARSE_COLUMNS)
-    return Trainer(
-        Sharded(sharded, config, torch.device("cpu")),
-        config,
-        BatchLoader(features["train"], config.batch_size.train, shuffle=True, seed=config.seed),
-        BatchLoader(features["validation"], config.batch_size.validation),
-        folder,
-        resume_path=resume_path,
-        fingerprint="x",
-    )
+    return tiny_trainer(features, config, folder, resume_path=resume_path, fingerprint="x")
 
 
 def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, tmp_path, one_process_group):

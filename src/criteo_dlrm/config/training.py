@@ -17,7 +17,36 @@ from criteo_dlrm.models.dlrm import DCN, DenseMLP, DLRMConfig
 # training.calibration's choices (engine.calibration implements them).
 CALIBRATION_METHODS = ("platt", "isotonic", "none")
 
-EMBEDDING_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd", "dense_adam", "rowwise_adagrad")
+
+@dataclass(frozen=True)
+class EmbeddingOptimizer:
+    """One ``training.embedding_optimizer``: its implementation on each backend and its state's size.
+
+    Attributes:
+        torch: its ``torch.optim`` class on the torch backend (None: TorchRec's only).
+        fused: its ``torchrec.optim`` class on the torchrec backend, fused into backward (None: none).
+        fused_devices: the devices FBGEMM has that fused kernel on.
+        state_per_value, state_per_row: optimiser state, in floats per embedding value and per table row.
+        whole_model: it updates the dense layers too (dense Adam over every parameter, the predecessor's way).
+    """
+
+    torch: str | None
+    fused: str | None
+    fused_devices: tuple[str, ...] = ("cpu", "cuda")
+    state_per_value: int = 0
+    state_per_row: int = 0
+    whole_model: bool = False
+
+
+# The one table of embedding optimisers: the config's checks, the modes, TorchRec's planner and the memory
+# accounting all read it.
+EMBEDDING_OPTIMIZERS = {
+    "sparse_adam": EmbeddingOptimizer("SparseAdam", "Adam", fused_devices=("cuda",), state_per_value=2),
+    "adagrad": EmbeddingOptimizer("Adagrad", "Adagrad", state_per_value=1),
+    "sgd": EmbeddingOptimizer("SGD", "SGD"),
+    "dense_adam": EmbeddingOptimizer("Adam", None, fused_devices=(), state_per_value=3, whole_model=True),
+    "rowwise_adagrad": EmbeddingOptimizer(None, "RowWiseAdagrad", state_per_row=1),
+}
 EMBEDDING_BACKENDS = ("torch", "torchrec")
 # What TorchRec's planner may be forced to (row-wise and table-row-wise need CUDA).
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
@@ -125,15 +154,18 @@ class TrainingConfig(Config):
         checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
         checks.positive("sharding.memory_per_process_gb", optional=True)
         torchrec = self.embedding_backend == "torchrec"
+        optimizer = EMBEDDING_OPTIMIZERS.get(self.embedding_optimizer)
         need(
-            torchrec or self.embedding_optimizer != "rowwise_adagrad",
+            optimizer is None or torchrec or optimizer.torch is not None,
             "embedding_optimizer",
-            "rowwise_adagrad is TorchRec's fused optimiser: use it with embedding_backend: torchrec (or use adagrad)",
+            f"{self.embedding_optimizer} is TorchRec's fused optimiser: use it with embedding_backend: torchrec (or "
+            "use adagrad)",
         )
         need(
-            not torchrec or self.embedding_optimizer != "dense_adam",
+            optimizer is None or not torchrec or optimizer.fused is not None,
             "embedding_optimizer",
-            "dense_adam has no fused TorchRec kernel: use rowwise_adagrad with embedding_backend: torchrec",
+            f"{self.embedding_optimizer} has no fused TorchRec kernel: use rowwise_adagrad with embedding_backend: "
+            "torchrec",
         )
         need(
             torchrec or self.sharding.type is None,
@@ -164,8 +196,13 @@ class TrainingConfig(Config):
         return checks.problems
 
     @property
+    def optimizer(self) -> EmbeddingOptimizer:
+        """The embedding optimiser's row of ``EMBEDDING_OPTIMIZERS``."""
+        return EMBEDDING_OPTIMIZERS[self.embedding_optimizer]
+
+    @property
     def sparse_gradients(self) -> bool:
-        return self.embedding_optimizer != "dense_adam"
+        return not self.optimizer.whole_model
 
     @property
     def launches_processes(self) -> bool:

@@ -8,13 +8,17 @@
   runs inside backward, the dense layers are data-parallel, state is gathered to rank 0 in the ``torch``
   backend's layout.
 
-Each mode owns wrapping the model, its optimisers, the loss weight and gradient exchange, learning rates,
-state (snapshot and restore) and how predictions over a validation set are gathered.
+Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
+parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
+(snapshot and restore) and how predictions over a validation set are gathered. ``mode_class`` is the one place
+the backend and the process count choose a mode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -22,24 +26,26 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.engine.device import compile_model
+from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.scoring import predict
-from criteo_dlrm.engine.sharding import ShardedDLRM
-from criteo_dlrm.models.dlrm import DLRM
+from criteo_dlrm.engine.sharding import ShardedDLRM, log_plan, shard_model
+from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 
 
 def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
-    """Adam for the dense layers; the embeddings' optimiser from ``config.embedding_optimizer``."""
-    embeddings = model.embedding_parameters()
-    if config.embedding_optimizer == "dense_adam":  # the predecessor's way: Adam over every table row, every step
+    """Adam for the dense layers; the embeddings' optimiser from ``config.embedding_optimizer`` (its
+    ``torch.optim`` class in ``EMBEDDING_OPTIMIZERS``; with TorchRec the tables' is fused into backward instead)."""
+    if config.optimizer.whole_model:  # the predecessor's way: Adam over every table row, every step
         return {"dense": torch.optim.Adam(model.parameters(), lr=config.learning_rate)}
-    sparse = {
-        "sparse_adam": lambda: torch.optim.SparseAdam(embeddings, lr=config.embedding_learning_rate),
-        "adagrad": lambda: torch.optim.Adagrad(embeddings, lr=config.embedding_learning_rate),
-        "sgd": lambda: torch.optim.SGD(embeddings, lr=config.embedding_learning_rate),
-    }[config.embedding_optimizer]()
-    return {"dense": torch.optim.Adam(model.dense_parameters(), lr=config.learning_rate), "embeddings": sparse}
+    optimizers = {"dense": torch.optim.Adam(model.dense_parameters(), lr=config.learning_rate)}
+    if config.embedding_backend == "torch":
+        embeddings = getattr(torch.optim, config.optimizer.torch)
+        optimizers["embeddings"] = embeddings(model.embedding_parameters(), lr=config.embedding_learning_rate)
+    return optimizers
 
 
 class SingleProcess:
@@ -55,8 +61,22 @@ class SingleProcess:
         self.model, self.config, self.device = model, config, device
         self.train_model: nn.Module = model
         self.rank, self.world_size = self._place()
-        self.optimizers = self._optimizers()
+        self.optimizers = build_optimizers(model, config)
         self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
+
+    @classmethod
+    def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
+        """The mode with its model: built from ``model_config`` (with the current torch seed), on ``device``,
+        its dense layers compiled when ``config.compile``."""
+        model = DLRM(model_config, sparse_gradients=config.sparse_gradients).to(device)
+        if config.compile:
+            compile_model(model, config.compile_mode)
+        return cls(model, config, device)
+
+    @staticmethod
+    def process_group(device: torch.device) -> contextlib.AbstractContextManager:
+        """What the mode needs around a run in this process: nothing; TorchRec a group (of one, if none)."""
+        return contextlib.nullcontext()
 
     @property
     def is_main(self) -> bool:
@@ -66,8 +86,24 @@ class SingleProcess:
         """``(rank, world size)``."""
         return 0, 1
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return build_optimizers(self.model, self.config)
+    def summary(self) -> dict:
+        """Where the tables live, for the run's summary: every table in every process here."""
+        config = self.model.config
+        return {
+            "backend": "torch",
+            "bytes_per_process": embedding_bytes(
+                config.table_sizes, config.sparse_embedding_sizes, self.config.embedding_optimizer
+            ),
+        }
+
+    def describe(self) -> None:
+        """Log what the summary holds beyond one line (TorchRec's plan)."""
+
+    def parameter_count(self) -> int:
+        """Every table's values and every dense parameter (the tables counted whole, wherever they live)."""
+        config = self.model.config
+        tables = sum(rows * dim for rows, dim in zip(config.table_sizes, config.sparse_embedding_sizes, strict=True))
+        return tables + sum(p.numel() for p in self.model.dense_parameters())
 
     # -- a step --------------------------------------------------------------------------------------
     def set_learning_rates(self, factor: float) -> None:
@@ -135,6 +171,8 @@ class _ProcessGroup(SingleProcess):
         """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
         number of forward passes (a sharded model's all-to-all needs every process), and the gathered shares
         are put back in row order: the same array, so the same metrics, as one process."""
+        if self.world_size == 1:
+            return super().predict(loader)
         arrays = loader.arrays
         batch_size = loader.batch_size * self.world_size
         mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
@@ -193,8 +231,34 @@ class Sharded(_ProcessGroup):
         super().__init__(sharded.module, config, device)
         self.train_model = sharded.model
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"dense": torch.optim.Adam(self.model.dense_parameters(), lr=self.config.learning_rate)}
+    @classmethod
+    def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> Sharded:
+        """The model with TorchRec tables, sharded over the process group (``engine.sharding.shard_model``)."""
+        sharded = shard_model(model_config, config, device, SPARSE_COLUMNS)
+        if config.compile:
+            compile_model(sharded.module, config.compile_mode)
+        return cls(sharded, config, device)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def process_group(device: torch.device) -> Iterator[None]:
+        """TorchRec shards over a process group: one of this process alone when none was started."""
+        if dist.is_initialized():
+            yield
+            return
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+    def summary(self) -> dict:
+        return self.sharded.summary()
+
+    def describe(self) -> None:
+        log_plan(self.sharded)
 
     def set_learning_rates(self, factor: float) -> None:
         super().set_learning_rates(factor)
@@ -225,11 +289,6 @@ class Sharded(_ProcessGroup):
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(optimizer_state[name])
 
-    def predict(self, loader: BatchLoader) -> np.ndarray:
-        if self.world_size == 1:
-            return predict(self.model, loader, self.device, self.config.precision)
-        return super().predict(loader)
-
 
 def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:
     """Every process's ``tensors`` (each with the same number of rows, any number per process), in rank
@@ -259,12 +318,17 @@ def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarr
     return np.concatenate(parts)
 
 
-def parallel_mode(
-    model: DLRM | ShardedDLRM, config: TrainingConfig, device: torch.device
-) -> SingleProcess | DataParallel | Sharded:
-    """The mode for ``model`` in this process: sharded tables, a replica in a process group, or alone."""
-    if isinstance(model, ShardedDLRM):
-        return Sharded(model, config, device)
+def mode_class(config: TrainingConfig) -> type[SingleProcess]:
+    """The parallel mode of a run of ``config`` in this process: TorchRec's sharded tables
+    (``embedding_backend: torchrec``), a replica in a process group of more than one, or alone. The one place a
+    backend or a process count chooses the code that runs."""
+    if config.embedding_backend == "torchrec":
+        return Sharded
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return DataParallel(model, config, device)
-    return SingleProcess(model, config, device)
+        return DataParallel
+    return SingleProcess
+
+
+def build_mode(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
+    """``mode_class(config)`` with its model built (inside its ``process_group``, for a sharded one)."""
+    return mode_class(config).build(model_config, config, device)

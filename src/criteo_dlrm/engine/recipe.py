@@ -31,10 +31,11 @@ from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.loop import TrainingResult
+from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
 from criteo_dlrm.engine.scoring import calibrated, predict
-from criteo_dlrm.engine.sharding import check_fused_optimizer, check_replicated_memory, require_torchrec
+from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).

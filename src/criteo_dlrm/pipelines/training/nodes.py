@@ -11,8 +11,8 @@ from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.memory import check_table_memory
 from criteo_dlrm.engine.recipe import run_training
-from criteo_dlrm.engine.sharding import check_table_memory
 
 
 def encode_features(

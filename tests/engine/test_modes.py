@@ -1,0 +1,104 @@
+"""The parallel modes: which one a run gets, what each builds and reports, and the optimisers from the one table."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
+from criteo_dlrm.engine.memory import embedding_bytes
+from criteo_dlrm.engine.modes import DataParallel, Sharded, SingleProcess, build_mode, build_optimizers, mode_class
+from tests.conftest import TINY_MODEL
+
+SIZES = [3 + 5 * f for f in range(26)]
+CPU = torch.device("cpu")
+
+
+def _config(**values) -> TrainingConfig:
+    return TrainingConfig.from_dict({**TINY_MODEL, **values})
+
+
+def _torchrec(**values) -> TrainingConfig:
+    return _config(embedding_backend="torchrec", embedding_optimizer="rowwise_adagrad", **values)
+
+
+def test_the_backend_and_the_process_group_choose_the_mode():
+    assert mode_class(_config()) is SingleProcess
+    assert mode_class(_torchrec()) is Sharded
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert mode_class(_config()) is SingleProcess, "a group of one trains alone"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_single_process_builds_its_model_and_counts_every_parameter():
+    config = _config()
+    torch.manual_seed(0)
+    mode = build_mode(config.model_config(SIZES), config, CPU)
+    assert type(mode) is SingleProcess and mode.train_model is mode.model
+    assert mode.parameter_count() == sum(p.numel() for p in mode.model.parameters())
+    assert mode.summary() == {"backend": "torch", "bytes_per_process": embedding_bytes(SIZES, [8] * 26, "sparse_adam")}
+    assert all(p.grad is None for p in mode.model.parameters())
+    torch.manual_seed(0)
+    again = build_mode(config.model_config(SIZES), config, CPU)
+    for (name, value), other in zip(mode.model.state_dict().items(), again.model.state_dict().values(), strict=True):
+        assert torch.equal(value, other), f"{name}: the model comes from the torch seed"
+
+
+def test_the_model_follows_the_optimiser_s_gradients_and_the_compile_setting():
+    dense = build_mode(_config().model_config(SIZES), _config(embedding_optimizer="dense_adam"), CPU)
+    assert not dense.model.embeddings[0].weight.sparse
+    sparse = build_mode(_config().model_config(SIZES), _config(), CPU)
+    assert sparse.model.embeddings[0].weight.sparse
+    compiled = build_mode(_config().model_config(SIZES), _config(compile=True), CPU)
+    assert hasattr(compiled.model.dense_mlp, "_compiled_call_impl") and compiled.model.dense_mlp._compiled_call_impl
+
+
+@pytest.mark.parametrize("name", [n for n, o in EMBEDDING_OPTIMIZERS.items() if o.torch is not None])
+def test_every_torch_optimiser_of_the_table_is_built_over_the_right_parameters(name):
+    config = _config(embedding_optimizer=name)
+    model = build_mode(config.model_config(SIZES), config, CPU).model
+    optimizers = build_optimizers(model, config)
+    row = EMBEDDING_OPTIMIZERS[name]
+    if row.whole_model:
+        assert list(optimizers) == ["dense"] and type(optimizers["dense"]) is torch.optim.Adam
+        assert sum(len(g["params"]) for g in optimizers["dense"].param_groups) == len(list(model.parameters()))
+        return
+    assert type(optimizers["embeddings"]) is getattr(torch.optim, row.torch)
+    held = {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.embedding_parameters()}
+    assert optimizers["embeddings"].param_groups[0]["lr"] == config.embedding_learning_rate
+
+
+def test_the_table_s_fused_optimisers_are_torchrec_s():
+    torchrec_optim = pytest.importorskip("torchrec.optim", reason="the torchrec extra is not installed")
+    for name, row in EMBEDDING_OPTIMIZERS.items():
+        assert row.fused is None or hasattr(torchrec_optim, row.fused), name
+        assert row.torch is None or hasattr(torch.optim, row.torch), name
+
+
+def test_a_sharded_mode_builds_torchrec_s_model_in_a_group_of_its_own_and_reports_its_plan():
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
+    config = _torchrec()
+    assert not dist.is_initialized()
+    with Sharded.process_group(CPU):
+        assert dist.get_world_size() == 1
+        torch.manual_seed(0)
+        mode = build_mode(config.model_config(SIZES), config, CPU)
+        summary = mode.summary()
+        torch.manual_seed(0)
+        alone = build_mode(config.model_config(SIZES), _config(), CPU)
+        assert mode.parameter_count() == alone.parameter_count(), "the sharded tables are counted whole"
+    assert not dist.is_initialized(), "its own group is closed again"
+    assert type(mode) is Sharded and list(mode.optimizers) == ["dense"], "the tables' optimiser is fused"
+    assert summary["backend"] == "torchrec" and [t["table"] for t in summary["tables"]] == [
+        f"SPARSE_{i}" for i in range(26)
+    ]
+    assert summary["bytes_per_rank"] == [embedding_bytes(SIZES, [8] * 26, "rowwise_adagrad")]
+
+
+def test_data_parallel_is_the_mode_of_a_group_of_more_than_one(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *args: 2)
+    assert mode_class(_config()) is DataParallel
+    assert mode_class(_torchrec()) is Sharded
