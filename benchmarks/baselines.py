@@ -12,7 +12,7 @@ from torch import nn
 
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.data.batches import Batch, BatchLoader
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import predict
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.data.batches import Batch, BatchLoader
-from criteo_dlrm.data.encoding import open_encoded, write_encoded
+from criteo_dlrm.data.stored import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.modes import DataParallel, mode_class
 from criteo_dlrm.engine.step import TrainStep

@@ -21,10 +21,11 @@ import torch
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.chunk_digests import verify_encoded, write_digests
-from criteo_dlrm.data.encoding import FeatureEncoder, open_encoded
+from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import BATCH_ROWS, verify_day
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.stored import open_encoded
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.models import DLRM

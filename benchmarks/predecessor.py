@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.stored import EncodedArrays
 
 
 class SeedRowDataset(Dataset):

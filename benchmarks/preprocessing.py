@@ -72,6 +72,7 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
     from criteo_dlrm.common import parallel
     from criteo_dlrm.data import encoding as encoding_module
     from criteo_dlrm.data import metadata as metadata_module
+    from criteo_dlrm.data import shuffle as shuffle_module
     from criteo_dlrm.data.raw import days as days_module
 
     chosen = []
@@ -80,7 +81,7 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
         chosen.append(parallel.choose_workers(*args, **kwargs))
         return chosen[-1]
 
-    for module in (days_module, metadata_module, encoding_module):
+    for module in (days_module, metadata_module, encoding_module, shuffle_module):
         module.choose_workers = recording
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
@@ -149,7 +150,7 @@ def loader_rates(data: Path) -> dict:
     """Training batch loader rows/s over the stored (packed) rows and over the same rows as int32 (the layout
     before), memory-mapped, batch 16,384, shuffled; the two alternate three times, best of each kept."""
     from criteo_dlrm.data.batches import BatchLoader
-    from criteo_dlrm.data.encoding import bytes_per_row, open_encoded
+    from criteo_dlrm.data.stored import bytes_per_row, open_encoded
 
     packed = open_encoded(data / "encoded_1", verify=False)  # written here, without digests
     plain = data / "encoded_int32"
@@ -178,8 +179,8 @@ CRITEO_1TB_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 385
 def project(results: dict, per_value: float, cores: int, workers: int, target_cores: int = 16) -> list[str]:
     """Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with ``workers``
     workers, the most measured, so the interference between workers is in it) and memory per distinct value."""
-    from criteo_dlrm.data.encoding import index_widths
     from criteo_dlrm.data.metadata import feature_groups
+    from criteo_dlrm.data.stored import index_widths
 
     lines = [
         f"| stage | rows/s per busy core ({workers} workers, measured) | {target_cores} cores (projected rows/s) | "

@@ -28,10 +28,11 @@ import pyarrow.parquet as pq
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder
+from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
@@ -542,7 +543,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
     import criteo_dlrm.engine.process as process
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.chunk_digests import write_digests
-    from criteo_dlrm.data.encoding import open_encoded
+    from criteo_dlrm.data.stored import open_encoded
 
     from baselines import PermutationLoader
 

@@ -64,7 +64,7 @@ def write_rows(folder: Path, rows: int) -> None:
     """``rows`` random encoded rows as ``EncodedDays`` stores them (uint8 labels, float32 dense, packed indices,
     layout, index maxima, chunk digests), written in pieces of 1M rows."""
     from criteo_dlrm.data.chunk_digests import write_digests
-    from criteo_dlrm.data.encoding import LAYOUT, STORED_FORMAT, PackedIndices, index_widths, write_index_maxima
+    from criteo_dlrm.data.stored import LAYOUT, STORED_FORMAT, PackedIndices, index_widths, write_index_maxima
 
     folder.mkdir(parents=True)
     widths = index_widths(CRITEO_1TB_TABLES)
@@ -92,7 +92,7 @@ def write_rows(folder: Path, rows: int) -> None:
 def _previous_loader(folder: Path, batches: int):
     """The loader before chunks: every file's digest checked, a permutation of all rows, random gathers."""
     from criteo_dlrm.common.storage import file_digest
-    from criteo_dlrm.data.encoding import open_encoded
+    from criteo_dlrm.data.stored import open_encoded
 
     for name in ("labels.npy", "dense.npy", "sparse.npy"):
         file_digest(folder / name)
@@ -105,7 +105,7 @@ def _previous_loader(folder: Path, batches: int):
 
 def _current_loader(folder: Path, batches: int):
     from criteo_dlrm.data.batches import BatchLoader
-    from criteo_dlrm.data.encoding import open_encoded
+    from criteo_dlrm.data.stored import open_encoded
 
     loader = BatchLoader(open_encoded(folder), BATCH, shuffle=True)
     for index, batch in enumerate(loader.batches()):
@@ -117,7 +117,7 @@ def _current_loader(folder: Path, batches: int):
 def measure_loader(folder: Path, which: str, batches: int) -> dict:
     """One loader over ``folder``, in this (fresh) process, its files just dropped from the page cache."""
     import criteo_dlrm.data.batches  # noqa: F401 - imported before the baseline memory is read
-    from criteo_dlrm.data.encoding import bytes_per_row, open_encoded
+    from criteo_dlrm.data.stored import bytes_per_row, open_encoded
 
     row_bytes = bytes_per_row(open_encoded(folder, verify=False))
     drop_from_cache(folder)
@@ -214,9 +214,10 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.chunk_digests import write_digests
-    from criteo_dlrm.data.encoding import FeatureEncoder, open_encoded
+    from criteo_dlrm.data.encoding import FeatureEncoder
     from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.raw import convert_days
+    from criteo_dlrm.data.stored import open_encoded
     from criteo_dlrm.data.synthetic import ClickModel, write_day
     from criteo_dlrm.engine.modes import build_mode
     from criteo_dlrm.engine.step import TrainStep

@@ -32,7 +32,7 @@ from torch.distributed.launcher.api import elastic_launch
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import open_encoded, write_encoded
+from criteo_dlrm.data.stored import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.modes import build_mode

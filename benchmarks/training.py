@@ -22,7 +22,7 @@ from torch import nn
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.engine.step import TrainStep

@@ -600,7 +600,7 @@ def test_encoded_rows_without_their_digests_are_refused_and_rebuilt(day, tmp_pat
 
 def test_stored_rows_with_indices_beyond_their_claimed_tables_are_refused_naming_the_folder(day, tmp_path):
     from criteo_dlrm.common.storage import DamagedFileError
-    from criteo_dlrm.data.encoding import check_index_range, open_encoded
+    from criteo_dlrm.data.stored import check_index_range, open_encoded
 
     dataset, days = _encoded(day, tmp_path)
     dataset.save(days)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from criteo_dlrm.data.batches import BatchLoader, epoch_chunks, interleave
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.stored import EncodedArrays
 
 
 def _arrays(rows: int = 103) -> EncodedArrays:

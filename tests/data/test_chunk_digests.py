@@ -10,7 +10,7 @@ import pytest
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.chunk_digests import CHUNK_DIGESTS, DAMAGED, DIGESTS, open_digests, write_digests
-from criteo_dlrm.data.encoding import EncodedArrays, open_encoded, write_encoded
+from criteo_dlrm.data.stored import EncodedArrays, open_encoded, write_encoded
 
 ROWS, CHUNK = 10_000, 1_000
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 from kedro.io.core import Version
 
-from criteo_dlrm.data.encoding import EncodedArrays
 from criteo_dlrm.data.metadata import FeatureVocabularies
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, TorchCheckpointDataset
 
 

@@ -7,7 +7,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
-from criteo_dlrm.data.encoding import EncodedArrays
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine import loop
 from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError
 from criteo_dlrm.engine.modes import build_optimizers

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from criteo_dlrm.data.encoding import EncodedArrays, PackedIndices
+from criteo_dlrm.data.stored import EncodedArrays, PackedIndices
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Batch:
 # first), its rows permuted in memory; a window's batches interleave its chunks' rows, so each batch holds rows
 # of every chunk of its window. State: one entry per chunk (O(rows / CHUNK_ROWS)) and one window's rows
 # (WINDOW_CHUNKS x CHUNK_ROWS = 1,048,576 rows, about 120 MB of Criteo 1TB rows, split between the processes).
-# Training rows are stored shuffled (``data.encoding.SHUFFLE_SEED``), so a chunk is already a uniform sample.
+# Training rows are stored shuffled (``data.shuffle.SHUFFLE_SEED``), so a chunk is already a uniform sample.
 CHUNK_ROWS = 65_536
 WINDOW_CHUNKS = 16
 

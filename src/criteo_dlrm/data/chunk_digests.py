@@ -1,6 +1,6 @@
 """Digests of stored encoded rows, one per chunk of rows of each file, checked as each chunk is first read.
 
-A folder of encoded rows (``data.encoding.open_encoded``) holds ``digests.json``: the sha256 of every small file
+A folder of encoded rows (``data.stored.open_encoded``) holds ``digests.json``: the sha256 of every small file
 (layout, lineage, index maxima, ``chunk_digests.npy``) and, for ``labels.npy``, ``dense.npy`` and ``sparse.npy``,
 the number of rows per chunk. ``chunk_digests.npy`` holds the sha256 of each chunk of each of those files (chunk 0
 includes the ``.npy`` header). Opening the rows checks the small files and the big files' sizes (milliseconds);

@@ -6,8 +6,6 @@ runs at tens of millions of lookups per second on one core, with no Python per v
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,126 +18,12 @@ from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import (
-    DamagedFileError,
-    check_free_space,
-    disk_full_error,
-    reading,
-    reserve,
     size_text,
 )
 from criteo_dlrm.data import WORKER_MODULES
-from criteo_dlrm.data.chunk_digests import ChunkDigests, open_digests, reencode, write_digests
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
-
-
-def index_widths(table_sizes: list[int]) -> list[int]:
-    """Bytes each table's indices need on disk: 1 up to 256 rows, 2 up to 65,536, 3 up to 16,777,216, else 4."""
-    return [next(width for width in (1, 2, 3, 4) if size <= 1 << (8 * width) or width == 4) for size in table_sizes]
-
-
-class PackedIndices:
-    """(N, 26) table indices stored in ``sum(widths)`` bytes a row: each table's index in its own width
-    (little-endian), so a row of Criteo 1TB's tables takes about 60 bytes instead of 104 as int32.
-
-    Reading rows (``packed[rows]``) gives the usual (B, 26) int32 indices: the packed bytes are gathered into
-    one buffer, read as little-endian 4-byte words starting at each table's offset (an unaligned, overlapping
-    view: no per-byte work) and masked to each table's width. That is as fast as gathering int32 rows, as
-    fewer bytes are read (``benchmarks/preprocessing.py``). Writing ``packed[a:b] = indices`` refuses an
-    index that does not fit its width.
-    """
-
-    def __init__(self, packed: np.ndarray, widths: list[int]):
-        if len(widths) != NUM_SPARSE or packed.ndim != 2 or packed.shape[1] != sum(widths):
-            raise ValueError(f"packed indices of shape {packed.shape} do not match widths {widths}")
-        self.packed, self.widths = packed, [int(width) for width in widths]
-        self._offsets = np.cumsum([0, *self.widths[:-1]])  # each table's first byte in a packed row
-        self._masks = np.array([(1 << (8 * width)) - 1 for width in self.widths], dtype=np.uint32)
-        # Byte k of an int32 row's table t is stored when k < width_t, in table order: what writing keeps.
-        self._kept = np.array([k < width for width in self.widths for k in range(4)])
-        self._limits = np.array([1 << (8 * width) if width < 4 else 1 << 31 for width in self.widths], dtype=np.int64)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.packed), NUM_SPARSE)
-
-    def __len__(self) -> int:
-        return len(self.packed)
-
-    def __getitem__(self, rows: np.ndarray | slice) -> np.ndarray:
-        row_bytes = self.packed.shape[1]
-        count = len(range(len(self))[rows]) if isinstance(rows, slice) else len(rows)
-        buffer = np.empty(count * row_bytes + 3, dtype=np.uint8)  # 3 spare bytes: the last row's last word
-        buffer[-3:] = 0
-        gathered = buffer[: count * row_bytes].reshape(count, row_bytes)
-        if isinstance(rows, slice):
-            gathered[:] = self.packed[rows]
-        else:
-            np.take(self.packed, rows, axis=0, out=gathered)
-        # words[i, j]: the 4 bytes from byte j of row i on; a table's word holds its index in its low bytes.
-        words = np.ndarray((count, row_bytes), dtype="<u4", buffer=buffer, strides=(row_bytes, 1))
-        return (words[:, self._offsets] & self._masks).view(np.int32)
-
-    def __setitem__(self, rows: slice | np.ndarray, indices: np.ndarray) -> None:
-        indices = np.asarray(indices, dtype="<i4")
-        too_wide = ((indices < 0) | (indices >= self._limits)).any(axis=0)
-        if too_wide.any():
-            table = int(np.flatnonzero(too_wide)[0])
-            raise ValueError(f"SPARSE_{table}: an index does not fit in {self.widths[table]} bytes")
-        self.packed[rows] = np.ascontiguousarray(indices).view(np.uint8)[:, self._kept]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        unpacked = self[:]
-        return unpacked if dtype is None else unpacked.astype(dtype)
-
-    def flush(self) -> None:
-        if isinstance(self.packed, np.memmap):
-            self.packed.flush()
-
-
-@dataclass
-class EncodedArrays:
-    """Model inputs for N rows."""
-
-    labels: np.ndarray | None  # (N,) 0 or 1 (float32 in memory, uint8 on disk); None for unlabelled rows
-    dense: np.ndarray  # (N, 13) float32, standardised log1p counts
-    sparse: np.ndarray | PackedIndices  # (N, 26) int32 table indices: 0 out of vocabulary, 1 missing, 2.. values
-    lineage: dict | None = None  # what they were encoded from (``lineage.encoded_lineage``), when stored
-    # (26,) the largest index of each table, as recorded when stored rows were written (None: not recorded).
-    index_maxima: list[int] | None = None
-    # Stored rows: each chunk's digest, checked on its first read (``check_rows``); None for rows in memory.
-    digests: ChunkDigests | None = None
-    # "shuffled": stored in an order drawn once when they were written (``encode_days(shuffle=True)``); else as read.
-    row_order: str = "as read"
-
-    def __len__(self) -> int:
-        return len(self.dense)
-
-    def check_rows(self, start: int, end: int) -> None:
-        """Verify the stored chunks holding rows ``start:end`` (each once per process) before they are used.
-
-        Raises:
-            DamagedFileError: naming the damaged file, its rows and the fix.
-        """
-        if self.digests is not None:
-            for name in STORED_FIELDS:
-                self.digests.check(name, start, end)
-
-    def stored(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Labels, dense and sparse as stored: packed index bytes as they are (``PackedIndices.packed``)."""
-        sparse = self.sparse.packed if isinstance(self.sparse, PackedIndices) else self.sparse
-        return self.labels, self.dense, sparse
-
-    def checked_labels(self) -> np.ndarray:
-        """All labels, verified: what a reader of the whole label column uses."""
-        if self.digests is not None:
-            self.digests.check_all("labels")
-        return np.asarray(self.labels)
-
-    @property
-    def folder(self) -> Path | None:
-        """The folder of stored rows (memory-mapped ``.npy`` files), None for rows in memory."""
-        filename = getattr(self.dense, "filename", None)
-        return Path(filename).parent if filename else None
+from criteo_dlrm.data.shuffle import bucket_rows, shuffle_destinations
+from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
 
 
 @dataclass
@@ -299,26 +183,7 @@ class FeatureEncoder:
             )
             out.index_maxima = self._encode_rows(paths, out, 0)
             return out
-        into.mkdir(parents=True, exist_ok=True)
-        widths = index_widths(self.table_sizes)
-        layout = {"format": STORED_FORMAT, "sparse_widths": widths, "row_order": "shuffled" if shuffle else "as read"}
-        (into / LAYOUT).write_text(json.dumps(layout))
-        shapes = {
-            "labels": ((rows,), np.uint8),
-            "dense": ((rows, NUM_DENSE), np.float32),
-            "sparse": ((rows, sum(widths)), np.uint8),
-        }
-        # The size is known before any row is written: a disk too small is refused now, and the files' space is
-        # allocated up front, so the disk cannot fill up under the memory maps (where it would kill the process).
-        needed = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
-        check_free_space(into, needed + (1 << 20), f"{rows:,} encoded rows")
-        for name, (shape, dtype) in shapes.items():
-            np.lib.format.open_memmap(into / f"{name}.npy", "w+", dtype, shape).flush()
-            with open(into / f"{name}.npy", "r+b") as handle:
-                try:
-                    reserve(handle, os.fstat(handle.fileno()).st_size)
-                except OSError as error:
-                    raise disk_full_error(into, f"{rows:,} encoded rows", needed) from error
+        create_stored(into, rows, self.table_sizes, "shuffled" if shuffle else "as read")
         starts = np.concatenate([[0], np.cumsum(rows_per_day)[:-1]]).tolist()
         destinations = shuffle_destinations(rows_per_day) if shuffle else None
         chosen = choose_workers(workers, len(paths), ENCODING_MEMORY, rows, ENCODING_CORES)
@@ -354,7 +219,7 @@ class FeatureEncoder:
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
             if isinstance(start, tuple):  # a shuffled write: each row goes to the next free row of its bucket
-                where = _bucket_rows(*start[:3], read, len(encoded), start[3])
+                where = bucket_rows(*start[:3], read, len(encoded), start[3])
             else:
                 where = slice(start + read, start + read + len(encoded))
             read += len(encoded)
@@ -414,194 +279,3 @@ def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, 
     for array in (out.labels, out.dense, out.sparse):
         array.flush()
     return maxima
-
-
-# The stored shuffle (``encode_days(shuffle=True)``): each row goes to one of ``ceil(rows / SHUFFLE_BUCKET_ROWS)``
-# buckets, drawn from (SHUFFLE_SEED, its day's position, its block of SHUFFLE_BLOCK_ROWS rows), and is written
-# to the next free row of that bucket's range; then each bucket is permuted in memory. A uniform random order
-# (every arrangement of the rows equally likely) with state per bucket and per block, not per row. The seed is
-# fixed: the stored order is part of the rows' layout, not of a training run (each epoch draws its own chunk
-# order, ``data.batches``), so changing ``training.seed`` never re-encodes.
-SHUFFLE_SEED = 20_260_101
-SHUFFLE_BUCKET_ROWS = 2_097_152  # per bucket: 230 MB of Criteo 1TB rows in a worker's memory, twice
-SHUFFLE_BLOCK_ROWS = 1 << 20
-
-
-def _block_buckets(day: int, block: int, rows: int, buckets: int) -> np.ndarray:
-    """The bucket of each of the ``rows`` rows of block ``block`` of day ``day``."""
-    if buckets == 1:
-        return np.zeros(rows, dtype=np.int64)
-    return np.random.default_rng([SHUFFLE_SEED, day, block]).integers(0, buckets, size=rows, dtype=np.int64)
-
-
-def _day_buckets(day: int, first: int, rows: int, buckets: int, block_rows: int) -> np.ndarray:
-    """The buckets of rows ``first:first + rows`` of day ``day`` (the blocks they fall in, drawn again)."""
-    parts, row = [], first
-    while row < first + rows:
-        block, offset = divmod(row, block_rows)
-        take = min(block_rows - offset, first + rows - row)
-        parts.append(_block_buckets(day, block, block_rows, buckets)[offset : offset + take])
-        row += take
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def _bucket_rows(day: int, buckets: int, block_rows: int, first: int, rows: int, cursors: np.ndarray) -> np.ndarray:
-    """Where rows ``first:first + rows`` of day ``day`` are stored: the next free rows of their buckets
-    (``cursors``, advanced)."""
-    assigned = _day_buckets(day, first, rows, buckets, block_rows)
-    counts = np.bincount(assigned, minlength=buckets)
-    order = np.argsort(assigned, kind="stable")
-    group_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.arange(rows) - group_starts[assigned[order]]  # each row's place among its bucket's rows here
-    where = np.empty(rows, dtype=np.int64)
-    where[order] = cursors[assigned[order]] + rank
-    cursors += counts
-    return where
-
-
-@dataclass
-class ShuffleDestinations:
-    """Where each day's rows go in a shuffled write: bucket ``b`` holds rows ``bucket_starts[b]:bucket_starts[b+1]``,
-    day ``d``'s rows in bucket ``b`` start at ``day_starts[d][b]``."""
-
-    buckets: int
-    block_rows: int  # rows per block of bucket draws (sent to the workers with the rest: no module state)
-    bucket_starts: list[int]
-    day_starts: list[list[int]]
-
-    def shuffle_buckets(self, folder: Path, workers: int | None) -> None:
-        """Permute each bucket's rows in memory (in parallel workers, one bucket each)."""
-        ranges = list(zip(self.bucket_starts[:-1], self.bucket_starts[1:], strict=True))
-        rows = self.bucket_starts[-1]
-        chosen = choose_workers(workers, len(ranges), 3 * SHUFFLE_BUCKET_ROWS * 160, rows)
-        tasks = [(str(folder), bucket, start, end) for bucket, (start, end) in enumerate(ranges)]
-        with progress_bar(rows, f"shuffling ({chosen} workers)", "rows") as bar:
-            for index, _ in run_parallel(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
-                bar.update(ranges[index][1] - ranges[index][0])
-
-
-def shuffle_destinations(rows_per_day: list[int]) -> ShuffleDestinations:
-    """Count each day's rows per bucket (the buckets drawn block by block, no rows read) and place them."""
-    rows = sum(rows_per_day)
-    buckets = max(1, -(-rows // SHUFFLE_BUCKET_ROWS))
-    counts = np.zeros((len(rows_per_day), buckets), dtype=np.int64)
-    for day, day_rows in enumerate(rows_per_day):
-        for block in range(-(-day_rows // SHUFFLE_BLOCK_ROWS)):
-            size = min(SHUFFLE_BLOCK_ROWS, day_rows - block * SHUFFLE_BLOCK_ROWS)
-            counts[day] += np.bincount(
-                _block_buckets(day, block, SHUFFLE_BLOCK_ROWS, buckets)[:size], minlength=buckets
-            )
-    bucket_starts = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
-    day_starts = bucket_starts[:-1] + np.cumsum(counts, axis=0) - counts
-    return ShuffleDestinations(buckets, SHUFFLE_BLOCK_ROWS, bucket_starts.tolist(), day_starts.tolist())
-
-
-def _shuffle_bucket(folder: str, bucket: int, start: int, end: int) -> None:
-    """A worker's task: permute rows ``start:end`` (one bucket) of the files in ``folder``, in memory."""
-    out = open_encoded(Path(folder), writable=True)
-    order = np.random.default_rng([SHUFFLE_SEED, bucket]).permutation(end - start)
-    for array in out.stored():
-        array[start:end] = np.asarray(array[start:end])[order]
-        array.flush()
-
-
-# The stored layout: ``layout.json`` beside ``labels.npy`` (uint8), ``dense.npy`` (float32) and ``sparse.npy``
-# (packed index bytes). Folders written before it (float32 labels, int32 indices, no layout) still load.
-LAYOUT = "layout.json"
-STORED_FORMAT = 2
-STORED_FIELDS = ("labels", "dense", "sparse")
-
-
-# Each table's largest stored index, written with the rows: rows are checked against the tables they are used
-# with without reading them (``check_index_range``).
-INDEX_MAXIMA = "index_maxima.json"
-
-
-def open_encoded(
-    folder: str | Path, writable: bool = False, lineage: dict | None = None, verify: bool = True
-) -> EncodedArrays:
-    """The encoded rows stored in ``folder``, memory-mapped: rows are read from disk when a batch needs them.
-
-    Rows opened to read (``verify``) have their small files and sizes checked against their digests now, and each
-    chunk of rows when it is first read (``EncodedArrays.check_rows``, ``data.chunk_digests``); ``writable`` and
-    ``verify=False`` are for the writer, before the digests exist.
-
-    Raises:
-        DamagedFileError: a file is missing, truncated, changed or does not match the others, naming it.
-    """
-    folder = Path(folder)
-    digests = open_digests(folder) if verify and not writable else None
-    mode = "r+" if writable else "r"
-    arrays = [
-        reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), reencode())
-        for name in STORED_FIELDS
-    ]
-    labels, dense, sparse = arrays
-    layout = {}
-    if (folder / LAYOUT).exists():
-        layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), reencode())
-        sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), reencode())
-    elif sparse.dtype == np.uint8:  # packed indices, which only their layout can read
-        raise DamagedFileError(f"{folder / LAYOUT} is missing. {reencode()}")
-    if not len(labels) == len(dense) == len(sparse):
-        raise DamagedFileError(
-            f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {reencode()}"
-        )
-    maxima_path = folder / INDEX_MAXIMA
-    maxima = (
-        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), reencode()) if maxima_path.exists() else None
-    )
-    return EncodedArrays(
-        labels, dense, sparse, lineage, maxima, digests=digests, row_order=layout.get("row_order", "as read")
-    )
-
-
-def write_index_maxima(folder: Path, maxima: list[int]) -> None:
-    (folder / INDEX_MAXIMA).write_text(json.dumps([int(value) for value in maxima]))
-
-
-def index_maxima(rows: EncodedArrays) -> list[int]:
-    """Each table's largest index in ``rows``: as recorded, or (rows in memory, or stored before maxima were
-    recorded) by one pass over them in pieces."""
-    if rows.index_maxima is not None:
-        return list(rows.index_maxima)
-    maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
-    for start in range(0, len(rows), 1 << 20):
-        piece = np.asarray(rows.sparse[start : start + (1 << 20)])
-        if len(piece):
-            np.maximum(maxima, piece.max(axis=0), out=maxima)
-    return maxima.tolist()
-
-
-def check_index_range(rows: EncodedArrays, table_sizes: list[int], what: str) -> None:
-    """Refuse rows holding an index beyond its table (rows encoded with other metadata than they claim to be).
-
-    Raises:
-        DamagedFileError: naming the rows' folder (or ``what``), the tables and the fix.
-    """
-    maxima = index_maxima(rows)
-    beyond = [
-        f"{name}: index {largest:,} in a table of {size:,} rows"
-        for name, largest, size in zip(SPARSE_COLUMNS, maxima, table_sizes, strict=True)
-        if largest >= size
-    ]
-    if beyond:
-        where = rows.folder or what
-        raise DamagedFileError(
-            f"{where}: {what} were not encoded with the tables of the metadata they are used with "
-            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {reencode()}"
-        )
-
-
-def write_encoded(arrays: EncodedArrays, folder: Path) -> None:
-    """Store rows held in memory in ``folder`` (``labels.npy``, ``dense.npy``, ``sparse.npy`` and digests)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in STORED_FIELDS:
-        np.save(folder / f"{name}.npy", np.asarray(getattr(arrays, name)))
-    write_index_maxima(folder, index_maxima(arrays))
-    write_digests(folder)
-
-
-def bytes_per_row(arrays: EncodedArrays) -> int:
-    """Bytes one row of ``arrays`` takes (on disk, for stored rows)."""
-    return sum(array.itemsize * int(np.prod(array.shape[1:])) for array in arrays.stored())

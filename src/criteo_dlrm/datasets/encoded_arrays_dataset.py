@@ -12,7 +12,8 @@ from loguru import logger
 from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials
 from criteo_dlrm.data.chunk_digests import write_digests
-from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, check_index_range, open_encoded, write_encoded
+from criteo_dlrm.data.encoding import EncodedDays
+from criteo_dlrm.data.stored import EncodedArrays, check_index_range, open_encoded, write_encoded
 
 LINEAGE = "lineage.json"
 

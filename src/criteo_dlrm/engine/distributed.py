@@ -30,7 +30,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config.training import Distributed, TrainingConfig
-from criteo_dlrm.data.encoding import write_encoded
+from criteo_dlrm.data.stored import write_encoded
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.process import train_process
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.storage import DamagedFileError, write_bytes_atomically
-from criteo_dlrm.data.encoding import EncodedArrays, open_encoded
+from criteo_dlrm.data.stored import EncodedArrays, open_encoded
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.loop import TrainingResult
 
@@ -26,7 +26,7 @@ class TrainingJob:
     """Everything a training process needs: the configuration and the folders of the stored rows."""
 
     config: dict
-    # Folders of stored rows (``data.encoding.open_encoded``), or rows in memory for a run in this process only.
+    # Folders of stored rows (``data.stored.open_encoded``), or rows in memory for a run in this process only.
     train: str | EncodedArrays
     validation: str | EncodedArrays
     table_sizes: list[int]
@@ -52,7 +52,7 @@ class TrainingJob:
     def save(self, path: Path) -> None:
         if not (isinstance(self.train, str) and isinstance(self.validation, str)):
             raise ValueError(
-                "a job file names stored rows: store rows held in memory first (data.encoding.write_encoded)"
+                "a job file names stored rows: store rows held in memory first (data.stored.write_encoded)"
             )
         write_bytes_atomically(path, json.dumps({"format": JOB_FORMAT, **asdict(self)}, indent=1).encode())
 

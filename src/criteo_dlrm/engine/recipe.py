@@ -24,7 +24,8 @@ from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.encoding import EncodedArrays, FeatureEncoder, check_index_range
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
 from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, model_from_checkpoint
 from criteo_dlrm.engine.device import resolve_device

@@ -6,10 +6,11 @@ from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.encoding import EncodedArrays, EncodedDays, FeatureEncoder
+from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureVocabularies, check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
+from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.memory import check_table_memory
 from criteo_dlrm.engine.recipe import run_training
