@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -184,11 +185,36 @@ def logged():
     logger.remove(sink)
 
 
+# Ports tests choose themselves: 1,000 for each test process (pytest-xdist's gw0, gw1, ...), below the kernel's
+# ephemeral range (32768 and up here). A port found free and released again could otherwise be given by the
+# kernel to another test's port-0 bind a moment later (an elastic launcher's c10d store, say): a two-node test
+# then joined that store and failed when its test ended. Ports from this range are never handed out that way,
+# and the test processes' ranges do not overlap.
+_PORT_BASE, _PORTS_PER_PROCESS = 20_000, 1_000
+_ports = itertools.count()
+
+
 def unused_port() -> int:
-    """A loopback port nothing listens on (the socket that found it is closed again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, from this test process's own range (a new one each call)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = _PORT_BASE + _PORTS_PER_PROCESS * (int(worker) if worker.isdigit() else 0)
+    assert base + _PORTS_PER_PROCESS <= _ephemeral_start(), "the test ports reach the kernel's ephemeral range"
+    for _ in range(_PORTS_PER_PROCESS):
+        port = base + next(_ports) % _PORTS_PER_PROCESS
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}-{base + _PORTS_PER_PROCESS - 1}")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default where the setting cannot be read
 
 
 def headless_dom(url: str, profile: Path, budget_ms: int = 20000, *flags: str) -> str:

@@ -42,3 +42,15 @@ def test_a_skipped_test_fails_the_ci_run_and_is_named(tmp_path):
 def test_gpu_skips_and_runs_outside_ci_pass(tmp_path):
     assert _pytest(tmp_path, "pass", fail_on_skip=True).returncode == 0, "a skipped gpu test is expected"
     assert _pytest(tmp_path, 'pytest.skip("no data")', fail_on_skip=False).returncode == 0, "users may lack the data"
+
+
+def test_each_test_process_chooses_ports_of_its_own_below_the_kernel_s_ephemeral_range(monkeypatch):
+    """A port a test chose and released is never handed to another test process, nor to a port-0 bind."""
+    from tests.conftest import _ephemeral_start, unused_port
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    first = {unused_port() for _ in range(20)}
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    second = {unused_port() for _ in range(20)}
+    assert len(first) == len(second) == 20, "a new port each call"
+    assert max(first) < min(second) and max(second) < _ephemeral_start()

@@ -3,13 +3,12 @@
 import json
 import re
 import shutil
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import headless_dom, served
+from tests.conftest import headless_dom, served, unused_port
 
 pytestmark = pytest.mark.slow
 
@@ -28,18 +27,6 @@ LAYERS = {
 SCORING_LAYERS = {"predictions": "model_output", "scoring_report": "model_output", "dlrm_onnx": "models"}
 
 
-def _free_port() -> int:
-    """A free port below the ephemeral range (kedro viz refuses ports it cannot probe up there)."""
-    for port in range(24_141, 24_941, 7):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
-
-
 def _get(url: str, timeout: float = 10) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
         return response.read()
@@ -48,7 +35,7 @@ def _get(url: str, timeout: float = 10) -> bytes:
 @pytest.fixture(scope="module")
 def viz(ran_project: Path):
     """`kedro viz run --no-browser` on the project copy; yields its base URL; stopped by process group."""
-    port = _free_port()
+    port = unused_port()
     log = ran_project / "viz.log"
 
     def url() -> str:  # kedro viz moves to the next port when one is taken: read the one it chose

@@ -17,7 +17,7 @@ from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
 from criteo_dlrm.engine.scoring import probabilities
-from tests.conftest import TINY_MODEL
+from tests.conftest import TINY_MODEL, unused_port
 
 pytestmark = pytest.mark.slow
 
@@ -159,14 +159,11 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
 
 def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path):
     # Two "nodes" on this machine: two torchrun agents with one process each, meeting at a c10d rendezvous.
-    import socket
     import threading
 
     from criteo_dlrm.engine.distributed import torchrun_command
 
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()  # never one the kernel hands to another test's port-0 bind (a c10d store) meanwhile
     config = _config(tmp_path, 1, distributed={"nproc_per_node": 1, "nnodes": 2, "master_port": port})
     outcome: dict = {}
     waiting = threading.Thread(target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True)
