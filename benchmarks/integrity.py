@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from criteo_dlrm.common.schema import table_sizes
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.chunk_digests import verify_encoded, write_digests
@@ -86,7 +87,7 @@ def main() -> None:
         )
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
-        sizes = [metadata["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+        sizes = table_sizes(metadata)
         model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})

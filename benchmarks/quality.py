@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.common.schema import table_sizes as metadata_table_sizes
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
@@ -354,7 +355,7 @@ def reference(size: int, validation_rows: int, work: Path) -> None:
     encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
     row("DLRM, defaults", fit_dlrm(encoded, CURVE_SETTINGS, work / "runs"))
     metadata, _, train, validation = encoded
-    table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    table_sizes = metadata_table_sizes(metadata)
     pairs = ClickModel(WORLD_SEED, **WORLD_CTR).pairs
     for optimizer, lr in PLANTED_FORM_GRID:
         row(f"planted form, {optimizer} {lr}", train_planted_form(train, validation, table_sizes, pairs, optimizer, lr))

@@ -210,6 +210,7 @@ def _fresh(*args: str) -> dict:
 
 def pipeline(data: Path, rows: int, steps: int) -> dict:
     """Each stage of the whole job on ``rows`` generated rows (4 days), in this process and its workers."""
+    from criteo_dlrm.common.schema import table_sizes
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
@@ -264,7 +265,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "base" / "parameters_training.yml"
     config = TrainingConfig.from_dict(yaml.safe_load(conf.read_text())["training"])  # what `kedro run` trains
-    sizes = [metadata["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    sizes = table_sizes(metadata)
 
     def train_steps():
         import torch

@@ -83,6 +83,19 @@ def tiny_model_config(table_sizes: list[int], initial_ctr: float | None = None, 
     return TrainingConfig.from_dict({**TINY_MODEL, **training}).model_config(table_sizes, initial_ctr)
 
 
+def ingestion_report(tmp_path: Path, days: int = 3) -> dict:
+    """The ingestion report of ``days`` generated days of 2,000 rows, converted to Parquet in ``tmp_path``."""
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+
+    model, entries = ClickModel(seed=1), []
+    for day in range(days):
+        write_day(tmp_path / f"day_{day}", 2000, day=day, model=model)
+        report = convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet")
+        entries.append({"day": f"day_{day}", **report.as_dict(), "click_probability": None})
+    return {"raw_dir": str(tmp_path), "days": entries}
+
+
 def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: bool = True, device=None,
                  model_config=None, **trainer_options):  # fmt: skip
     """A ``Trainer`` wired as a training process wires one (``engine.process``): ``config``'s parallel mode with
@@ -252,3 +265,21 @@ def served(command: list[str], cwd: Path, log: Path, url, probe: str, what: str,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_features, tmp_path_factory):
+    """A checkpoint of one epoch on ``tiny_features`` (through the training node), with a catalog version."""
+    from criteo_dlrm.pipelines.training.nodes import train_dlrm
+    from tests.pipelines.training.test_pipeline import training_params
+
+    params = training_params(tmp_path_factory.mktemp("train"), num_epochs=1)
+    checkpoint, _ = train_dlrm(
+        tiny_features["train"],
+        tiny_features["validation"],
+        tiny_features["metadata"],
+        tiny_features["vocabularies"],
+        params,
+        "v",
+    )
+    return {**checkpoint, "catalog_version": "2026-11-30T01.00.00.000Z"}

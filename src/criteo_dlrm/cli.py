@@ -189,11 +189,11 @@ def invocation(options: dict[str, Any]) -> Invocation:
     )
 
 
-def _project_hooks():
-    from criteo_dlrm.hooks import ProjectHooks
+def _summary_hooks():
+    from criteo_dlrm.hooks import SummaryHooks
     from criteo_dlrm.settings import HOOKS
 
-    return next(hook for hook in HOOKS if isinstance(hook, ProjectHooks))
+    return next(hook for hook in HOOKS if isinstance(hook, SummaryHooks))
 
 
 @cli.command(name="run", params=_options(), help=kedro_run.help)
@@ -209,7 +209,7 @@ def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
         if found is None or verbose:
             raise
         raise UserErrorExit(found) from None
-    summary = render(_project_hooks().record)
+    summary = render(_summary_hooks().record)
     if summary:
         click.echo("\n" + summary)
     return result

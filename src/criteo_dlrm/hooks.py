@@ -1,13 +1,16 @@
-"""The project's Kedro hooks: each a short adapter over the module that does the work.
+"""The project's Kedro hooks, one class per concern, each a short adapter over the module that does the work.
 
-- after the context: loguru into Kedro's logging (``logs``);
-- after the catalog: every parameter checked and typed (``config``), the run version handed to nodes;
-- before the run: what can be known to fail is refused (``preflight``), missing inputs are named with the
-  pipelines that make them (``pipeline_registry``);
-- around each node: its versioned outputs are marked incomplete until all of them are saved, so a killed run
-  never leaves a half set of versions as the latest;
-- after saving: outputs recorded for the run summary (``summary``), and a finished run's in-progress
-  checkpoint removed once its checkpoint is safely stored.
+- ``ConsoleHooks``: loguru into Kedro's logging, one line per record (``logs``);
+- ``ParameterHooks``: every parameter checked and typed (``config``) before any plugin opens anything; the run
+  version handed to nodes;
+- ``PreflightHooks``: what can be known to fail is refused before the run (``preflight``), missing inputs are
+  named with the pipelines that make them (``pipeline_registry``);
+- ``OutputVersionHooks``: a node's versioned outputs are marked incomplete until all of them are saved, so a
+  killed run never leaves a half set of versions as the latest;
+- ``InProgressCheckpointHooks``: a finished run's in-progress checkpoint removed once its checkpoint is stored;
+- ``SummaryHooks``: outputs recorded for the run's summary (``summary``).
+
+``project_hooks()`` builds them in the order Kedro is to call them (``settings.HOOKS``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
-from criteo_dlrm.logs import bridge_loguru, configure_console
+from criteo_dlrm.logs import bridge_loguru, configure_console, quiet_known_warnings
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
 from criteo_dlrm.preflight import check_before_run, report_incomplete_versions
 from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
@@ -61,26 +64,36 @@ def _split_of(metadata, report: dict) -> str | None:
         return None
 
 
-class ProjectHooks:
+class ConsoleHooks:
+    """A session created without the ``kedro`` command (a notebook, a test) gets the command's console too."""
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self) -> None:
+        quiet_known_warnings()
+        bridge_loguru()
+        configure_console()
+
+
+class ParameterHooks:
+    """Holds the run's typed configurations (``configs``) for the hooks that check or summarise with them."""
+
     def __init__(self) -> None:
-        self.record = RunRecord()
-        self._configs: dict = {}
-        self._catalog = None
-        self._saved_by_node: dict[str, set[str]] = {}
+        self.configs: dict = {}
 
     # First of every plugin's: a parameter typo is refused before kedro-mlflow opens its store (seconds).
     @hook_impl(tryfirst=True)
     def after_context_created(self, context) -> None:
-        bridge_loguru()
-        configure_console()
-        self._configs = parse_parameters(context.params)
+        self.configs = parse_parameters(context.params)
 
     @hook_impl
     def after_catalog_created(self, catalog, save_version: str) -> None:
         # Training names its TensorBoard folder after this, so the folder matches the checkpoint version.
         catalog[RUN_VERSION] = save_version
-        self._catalog = catalog
-        self.record = RunRecord(version=save_version)
+
+
+class PreflightHooks:
+    def __init__(self, parameters: ParameterHooks) -> None:
+        self.parameters = parameters
 
     # First of every plugin's: a run refused here never opened an MLflow run (kedro-mlflow opens one in its own
     # before_pipeline_run, and Kedro calls on_pipeline_error, which would close it, only for a failing node).
@@ -98,42 +111,99 @@ class ProjectHooks:
                 f"This run needs {', '.join(missing)}, which no earlier run has written. "
                 f"Run `{kedro_run(first)}` first, or `{kedro_run(WHOLE_JOB)}` for the whole job."
             )
-        check_before_run(self._configs, pipeline, catalog)
+        check_before_run(self.parameters.configs, pipeline, catalog)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))
 
-    def _versioned_outputs(self, node) -> list[tuple[str, VersionedFileDataset]]:
-        outputs = [(name, self._catalog.get(name)) for name in node.outputs] if self._catalog is not None else []
-        return [
-            (name, ds) for name, ds in outputs if isinstance(ds, VersionedFileDataset) and ds.resolve_save_version()
-        ]
+
+class OutputVersionHooks:
+    def __init__(self) -> None:
+        self._catalog = None
+        self._version: str | None = None
+        self._saved_by_node: dict[str, set[str]] = {}
+
+    @hook_impl
+    def after_catalog_created(self, catalog, save_version: str) -> None:
+        self._catalog, self._version = catalog, save_version
+
+    def _versioned_outputs(self, node) -> list[VersionedFileDataset]:
+        outputs = [self._catalog.get(name) for name in node.outputs] if self._catalog is not None else []
+        return [ds for ds in outputs if isinstance(ds, VersionedFileDataset) and ds.resolve_save_version()]
 
     @hook_impl
     def before_node_run(self, node) -> None:
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "run": self.record.version, "node": node.name}
-        for _, dataset in self._versioned_outputs(node):
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "run": self._version, "node": node.name}
+        for dataset in self._versioned_outputs(node):
             dataset.mark_incomplete(dataset.resolve_save_version(), owner)
         self._saved_by_node[node.name] = set()
 
     @hook_impl
     def on_node_error(self, error: Exception, node) -> None:
         # Versions the node never wrote to are removed; what it wrote in part stays marked incomplete.
-        for _, dataset in self._versioned_outputs(node):
+        for dataset in self._versioned_outputs(node):
             dataset.discard_if_empty(dataset.resolve_save_version())
 
     @hook_impl
+    def after_dataset_saved(self, dataset_name: str, node) -> None:
+        saved = self._saved_by_node.setdefault(node.name, set())
+        saved.add(dataset_name)
+        if saved >= set(node.outputs):  # every output of the node is stored: its versions are complete
+            for dataset in self._versioned_outputs(node):
+                dataset.mark_complete(dataset.resolve_save_version())
+
+
+class InProgressCheckpointHooks:
+    """Until a run's checkpoint is stored, a rerun resumes from its in-progress checkpoint; then it goes."""
+
+    def __init__(self) -> None:
+        self._saved_by_node: dict[str, dict] = {}
+
+    @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
+        if "training_summary" not in node.outputs:
+            return
+        saved = self._saved_by_node.setdefault(node.name, {})
+        saved[dataset_name] = data
+        if set(saved) >= set(node.outputs):
+            finish_run(saved["training_summary"])  # the checkpoint is stored: nothing to resume
+
+
+class SummaryHooks:
+    """Fills ``record`` (``summary.RunRecord``) with the summarised outputs as they are saved, and where they went."""
+
+    def __init__(self, parameters: ParameterHooks) -> None:
+        self.parameters = parameters
+        self.record = RunRecord()
+        self._catalog = None
+
+    @hook_impl
+    def after_catalog_created(self, catalog, save_version: str) -> None:
+        self._catalog = catalog
+        self.record = RunRecord(version=save_version)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
         if dataset_name in SUMMARISED:
             self.record.saved[dataset_name] = data
             dataset = self._catalog.get(dataset_name) if self._catalog is not None else None
             if isinstance(dataset, VersionedFileDataset) and dataset.resolve_save_version():
                 path = dataset.version_path(dataset.resolve_save_version())
                 self.record.paths[dataset_name] = os.path.relpath(path) if path.startswith(os.getcwd()) else path
-        if dataset_name == "ingestion_report" and "metadata" in self._configs:
-            self.record.split = _split_of(self._configs["metadata"], data)
-        saved = self._saved_by_node.setdefault(node.name, set())
-        saved.add(dataset_name)
-        if saved >= set(node.outputs):  # every output of the node is stored: its versions are complete
-            for _, dataset in self._versioned_outputs(node):
-                dataset.mark_complete(dataset.resolve_save_version())
-            if "training_summary" in node.outputs and "training_summary" in self.record.saved:
-                finish_run(self.record.saved["training_summary"])  # the checkpoint is stored: nothing to resume
+        configs = self.parameters.configs
+        if dataset_name == "ingestion_report" and "metadata" in configs:
+            self.record.split = _split_of(configs["metadata"], data)
+
+
+def project_hooks() -> tuple:
+    """The project's hooks, sharing the parsed parameters. Kedro (pluggy) calls the hooks of one phase last
+    registered first, so they are listed in the reverse of the order they run: the console before the
+    parameters (after the context), the summary, then the versions made complete, then the in-progress
+    checkpoint removed (after each save: never removed before its checkpoint's version is complete)."""
+    parameters = ParameterHooks()
+    return (
+        InProgressCheckpointHooks(),
+        OutputVersionHooks(),
+        SummaryHooks(parameters),
+        PreflightHooks(parameters),
+        parameters,
+        ConsoleHooks(),
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 
 from loguru import logger
 
@@ -74,3 +75,20 @@ def configure_console() -> None:
         if isinstance(handler, RichHandler):
             root.removeHandler(handler)
             root.addHandler(ConsoleHandler(handler))
+
+
+def quiet_known_warnings() -> None:
+    """Filter the warnings no user of this project can act on: Kedro 1.7 calls OmegaConf's deprecated
+    ``register_new_resolver`` (three per command); kedro-mlflow's own pyfunc class (for ``pipeline_ml_factory``,
+    unused here) has no type hints, which MLflow says at every import with raw terminal colour codes, under a
+    warnings filter of its own (ours never applies), through the ``py.warnings`` logger Kedro's logging
+    captures warnings into."""
+    warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
+    captured = logging.getLogger("py.warnings")
+    if not any(isinstance(f, _UnactionableMlflowWarning) for f in captured.filters):
+        captured.addFilter(_UnactionableMlflowWarning())
+
+
+class _UnactionableMlflowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Add type hints to the `predict` method" not in record.getMessage()

@@ -27,10 +27,17 @@ from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import check_process_count, resolve_device
 from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_table_memory
 from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
+from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
+from criteo_dlrm.pipelines.ingestion.nodes import convert_raw_days
+from criteo_dlrm.pipelines.metadata.nodes import compute_metadata
+from criteo_dlrm.pipelines.scoring.nodes import export_model, score_new_days
+from criteo_dlrm.pipelines.training.nodes import encode_features, train_dlrm
 
 
-def _nodes(pipeline: Pipeline) -> set[str]:
-    return {node.name for node in pipeline.nodes}
+def _nodes(pipeline: Pipeline) -> set:
+    """The node functions ``pipeline`` runs: checks are keyed on them, so a renamed node keeps its checks (and
+    a renamed function fails at import, not silently)."""
+    return {node.func for node in pipeline.nodes}
 
 
 def _dataset(catalog, name: str):
@@ -50,10 +57,10 @@ def _output_folders(configs: dict[str, Config], pipeline: Pipeline, catalog) -> 
         elif isinstance(dataset, EncodedArraysDataset):
             folders[dataset.path.parent] = (name, f"{name}'s path (conf/*/catalog_*.yml)")
     settings = {
-        "convert_raw_days": [("ingestion", "output_dir", "the Parquet days")],
-        "train_dlrm": [("training", "in_progress_dir", "the in-progress checkpoint"),
-                       ("training", "tensorboard_dir", "TensorBoard's run folder")],
-        "score_new_days": [("scoring", "parquet_dir", "the scoring input's Parquet days")],
+        convert_raw_days: [("ingestion", "output_dir", "the Parquet days")],
+        train_dlrm: [("training", "in_progress_dir", "the in-progress checkpoint"),
+                     ("training", "tensorboard_dir", "TensorBoard's run folder")],
+        score_new_days: [("scoring", "parquet_dir", "the scoring input's Parquet days")],
     }  # fmt: skip
     for node, entries in settings.items():
         if node in nodes:
@@ -67,15 +74,15 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
     nodes = _nodes(pipeline)
     for folder, (what, setting) in _output_folders(configs, pipeline, catalog).items():
         check_writable(folder, what, setting)
-    if "compute_feature_metadata" in nodes:
-        _check_day_names(configs["ingestion"], configs["metadata"], "convert_raw_days" in nodes, catalog)
-    if {"encode_features", "train_dlrm"} & nodes:
-        _check_training(configs["training"], configs["metadata"], "compute_feature_metadata" in nodes, catalog)
-    if "evaluate_checkpoint" in nodes:
+    if compute_metadata in nodes:
+        _check_day_names(configs["ingestion"], configs["metadata"], convert_raw_days in nodes, catalog)
+    if {encode_features, train_dlrm} & nodes:
+        _check_training(configs["training"], configs["metadata"], compute_metadata in nodes, catalog)
+    if evaluate_checkpoint in nodes:
         resolve_device(configs["evaluation"].device, "evaluation.device")
-    if {"score_new_days", "export_model"} & nodes:
+    if {score_new_days, export_model} & nodes:
         resolve_device(configs["scoring"].device, "scoring.device")
-    if "score_new_days" in nodes:
+    if score_new_days in nodes:
         find_scoring_input(configs["scoring"].input_dir)
 
 

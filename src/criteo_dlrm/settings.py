@@ -1,31 +1,24 @@
 """Project settings (see https://docs.kedro.org/en/stable/configure/configuration_basics/)."""
 
-import logging
-import warnings
+from criteo_dlrm.hooks import project_hooks
+from criteo_dlrm.logs import configure_console, quiet_known_warnings
+from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 
-from criteo_dlrm.hooks import ProjectHooks
-from criteo_dlrm.logs import configure_console
-from criteo_dlrm.tracking.hooks import TrackingHooks, project_path, tracking_enabled
-
-# Kedro 1.7 calls OmegaConf's deprecated register_new_resolver: three warnings per command that no user
-# of this project can act on.
-warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
-# kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here) has no type hints: MLflow says so, with
-# raw terminal colour codes, at every import. MLflow raises it under a filter of its own (a warnings filter of
-# ours never applies), through the "py.warnings" logger Kedro's logging captures warnings into.
-logging.getLogger("py.warnings").addFilter(
-    lambda record: "Add type hints to the `predict` method" not in record.getMessage()
-)
-
-# Log lines one per line outside a terminal, above the progress bars on one, from the first line of a run.
+# The one thing done at import: Kedro imports this module before anything else of the project and before it
+# loads its plugins (kedro-mlflow imports MLflow, which warns at import), and a Kedro CLI hook would run only
+# after both. So the warnings no user can act on are filtered here, and log lines come one per line outside a
+# terminal from the first line of a command (``hooks.ConsoleHooks`` does both again for a session created
+# without the CLI).
+quiet_known_warnings()
 configure_console()
 
 # Experiment tracking (kedro-mlflow, conf/base/mlflow.yml) is on unless CRITEO_DLRM_TRACKING=off: then neither
 # kedro-mlflow's hook nor ours runs, and MLflow is never imported.
+_tracking = TrackingHooks()  # also resolves ${project_path:} in mlflow.yml (tracking on or off)
 if tracking_enabled():
-    HOOKS = (ProjectHooks(), TrackingHooks())
+    HOOKS = (*project_hooks(), _tracking)
 else:
-    HOOKS = (ProjectHooks(),)
+    HOOKS = project_hooks()
     DISABLE_HOOKS_FOR_PLUGINS = ("kedro-mlflow", "kedro_mlflow")  # its names on PyPI and in its wheel
 
 CONFIG_LOADER_ARGS = {
@@ -35,5 +28,5 @@ CONFIG_LOADER_ARGS = {
     # keeps its siblings instead of replacing the whole pipeline block.
     "merge_strategy": {"parameters": "soft", "mlflow": "soft"},
     # ${project_path:} in mlflow.yml: the tracking store's absolute place inside the project.
-    "custom_resolvers": {"project_path": project_path},
+    "custom_resolvers": {"project_path": _tracking.project_path},
 }

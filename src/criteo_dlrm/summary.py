@@ -1,6 +1,6 @@
 """What a run wrote and what it measured, as the short block ``kedro run`` prints at the end (``cli``).
 
-``ProjectHooks`` fills a ``RunRecord`` with each summarised output as it is saved (and where it went).
+``hooks.SummaryHooks`` fills a ``RunRecord`` with each summarised output as it is saved (and where it went).
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def test_the_failure_report_survives_any_error_file_a_worker_writes(tmp_path, er
     if error_file is not None:
         path.write_text(json.dumps(error_file))
     failure = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(path))
-    job = TrainingJob(TrainingConfig().to_dict(), "t", "v", [2] * 26, "abc", "run")
+    job = TrainingJob(TrainingConfig(), "t", "v", [2] * 26, "abc", "run")
     message = _describe_failure(ChildFailedError("worker", {1: failure}), job)
     assert message.startswith("Training process rank 1 (pid 4242) failed: exit code 1") and shown in message
     assert "Run the same command again to resume" in message

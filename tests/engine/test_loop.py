@@ -12,7 +12,6 @@ from criteo_dlrm.engine import loop
 from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError
 from criteo_dlrm.engine.modes import build_optimizers
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
-from criteo_dlrm.engine.step import learning_rate_factor
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.dlrm import ConfigError
@@ -63,14 +62,6 @@ def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
         _model(tiny_features, sparse=False), TrainingConfig(embedding_optimizer="dense_adam")
     )
     assert list(predecessor_way) == ["dense"]
-
-
-def test_warm_up_and_decay_schedules():
-    config = TrainingConfig(warmup_steps=4, decay="linear")
-    assert [learning_rate_factor(s, 12, config) for s in (0, 3, 4, 8, 12)] == [0.25, 1.0, 1.0, 0.5, 0.0]
-    cosine = TrainingConfig(decay="cosine")
-    assert learning_rate_factor(5, 10, cosine) == pytest.approx(0.5)
-    assert learning_rate_factor(7, 10, TrainingConfig()) == 1.0
 
 
 def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_features, tmp_path):

@@ -16,7 +16,7 @@ from loguru import logger
 
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
-from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
+from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, table_sizes
 from criteo_dlrm.common.storage import (
     size_text,
 )
@@ -106,7 +106,7 @@ class FeatureEncoder:
         if not modulus and vocabularies is None:
             raise ValueError("feature_metadata uses vocabularies, but none were given.")
         return cls(
-            table_sizes=[metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS],
+            table_sizes=table_sizes(metadata),
             dense_mean=np.array([metadata["dense"][name]["log1p_mean"] for name in DENSE_COLUMNS]),
             dense_std=np.array([metadata["dense"][name]["log1p_std"] for name in DENSE_COLUMNS]),
             vocabularies=None if modulus else [np.asarray(vocabularies[name]) for name in SPARSE_COLUMNS],

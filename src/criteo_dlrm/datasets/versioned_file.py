@@ -5,7 +5,7 @@ that are complete or not used.
   uniquely named file renamed into place: a crash or a full disk never leaves a partial file under the
   real name. A load checks the digest first and refuses a damaged file, naming it.
 - A version a run has begun but not finished carries an ``.incomplete`` marker in its folder (set and
-  cleared by ``hooks.ProjectHooks`` around the node that writes it, so that all of a node's outputs appear
+  cleared by ``hooks.OutputVersionHooks`` around the node that writes it, so that all of a node's outputs appear
   together). Loading the latest version skips such versions; ``incomplete_versions`` lists them. The marker
   names its writer by ``RUN_TOKEN``, random per process: a pid and host repeat (in containers kedro is often
   pid 1 on a fixed hostname), so a marker another process left is never taken for this one's.

@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.config.training import Distributed, TrainingConfig
+from criteo_dlrm.config.training import Distributed
 from criteo_dlrm.data.stored import write_encoded
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.process import train_process
@@ -46,7 +46,7 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
         TrainingWorkerError: a process failed, after elastic restarts (``max_restarts``) ran out; the
             message names the rank, its error, and how to resume.
     """
-    folder = Path(job.config["in_progress_dir"])
+    folder = Path(job.config.in_progress_dir)
     folder.mkdir(parents=True, exist_ok=True)
     job_path, outcome_path = folder / f"job_{job.fingerprint}.json", folder / f"outcome_{job.fingerprint}.pt"
     outcome_path.unlink(missing_ok=True)
@@ -184,7 +184,7 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
     share, and (rank 0) write the outcome."""
     _worker_logging()
     job = TrainingJob.load(job_path)
-    config = TrainingConfig.from_dict(job.config)
+    config = job.config
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
@@ -192,7 +192,7 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
     if cuda:
         torch.cuda.set_device(device)
     elif config.num_threads is None:  # the processes share the cores instead of each taking all of them
-        job.config["num_threads"] = max(1, (os.cpu_count() or 1) // local_world)
+        config.num_threads = max(1, (os.cpu_count() or 1) // local_world)
     backend = config.distributed.backend
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import ConfigError, DataError
 from criteo_dlrm.common.storage import DamagedFileError, write_bytes_atomically
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays, open_encoded
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.loop import TrainingResult
@@ -25,7 +26,7 @@ JOB_FORMAT = 1
 class TrainingJob:
     """Everything a training process needs: the configuration and the folders of the stored rows."""
 
-    config: dict
+    config: TrainingConfig  # a dict (``to_dict``) in the job file, parsed again (and checked) when it is loaded
     # Folders of stored rows (``data.stored.open_encoded``), or rows in memory for a run in this process only.
     train: str | EncodedArrays
     validation: str | EncodedArrays
@@ -36,13 +37,13 @@ class TrainingJob:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.config["tensorboard_dir"]) / self.run_version
+        return Path(self.config.tensorboard_dir) / self.run_version
 
     @property
     def resume_path(self) -> Path | None:
-        if not self.config["resume"]:
+        if not self.config.resume:
             return None
-        return Path(self.config["in_progress_dir"]) / f"dlrm_{self.fingerprint}.pt"
+        return Path(self.config.in_progress_dir) / f"dlrm_{self.fingerprint}.pt"
 
     def rows(self, split: str) -> EncodedArrays:
         """The training (``train``) or validation rows, memory-mapped when stored."""
@@ -54,7 +55,8 @@ class TrainingJob:
             raise ValueError(
                 "a job file names stored rows: store rows held in memory first (data.stored.write_encoded)"
             )
-        write_bytes_atomically(path, json.dumps({"format": JOB_FORMAT, **asdict(self)}, indent=1).encode())
+        values = {**_shallow(self), "config": self.config.to_dict()}
+        write_bytes_atomically(path, json.dumps({"format": JOB_FORMAT, **values}, indent=1).encode())
 
     @classmethod
     def load(cls, path: str | Path) -> TrainingJob:
@@ -63,7 +65,10 @@ class TrainingJob:
             values = json.loads(Path(path).read_text())
             if values.pop("format") != JOB_FORMAT:
                 raise ValueError("another format")
+            values["config"] = TrainingConfig.from_dict(values["config"], "training.")
             return cls(**values)
+        except ConfigError:
+            raise
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             raise DataError(
                 f"{path} is not a training job file of this project ({error}). Start the run again with "

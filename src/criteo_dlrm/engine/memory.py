@@ -11,6 +11,7 @@ import torch
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_memory
+from criteo_dlrm.common.schema import table_sizes
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.models.dlrm import DLRMConfig
 
@@ -46,7 +47,7 @@ def check_table_memory(
     """Refuse, before encoding or training, tables (and their optimiser state) that cannot fit: in the set
     budget, or else in this machine's free memory (CPU: every process on it holds a replica with the torch
     backend) or in the GPU's memory. ``settings``: what shrinks them, for the message."""
-    model_config = config.model_config([metadata["sparse"][name]["table_size"] for name in metadata["sparse"]])
+    model_config = config.model_config(table_sizes(metadata))
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
         return

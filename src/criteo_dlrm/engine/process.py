@@ -3,7 +3,7 @@
 Seeding, the device's switches, the parallel mode (which builds its model), the loaders over the stored rows,
 and the
 ``Trainer``. The in-progress checkpoint is left in place: it is removed only once the finished run's
-checkpoint is safely stored (``hooks.ProjectHooks``), so a crash in between loses nothing.
+checkpoint is safely stored (``hooks.InProgressCheckpointHooks``), so a crash in between loses nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import configure_backends, resolve_device
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
@@ -22,7 +21,7 @@ from criteo_dlrm.engine.modes import mode_class
 
 def train_process(job: TrainingJob, device: torch.device | None = None) -> TrainingOutcome:
     """Train ``job`` in this process (alone, or as its rank of the initialised process group)."""
-    config = TrainingConfig.from_dict(job.config)
+    config = job.config
     device = device or resolve_device(config.device, "training.device")
     mode_type = mode_class(config)
     with mode_type.process_group(device):

@@ -21,7 +21,7 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.common.schema import table_sizes as metadata_table_sizes
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
@@ -71,7 +71,7 @@ def run_training(
     """
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
-    table_sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    table_sizes = metadata_table_sizes(metadata)
     check_index_range(train, table_sizes, "the training rows")
     check_index_range(validation, table_sizes, "the validation rows")
     rates = click_rate_warning(
@@ -88,7 +88,7 @@ def run_training(
         check_fused_optimizer(config, device.type)
     settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(
-        config=config.to_dict(),
+        config=config,
         train=str(train.folder) if train.folder is not None else train,
         validation=str(validation.folder) if validation.folder is not None else validation,
         table_sizes=table_sizes,

@@ -32,24 +32,12 @@ from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
-# MLflow draws a progress bar for every artifact it copies: noise between the run's log lines.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 ARTIFACTS = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "roc_curve_plot",
     "calibration_plot", "score_histogram_plot", "scoring_report", "export_report",
 )  # fmt: skip
 HISTORY = ("log_loss", "auc", "normalized_entropy", "calibration")
 REPORTED = ("auc", "log_loss", "normalized_entropy", "calibration")
-
-
-_PROJECT: dict[str, Path | None] = {"path": None}
-
-
-def project_path() -> str:
-    """``${project_path:}`` in mlflow.yml: the project folder of the session being created (the working folder
-    before one is). An absolute store path, because MLflow caches a store by its URI: a relative
-    ``sqlite:///data/...`` would keep writing into the first project a process opened (a notebook, tests)."""
-    return str(_PROJECT["path"] or Path.cwd())
 
 
 class TrackingServerError(UserError, ConnectionError):
@@ -117,14 +105,23 @@ def _evaluated_tags(report: dict, days_tag: str) -> dict[str, str]:
 
 class TrackingHooks:
     def __init__(self) -> None:
+        self.project: Path | None = None  # the project of the session being created
         self._catalog = None
         self._version: str | None = None
         self._run_id: str | None = None
         self._saved = False
 
+    def project_path(self) -> str:
+        """``${project_path:}`` in mlflow.yml: the project folder of the session being created (the working
+        folder before one is). An absolute store path, because MLflow caches a store by its URI: a relative
+        ``sqlite:///data/...`` would keep writing into the first project a process opened (a notebook, tests)."""
+        return str(self.project or Path.cwd())
+
     @hook_impl(tryfirst=True)  # before kedro-mlflow sets up the tracking server it names
     def after_context_created(self, context) -> None:
-        _PROJECT["path"] = Path(context.project_path)
+        self.project = Path(context.project_path)
+        # MLflow draws a progress bar for every artifact it copies: noise between the run's log lines.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         patterns = context.config_loader.config_patterns
         patterns.setdefault("mlflow", ["mlflow*", "mlflow*/**", "**/mlflow*"])
         try:

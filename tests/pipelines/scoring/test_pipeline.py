@@ -9,6 +9,7 @@ import numpy as np
 import onnxruntime
 import pandas as pd
 import pytest
+import torch
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
@@ -220,3 +221,15 @@ def test_the_serving_recipe_of_the_docs_runs_as_written_and_scores_what_the_pipe
     printed = float(re.search(r"click probability ([0-9.]+)", result.stdout).group(1))
     scored = pd.read_parquet(_first_scoring_run(trained))
     assert printed == pytest.approx(scored[scored["day"] == "day_1"]["click_probability"].iloc[0], abs=2e-6)
+
+
+def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkpoint):
+    from criteo_dlrm.engine.scoring import VocabularyMismatchError
+    from criteo_dlrm.pipelines.scoring.nodes import export_model
+
+    damaged = {**tiny_checkpoint, "encoder": {**tiny_checkpoint["encoder"]}}
+    vocabularies = list(damaged["encoder"]["vocabularies"])
+    vocabularies[5] = torch.flip(vocabularies[5], dims=[0])
+    damaged["encoder"]["vocabularies"] = vocabularies
+    with pytest.raises(VocabularyMismatchError, match="dlrm_checkpoint version .* not the ones it was trained with"):
+        export_model(damaged, {})

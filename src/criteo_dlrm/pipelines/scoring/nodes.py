@@ -10,7 +10,6 @@ from loguru import logger
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import remove_stale_partials, staging_path
 from criteo_dlrm.config import ScoringConfig
-from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
 from criteo_dlrm.engine.calibration import calibration_from_checkpoint
@@ -114,9 +113,11 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
+    # The encoder is checked as scoring and evaluation check it: a served model with other vocabularies would
+    # mis-encode every request.
+    encoder = checkpoint_encoder(dlrm_checkpoint, f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}")
     dlrm = model_from_checkpoint(dlrm_checkpoint)
     model = ScoringModel(dlrm, calibration_from_checkpoint(dlrm_checkpoint))
-    encoder = FeatureEncoder.from_state_dict(dlrm_checkpoint["encoder"])
     sizes = dlrm.config.table_sizes
     onnx_model = export_onnx(model, sizes)
     check = check_onnx(onnx_model, model, sizes, config.export.check_rows, config.export.tolerance)

@@ -1,0 +1,139 @@
+"""Evaluating a checkpoint: its own encoder and calibration on the rows its metadata set aside for testing,
+the metrics against the prior and (generated data) the true click probabilities, and the figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from loguru import logger
+from matplotlib.figure import Figure
+
+from criteo_dlrm.config.evaluation import EvaluationConfig
+from criteo_dlrm.data.lineage import check_days
+from criteo_dlrm.data.parquet import recorded_rows
+from criteo_dlrm.engine.calibration import Calibration, calibration_from_checkpoint
+from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
+from criteo_dlrm.engine.plots import calibration_figure, roc_figure, score_histogram_figure
+from criteo_dlrm.engine.scoring import calibrated, checkpoint_encoder, score_days
+
+
+def oracle_probabilities(days: list[dict], rows: int) -> np.ndarray | None:
+    """True click probabilities when every scored day was generated with them (the bundled sample)."""
+    files = [day.get("click_probability") for day in days]
+    if not files or not all(f and Path(f).exists() for f in files):
+        return None
+    parts = []
+    for day, file in zip(days, files, strict=True):
+        probability = np.load(file)
+        parts.append(probability[slice(*day["row_range"])] if day.get("row_range") else probability)
+    oracle = np.concatenate(parts)
+    if len(oracle) != rows:
+        logger.warning("click probabilities cover {:,} rows but {:,} were scored; no oracle metrics", len(oracle), rows)
+        return None
+    return oracle
+
+
+def evaluated_days(checkpoint: dict, source: str) -> tuple[str, list[dict]]:
+    """``("test", days)``, or ``("validation", days)`` for a checkpoint whose metadata set no test rows aside."""
+    source_days = checkpoint["metadata"]["source_days"]
+    if source_days.get("test"):
+        return "test", source_days["test"]
+    logger.warning(
+        "{} has no test rows (its metadata was made before test splits, or with metadata.test_share 0): the "
+        "metrics are on the validation rows that chose the kept model, so they are optimistic.",
+        source,
+    )
+    return "validation", source_days["validation"]
+
+
+def score_checkpoint(
+    checkpoint: dict, config: EvaluationConfig
+) -> tuple[dict, np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+    """Metrics of the checkpoint on its test rows (or, for a checkpoint whose metadata set none aside, its
+    validation rows), with its own encoder and calibration; also returns labels, the raw and calibrated
+    predictions and the oracle (None unless every scored day was generated with its click probabilities).
+
+    Raises:
+        VocabularyMismatchError, LineageError: the encoder or the days are not what the checkpoint recorded.
+    """
+    source = f"dlrm_checkpoint version {checkpoint.get('catalog_version')}"
+    trained_with = checkpoint["metadata"]
+    encoder = checkpoint_encoder(checkpoint, source)
+    split, days = evaluated_days(checkpoint, source)
+    check_days(days, source)  # scores exactly the rows the checkpoint recorded, or refuses
+    device = resolve_device(config.device, "evaluation.device")
+    model = model_from_checkpoint(checkpoint)
+    labels, logits = score_days(model, encoder, [recorded_rows(day) for day in days], device, config.precision)
+    if checkpoint.get("calibration") is None:
+        logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
+    predictions = {
+        "raw": calibrated(Calibration(None), logits),
+        "calibrated": calibrated(calibration_from_checkpoint(checkpoint), logits),
+    }
+    scores = binary_metrics(labels, predictions["calibrated"])
+    prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
+    metrics = {
+        "checkpoint_version": checkpoint.get("catalog_version"),
+        "metadata_version": trained_with["version"],
+        "vocabulary_sha256": trained_with["vocabulary_sha256"],
+        "run_version": checkpoint.get("run_version"),
+        "trained_step": checkpoint["step"],
+        # Which rows every metric here is on: "test" (never used to choose or calibrate the model), or
+        # "validation" for a checkpoint without test rows.
+        "rows_evaluated": split,
+        "days": [day["day"] for day in days],
+        "source_days": days,
+        "calibration_method": (checkpoint.get("calibration") or {}).get("method", "none"),
+        "model": scores,  # the calibrated probabilities: what scoring writes and the export returns
+        "model_raw": binary_metrics(labels, predictions["raw"]),
+        "calibration_by_decile": {name: calibration_report(labels, p) for name, p in predictions.items()},
+        "prior_baseline": prior,
+        "oracle": None,
+        "gap_to_oracle": None,
+    }
+    oracle = oracle_probabilities(days, len(labels))
+    if oracle is not None:
+        metrics["oracle"] = binary_metrics(labels, oracle)
+        metrics["gap_to_oracle"] = {
+            "auc": metrics["oracle"]["auc"] - scores["auc"],
+            "log_loss": scores["log_loss"] - metrics["oracle"]["log_loss"],
+        }
+    raw = metrics["model_raw"]
+    logger.info(
+        "{} on the {} rows of {}: AUC {:.4f}, log loss {:.5f}, NE {:.4f}, calibration {:.3f} (raw: log loss {:.5f}, "
+        "calibration {:.3f}; prior: log loss {:.5f}){}",
+        source, split, metrics["days"], scores["auc"], scores["log_loss"], scores["normalized_entropy"],
+        scores["calibration"], raw["log_loss"], raw["calibration"], prior["log_loss"],
+        "" if oracle is None else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
+    )  # fmt: skip
+    return metrics, labels, predictions, oracle
+
+
+def figure_title(what: str, metrics: dict) -> str:
+    """``Calibration of checkpoint <version>, 10,000 test rows of day_2``: which model and rows a figure is of."""
+    return (
+        f"{what} of checkpoint {metrics['checkpoint_version']},\n{metrics['model']['rows']:,} "
+        f"{metrics['rows_evaluated']} rows of {', '.join(metrics['days'])}"
+    )
+
+
+def evaluation_figures(
+    metrics: dict, labels: np.ndarray, predictions: dict[str, np.ndarray], oracle: np.ndarray | None
+) -> tuple[Figure, Figure, Figure]:
+    """The ROC curves (the oracle's beside the model's when known), the calibration plot (raw and calibrated)
+    and the score histogram of ``score_checkpoint``'s result."""
+    probabilities = predictions["calibrated"]
+    curves, aucs = {"model": probabilities}, {"model": metrics["model"]["auc"]}
+    if oracle is not None:
+        curves["oracle (true probabilities)"], aucs["oracle (true probabilities)"] = oracle, metrics["oracle"]["auc"]
+    calibration_curves = {"raw model output": predictions["raw"]}
+    if metrics["calibration_method"] != "none":
+        calibration_curves[f"calibrated ({metrics['calibration_method']})"] = probabilities
+    return (
+        roc_figure(labels, curves, aucs, metrics["rows_evaluated"]),
+        calibration_figure(labels, calibration_curves, figure_title("Calibration", metrics)),
+        score_histogram_figure(labels, probabilities),
+    )
