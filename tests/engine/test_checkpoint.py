@@ -94,3 +94,23 @@ def test_a_checkpoint_of_the_earlier_format_scores_the_rows_it_scored(tmp_path):
     )
     exported = np.load(io.BytesIO(serving_encoder(old_encoder)))
     assert (int(exported["unseen_row"]), int(exported["missing_row"]), int(exported["first_row"])) == (0, 0, 1)
+
+
+def test_a_checkpoint_is_read_through_one_object_that_checks_its_encoder(tiny_checkpoint):
+    from criteo_dlrm.engine.checkpoint import Checkpoint
+    from criteo_dlrm.engine.scoring import VocabularyMismatchError
+
+    checkpoint = Checkpoint.of(tiny_checkpoint)
+    assert checkpoint.source == "dlrm_checkpoint version 2026-11-30T01.00.00.000Z"
+    assert checkpoint.step == tiny_checkpoint["step"] and checkpoint.calibration_method == "platt"
+    assert checkpoint.source_days == tiny_checkpoint["metadata"]["source_days"]
+    assert checkpoint.encoder().table_sizes == checkpoint.model().config.table_sizes
+    uncalibrated = Checkpoint.of({k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt")
+    assert not uncalibrated.calibrated and uncalibrated.calibration_method == "none"
+    assert uncalibrated.calibration().method == "none"
+    encoder = {**tiny_checkpoint["encoder"], "dense_mean": tiny_checkpoint["encoder"]["dense_mean"]}
+    vocabularies = list(encoder["vocabularies"])
+    vocabularies[0] = torch.flip(vocabularies[0], dims=[0])
+    damaged = Checkpoint.of({**tiny_checkpoint, "encoder": {**encoder, "vocabularies": vocabularies}}, named="x.pt")
+    with pytest.raises(VocabularyMismatchError, match="x.pt: its vocabularies"):
+        damaged.encoder()

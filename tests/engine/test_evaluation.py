@@ -6,7 +6,8 @@ import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
 from criteo_dlrm.config.evaluation import EvaluationConfig
-from criteo_dlrm.engine.evaluation import score_checkpoint
+from criteo_dlrm.engine.checkpoint import Checkpoint
+from criteo_dlrm.engine.evaluation import score_checkpoint as score
 from tests.conftest import FLOAT32_ROUNDING
 
 CONFIG = EvaluationConfig(device="cpu", precision="fp32")
@@ -15,6 +16,10 @@ CONFIG = EvaluationConfig(device="cpu", precision="fp32")
 @pytest.fixture
 def checkpoint(tiny_checkpoint):
     return tiny_checkpoint
+
+
+def score_checkpoint(values: dict, config: EvaluationConfig):
+    return score(Checkpoint.of(values), config)
 
 
 def test_metrics_match_sklearn_on_the_scored_rows(checkpoint, tiny_features):

@@ -1,17 +1,23 @@
-"""Checkpoint files: atomic writes, ``weights_only`` loads, and what a checkpoint records."""
+"""Checkpoint files (atomic writes, ``weights_only`` loads), what a finished run's checkpoint records
+(``training_checkpoint``), and ``Checkpoint``, the one way it is read."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import platform
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
+
+if TYPE_CHECKING:
+    from criteo_dlrm.engine.loop import TrainingResult
 
 # 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's (dense_mlp, prediction_mlp);
 # 1: bottom_mlp, top_mlp and flat size names.
@@ -101,3 +107,113 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
         state[_FORMER_MODULES[prefix] + key.removeprefix(prefix) if prefix else key] = value
     model.load_state_dict(state)
     return model.eval()
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A finished run's checkpoint (``dlrm_checkpoint``), read through one object: the model, the encoder
+    (always checked against the vocabularies it was trained with), the calibration and the lineage, with the
+    former formats mapped inside. Nodes make one from what the catalog loaded (``Checkpoint.of``); the dict
+    stays the stored form (``values``)."""
+
+    values: dict[str, Any]
+    named: str | None = None  # how messages name it, where not by its catalog version (a file's path)
+
+    @classmethod
+    def of(cls, values: dict[str, Any], named: str | None = None) -> Checkpoint:
+        return cls(values, named)
+
+    @property
+    def version(self) -> str | None:
+        """Its catalog version (None for one not loaded from the catalog)."""
+        return self.values.get("catalog_version")
+
+    @property
+    def source(self) -> str:
+        """How messages name it: ``dlrm_checkpoint version <version>`` (or as it was named)."""
+        return self.named or f"dlrm_checkpoint version {self.version}"
+
+    @property
+    def run_version(self) -> str | None:
+        return self.values.get("run_version")
+
+    @property
+    def step(self) -> int:
+        """The kept model's step."""
+        return self.values["step"]
+
+    @property
+    def trained_with(self) -> dict[str, Any]:
+        """The feature metadata it was trained with: ``version``, ``vocabulary_sha256``, ``train_ctr``,
+        ``source_days``."""
+        return self.values["metadata"]
+
+    @property
+    def source_days(self) -> dict[str, list[dict]]:
+        """The days (and row ranges) it was trained, validated and tested on."""
+        return self.trained_with.get("source_days") or {}
+
+    @property
+    def calibrated(self) -> bool:
+        """False for a checkpoint made before calibration (it scores with its raw output)."""
+        return self.values.get("calibration") is not None
+
+    @property
+    def calibration_method(self) -> str:
+        return (self.values.get("calibration") or {}).get("method", "none")
+
+    def model(self) -> torch.nn.Module:
+        """Its DLRM with the kept weights, on the CPU, in eval mode."""
+        return model_from_checkpoint(self.values)
+
+    def encoder(self):
+        """Its feature encoder, after checking its vocabularies are the ones it was trained with.
+
+        Raises:
+            VocabularyMismatchError (``engine.scoring``): naming it.
+        """
+        from criteo_dlrm.engine.scoring import checkpoint_encoder
+
+        return checkpoint_encoder(self.values, self.source)
+
+    def calibration(self):
+        """Its calibration (``engine.calibration.Calibration``, in eval mode): ``none`` when it has none."""
+        from criteo_dlrm.engine.calibration import calibration_from_checkpoint
+
+        return calibration_from_checkpoint(self.values)
+
+
+def training_checkpoint(
+    result: TrainingResult,
+    model_config: dict,
+    parameters: dict,
+    metadata: dict,
+    encoder_state: dict,
+    run: dict,
+) -> dict[str, Any]:
+    """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
+
+    Args:
+        result: what ``Trainer.fit`` returned.
+        model_config: ``DLRMConfig.to_dict()``.
+        parameters: the training parameters as run (overrides included).
+        metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
+        encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
+        run: ``run_version`` and ``tensorboard_run``.
+    """
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model_state": result.best_model_state,
+        "optimizer_state": result.best_optimizer_state,
+        "step": result.best_step,
+        "epoch": result.best_epoch,
+        "model_config": model_config,
+        "training_parameters": parameters,
+        "metadata": metadata,
+        "encoder": encoder_state,
+        "best_validation": result.best_metrics,
+        "history": result.history,
+        **run,
+        "library_versions": library_versions(),
+        "created": datetime.now(UTC).isoformat(),
+    }

@@ -12,12 +12,12 @@ from matplotlib.figure import Figure
 from criteo_dlrm.config.evaluation import EvaluationConfig
 from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.data.parquet import recorded_rows
-from criteo_dlrm.engine.calibration import Calibration, calibration_from_checkpoint
-from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.plots import calibration_figure, roc_figure, score_histogram_figure
-from criteo_dlrm.engine.scoring import calibrated, checkpoint_encoder, score_days
+from criteo_dlrm.engine.scoring import calibrated, score_days
 
 
 def oracle_probabilities(days: list[dict], rows: int) -> np.ndarray | None:
@@ -36,21 +36,21 @@ def oracle_probabilities(days: list[dict], rows: int) -> np.ndarray | None:
     return oracle
 
 
-def evaluated_days(checkpoint: dict, source: str) -> tuple[str, list[dict]]:
+def evaluated_days(checkpoint: Checkpoint) -> tuple[str, list[dict]]:
     """``("test", days)``, or ``("validation", days)`` for a checkpoint whose metadata set no test rows aside."""
-    source_days = checkpoint["metadata"]["source_days"]
+    source_days = checkpoint.source_days
     if source_days.get("test"):
         return "test", source_days["test"]
     logger.warning(
         "{} has no test rows (its metadata was made before test splits, or with metadata.test_share 0): the "
         "metrics are on the validation rows that chose the kept model, so they are optimistic.",
-        source,
+        checkpoint.source,
     )
     return "validation", source_days["validation"]
 
 
 def score_checkpoint(
-    checkpoint: dict, config: EvaluationConfig
+    checkpoint: Checkpoint, config: EvaluationConfig
 ) -> tuple[dict, np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
     """Metrics of the checkpoint on its test rows (or, for a checkpoint whose metadata set none aside, its
     validation rows), with its own encoder and calibration; also returns labels, the raw and calibrated
@@ -59,34 +59,33 @@ def score_checkpoint(
     Raises:
         VocabularyMismatchError, LineageError: the encoder or the days are not what the checkpoint recorded.
     """
-    source = f"dlrm_checkpoint version {checkpoint.get('catalog_version')}"
-    trained_with = checkpoint["metadata"]
-    encoder = checkpoint_encoder(checkpoint, source)
-    split, days = evaluated_days(checkpoint, source)
+    source, trained_with = checkpoint.source, checkpoint.trained_with
+    encoder = checkpoint.encoder()
+    split, days = evaluated_days(checkpoint)
     check_days(days, source)  # scores exactly the rows the checkpoint recorded, or refuses
     device = resolve_device(config.device, "evaluation.device")
-    model = model_from_checkpoint(checkpoint)
-    labels, logits = score_days(model, encoder, [recorded_rows(day) for day in days], device, config.precision)
-    if checkpoint.get("calibration") is None:
+    rows = [recorded_rows(day) for day in days]
+    labels, logits = score_days(checkpoint.model(), encoder, rows, device, config.precision)
+    if not checkpoint.calibrated:
         logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
     predictions = {
         "raw": calibrated(Calibration(None), logits),
-        "calibrated": calibrated(calibration_from_checkpoint(checkpoint), logits),
+        "calibrated": calibrated(checkpoint.calibration(), logits),
     }
     scores = binary_metrics(labels, predictions["calibrated"])
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
     metrics = {
-        "checkpoint_version": checkpoint.get("catalog_version"),
+        "checkpoint_version": checkpoint.version,
         "metadata_version": trained_with["version"],
         "vocabulary_sha256": trained_with["vocabulary_sha256"],
-        "run_version": checkpoint.get("run_version"),
-        "trained_step": checkpoint["step"],
+        "run_version": checkpoint.run_version,
+        "trained_step": checkpoint.step,
         # Which rows every metric here is on: "test" (never used to choose or calibrate the model), or
         # "validation" for a checkpoint without test rows.
         "rows_evaluated": split,
         "days": [day["day"] for day in days],
         "source_days": days,
-        "calibration_method": (checkpoint.get("calibration") or {}).get("method", "none"),
+        "calibration_method": checkpoint.calibration_method,
         "model": scores,  # the calibrated probabilities: what scoring writes and the export returns
         "model_raw": binary_metrics(labels, predictions["raw"]),
         "calibration_by_decile": {name: calibration_report(labels, p) for name, p in predictions.items()},

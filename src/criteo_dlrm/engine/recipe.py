@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,11 +25,10 @@ from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
-from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, fingerprint, library_versions, model_from_checkpoint
+from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
-from criteo_dlrm.engine.loop import TrainingResult
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
@@ -220,39 +217,3 @@ def finish_run(summary: dict) -> None:
     path = summary.get("in_progress_checkpoint")
     if path:
         Path(path).unlink(missing_ok=True)
-
-
-def training_checkpoint(
-    result: TrainingResult,
-    model_config: dict,
-    parameters: dict,
-    metadata: dict,
-    encoder_state: dict,
-    run: dict,
-) -> dict[str, Any]:
-    """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
-
-    Args:
-        result: what ``Trainer.fit`` returned.
-        model_config: ``DLRMConfig.to_dict()``.
-        parameters: the training parameters as run (overrides included).
-        metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
-        encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
-        run: ``run_version`` and ``tensorboard_run``.
-    """
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "model_state": result.best_model_state,
-        "optimizer_state": result.best_optimizer_state,
-        "step": result.best_step,
-        "epoch": result.best_epoch,
-        "model_config": model_config,
-        "training_parameters": parameters,
-        "metadata": metadata,
-        "encoder": encoder_state,
-        "best_validation": result.best_metrics,
-        "history": result.history,
-        **run,
-        "library_versions": library_versions(),
-        "created": datetime.now(UTC).isoformat(),
-    }

@@ -29,6 +29,7 @@ from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
+from criteo_dlrm.engine.checkpoint import Checkpoint
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
@@ -259,7 +260,7 @@ class TrackingHooks:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
 
         path = self._path("dlrm_checkpoint")
-        days = checkpoint["metadata"].get("source_days") or {}
+        days = Checkpoint.of(checkpoint).source_days
         parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)
         if path is None or parquet is None:
             return

@@ -50,15 +50,13 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
     """The pyfunc flavour of a checkpoint: its encoder, model and calibration, on the CPU."""
 
     def load_context(self, context) -> None:
-        from criteo_dlrm.engine.calibration import calibration_from_checkpoint
-        from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint
-        from criteo_dlrm.engine.scoring import checkpoint_encoder
+        from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint
 
         path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
-        checkpoint = load_checkpoint(path)
-        self.encoder = checkpoint_encoder(checkpoint, str(path))
-        self.model = model_from_checkpoint(checkpoint)
-        self.calibration = calibration_from_checkpoint(checkpoint)
+        checkpoint = Checkpoint.of(load_checkpoint(path), named=str(path))
+        self.encoder = checkpoint.encoder()
+        self.model = checkpoint.model()
+        self.calibration = checkpoint.calibration()
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[float]:
         """The N rows' calibrated click probabilities."""

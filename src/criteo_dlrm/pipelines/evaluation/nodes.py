@@ -5,6 +5,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from criteo_dlrm.config import EvaluationConfig
+from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.evaluation import evaluation_figures, score_checkpoint
 
 
@@ -14,7 +15,6 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
     Returns:
         ``(evaluation_metrics, ROC figure, calibration figure, score histogram figure)``.
     """
-    metrics, labels, predictions, oracle = score_checkpoint(
-        dlrm_checkpoint, EvaluationConfig.from_dict(evaluation, "evaluation.")
-    )
+    config = EvaluationConfig.from_dict(evaluation, "evaluation.")
+    metrics, labels, predictions, oracle = score_checkpoint(Checkpoint.of(dlrm_checkpoint), config)
     return (metrics, *evaluation_figures(metrics, labels, predictions, oracle))

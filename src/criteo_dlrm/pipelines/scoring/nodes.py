@@ -12,8 +12,7 @@ from criteo_dlrm.common.storage import remove_stale_partials, staging_path
 from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
-from criteo_dlrm.engine.calibration import calibration_from_checkpoint
-from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.export import (
     ENCODER_FORMAT,
@@ -24,7 +23,7 @@ from criteo_dlrm.engine.export import (
     serving_encoder,
 )
 from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.scoring import checkpoint_encoder, write_predictions
+from criteo_dlrm.engine.scoring import write_predictions
 
 
 def input_days(config: ScoringConfig) -> list[dict]:
@@ -60,18 +59,18 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    source = f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}"
-    encoder = checkpoint_encoder(dlrm_checkpoint, source)
+    checkpoint = Checkpoint.of(dlrm_checkpoint)
+    source, encoder = checkpoint.source, checkpoint.encoder()
     days = input_days(config)
     # Staged beside the scoring input (the catalog copies it into its versioned place and deletes it); what a
     # killed run left there is removed by the next one.
     remove_stale_partials(config.parquet_dir)
     staged = staging_path(Path(config.parquet_dir) / "predictions.parquet")
-    if dlrm_checkpoint.get("calibration") is None:
+    if not checkpoint.calibrated:
         logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
     scores, labels, unseen = write_predictions(
-        model_from_checkpoint(dlrm_checkpoint),
-        calibration_from_checkpoint(dlrm_checkpoint),
+        checkpoint.model(),
+        checkpoint.calibration(),
         encoder,
         [(day["day"], day["parquet"]) for day in days],
         staged,
@@ -79,12 +78,12 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         config.precision,
     )
     report = {
-        "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
-        "metadata_version": dlrm_checkpoint["metadata"]["version"],
+        "checkpoint_version": checkpoint.version,
+        "metadata_version": checkpoint.trained_with["version"],
         "input_dir": str(config.input_dir),
         "rows": int(len(scores)),
         # click_probability is the checkpoint's calibration of the logit (none: the model's raw output).
-        "calibration_method": (dlrm_checkpoint.get("calibration") or {}).get("method", "none"),
+        "calibration_method": checkpoint.calibration_method,
         "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
         "labelled": labels is not None,
         # Category values the checkpoint never saw in training: high when these days come from other data.
@@ -113,18 +112,19 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
+    checkpoint = Checkpoint.of(dlrm_checkpoint)
     # The encoder is checked as scoring and evaluation check it: a served model with other vocabularies would
     # mis-encode every request.
-    encoder = checkpoint_encoder(dlrm_checkpoint, f"dlrm_checkpoint version {dlrm_checkpoint.get('catalog_version')}")
-    dlrm = model_from_checkpoint(dlrm_checkpoint)
-    model = ScoringModel(dlrm, calibration_from_checkpoint(dlrm_checkpoint))
+    encoder = checkpoint.encoder()
+    dlrm = checkpoint.model()
+    model = ScoringModel(dlrm, checkpoint.calibration())
     sizes = dlrm.config.table_sizes
     onnx_model = export_onnx(model, sizes)
     check = check_onnx(onnx_model, model, sizes, config.export.check_rows, config.export.tolerance)
     program = export_program(model, sizes)
     report = {
-        "checkpoint_version": dlrm_checkpoint.get("catalog_version"),
-        "metadata_version": dlrm_checkpoint["metadata"]["version"],
+        "checkpoint_version": checkpoint.version,
+        "metadata_version": checkpoint.trained_with["version"],
         "inputs": {"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
         "output": {
             "probability": "(batch,) float32, calibrated",
