@@ -1,8 +1,9 @@
 """Every command a message suggests is run as the user would paste it, and gets past the problem it fixes.
 
-Each case makes one error happen in a fresh project copy (`kedro run` as a subprocess, as a user types it),
-takes the `kedro run ...` command the message names, runs it, and checks that it succeeds (or that the run
-got past that problem to the next one, which names its own fix).
+Each case makes one error happen in a fresh project copy, or in a copy of a project the whole job ran in once
+(``ran``: the cases that start from a finished run share that one run), with `kedro run` as a subprocess, as a
+user types it, takes the `kedro run ...` command the message names, runs it, and checks that it succeeds (or
+that the run got past that problem to the next one, which names its own fix).
 
 The runs are made with experiment tracking off (``CRITEO_DLRM_TRACKING=off``, 4 s less each): no message here
 comes from it, and the tracked run is tested in ``tests/tracking`` and ``tests/test_cli.py``. The case of an
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,20 @@ def fresh(tmp_path) -> Path:
     return copy_project(tmp_path / "project")
 
 
+@pytest.fixture(scope="module")
+def ran_once(tmp_path_factory) -> Path:
+    """A project the whole job ran in once (``FAST``): shared by the cases that start from a finished run."""
+    project = copy_project(tmp_path_factory.mktemp("ran") / "project")
+    _succeeds(project, FAST)
+    return project
+
+
+@pytest.fixture
+def ran(ran_once, tmp_path) -> Path:
+    """This case's own copy of ``ran_once`` (every path the project writes is relative to it)."""
+    return Path(shutil.copytree(ran_once, tmp_path / "project", symlinks=True))
+
+
 def test_missing_inputs_name_the_pipelines_to_run_first(fresh):
     message = _fails(fresh, "--pipelines=evaluation", FAST)
     assert "MissingInputError" in message
@@ -93,8 +109,8 @@ def test_too_many_rejected_lines_name_the_share_that_lets_the_day_through(fresh)
     _succeeds(fresh, *suggestion)
 
 
-def test_scoring_rejects_name_the_scoring_setting(fresh, tmp_path):
-    _succeeds(fresh, FAST)
+def test_scoring_rejects_name_the_scoring_setting(ran, tmp_path):
+    fresh = ran
     folder = tmp_path / "to_score"
     folder.mkdir()
     source = (fresh / "data/01_raw/day_2.gz").read_bytes()
@@ -138,8 +154,8 @@ def test_one_big_file_names_the_rows_per_day_that_split_it_and_keeps_the_user_s_
     assert "ingestion   7 days, 40,000 rows" in output, "the user's file, split as the message says"
 
 
-def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(fresh):
-    _succeeds(fresh, FAST)
+def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(ran):
+    fresh = ran
     first = sorted((fresh / "data/04_feature/feature_metadata.json").iterdir())[0].name
     _succeeds(fresh, "--pipelines=metadata", "--params=metadata.min_frequency=5")
     encoded = (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns
@@ -152,8 +168,8 @@ def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pi
     _succeeds(fresh, *suggestion)
 
 
-def test_a_damaged_day_names_the_command_that_rebuilds_it(fresh):
-    _succeeds(fresh, "--pipelines=ingestion")
+def test_a_damaged_day_names_the_command_that_rebuilds_it(ran):
+    fresh = ran
     [day] = (fresh / "data/02_intermediate").glob("*/day_1.parquet")
     data = bytearray(day.read_bytes())
     data[len(data) // 3] ^= 0x10
@@ -167,8 +183,8 @@ def test_a_damaged_day_names_the_command_that_rebuilds_it(fresh):
     _succeeds(fresh, *command)
 
 
-def test_a_lineage_refusal_names_the_command_that_restores_the_day(fresh):
-    _succeeds(fresh, FAST)
+def test_a_lineage_refusal_names_the_command_that_restores_the_day(ran):
+    fresh = ran
     [day] = (fresh / "data/02_intermediate").glob("*/day_2.parquet")
     day.unlink()
     command = ("--pipelines=evaluation", "--params=evaluation.device=cpu")
