@@ -330,5 +330,5 @@ def mode_class(config: TrainingConfig) -> type[SingleProcess]:
 
 
 def build_mode(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
-    """``mode_class(config)`` with its model built (inside its ``process_group``, for a sharded one)."""
+    """``mode_class(config)`` with its model built; a sharded one needs a process group (its ``process_group``)."""
     return mode_class(config).build(model_config, config, device)

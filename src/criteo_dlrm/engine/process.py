@@ -1,8 +1,7 @@
 """One training process's part of a run: all of it alone, or its rank's share in a process group.
 
 Seeding, the device's switches, the parallel mode (which builds its model), the loaders over the stored rows,
-and the
-``Trainer``. The in-progress checkpoint is left in place: it is removed only once the finished run's
+and the ``Trainer``. The in-progress checkpoint is left in place: it is removed only once the finished run's
 checkpoint is safely stored (``hooks.InProgressCheckpointHooks``), so a crash in between loses nothing.
 """
 
