@@ -18,12 +18,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from criteo_dlrm.common.schema import table_sizes
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.chunk_digests import verify_encoded, write_digests
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
 from criteo_dlrm.data.parquet import BATCH_ROWS, verify_day
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.stored import open_encoded
@@ -75,7 +74,7 @@ def main() -> None:
         )
 
         metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(), progress=False)
-        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
         encoded = folder / "encoded"
         measured["encode the day into stored rows (baseline)"] = best(
             1, lambda: encoder.encode_days([parquet], into=encoded, workers=1)
@@ -87,7 +86,7 @@ def main() -> None:
         )
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
-        sizes = table_sizes(metadata)
+        sizes = FeatureMetadata.of(metadata).table_sizes
         model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})

@@ -210,13 +210,12 @@ def _fresh(*args: str) -> dict:
 
 def pipeline(data: Path, rows: int, steps: int) -> dict:
     """Each stage of the whole job on ``rows`` generated rows (4 days), in this process and its workers."""
-    from criteo_dlrm.common.schema import table_sizes
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.chunk_digests import write_digests
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import compute_feature_metadata
+    from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
     from criteo_dlrm.data.raw import convert_days
     from criteo_dlrm.data.stored import open_encoded
     from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -253,7 +252,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
         lambda: compute_feature_metadata(train, MetadataConfig(min_frequency=3), progress=False),
         train_rows,
     )
-    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
     encoded = data / "encoded"
 
     def encode():
@@ -265,7 +264,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "base" / "parameters_training.yml"
     config = TrainingConfig.from_dict(yaml.safe_load(conf.read_text())["training"])  # what `kedro run` trains
-    sizes = table_sizes(metadata)
+    sizes = FeatureMetadata.of(metadata).table_sizes
 
     def train_steps():
         import torch

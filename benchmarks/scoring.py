@@ -25,7 +25,7 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
 from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -55,7 +55,7 @@ def main() -> None:
         metadata, vocabularies = compute_feature_metadata(
             [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
-        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
         torch.manual_seed(0)
         # The project's default model (parameters_training.yml), built as training builds it.
         config = TrainingConfig().model_config(encoder.table_sizes)

@@ -138,7 +138,7 @@ def tiny_features(tmp_path_factory):
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
     from criteo_dlrm.data.lineage import day_lineage, encoded_lineage
-    from criteo_dlrm.data.metadata import FeatureVocabularies, compute_feature_metadata
+    from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, compute_feature_metadata
     from criteo_dlrm.data.raw import convert_day
     from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -157,10 +157,11 @@ def tiny_features(tmp_path_factory):
         ],
     }
     version = "2026-01-01T00.00.00.000Z"
-    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    typed = FeatureMetadata.of(metadata)
+    encoder = FeatureEncoder.from_metadata(typed, vocabularies)
     train, validation = encoder.encode_days(parquet[:1]), encoder.encode_days(parquet[1:])
-    train.lineage = encoded_lineage(metadata, version, metadata["source_days"]["train"])
-    validation.lineage = encoded_lineage(metadata, version, metadata["source_days"]["validation"])
+    train.lineage = encoded_lineage(typed, version, typed.source_days["train"])
+    validation.lineage = encoded_lineage(typed, version, typed.source_days["validation"])
     return {
         "metadata": metadata,
         "vocabularies": FeatureVocabularies(vocabularies, version=version),

@@ -20,7 +20,7 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
-from criteo_dlrm.data.metadata import MismatchedVersionsError
+from criteo_dlrm.data.metadata import FeatureMetadata, MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
@@ -110,8 +110,8 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
         check_fused_optimizer(config, device.type)
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
-            sizes = {name: {"table_size": metadata.modulus_hash_size} for name in SPARSE_COLUMNS}
-            check_table_memory(config, {"sparse": sizes}, device, "metadata.modulus_hash_size, " + TABLE_SETTINGS)
+            sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)
+            check_table_memory(config, sizes, device, "metadata.modulus_hash_size, " + TABLE_SETTINGS)
         return  # otherwise the tables' sizes are known once metadata has run (encode_features checks them then)
     metadata_set = [_dataset(catalog, name) for name in ("feature_metadata", "feature_vocabularies")]
     if not all(isinstance(ds, VersionedFileDataset) and ds.exists() for ds in metadata_set):
@@ -122,7 +122,7 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     # this run's training reads.
     check_table_memory(
         config,
-        catalog.load("feature_metadata"),
+        FeatureMetadata.of(catalog.load("feature_metadata")).table_sizes,
         device,
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "

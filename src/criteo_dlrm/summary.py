@@ -8,6 +8,8 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
+from criteo_dlrm.data.metadata import FeatureMetadata
+
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
     "export_report", "predictions", "dlrm_onnx",
@@ -74,11 +76,11 @@ def render(record: RunRecord) -> str:
         )
         if record.split:
             lines.append(f"            {record.split}")
-    if metadata := saved.get("feature_metadata"):
-        tables = [stats["table_size"] for stats in metadata["sparse"].values()]
+    if stored := saved.get("feature_metadata"):
+        metadata = FeatureMetadata.of(stored)
         lines.append(
-            f"metadata    {metadata['label']['rows']:,} training rows, CTR {metadata['label']['ctr']:.4f}, "
-            f"{sum(tables):,} embedding rows"
+            f"metadata    {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
+            f"{sum(metadata.table_sizes):,} embedding rows"
         )
     if summary := saved.get("training_summary"):
         stop = "stopped early" if summary["stopped_early"] else "ran every step"

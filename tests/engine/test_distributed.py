@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
@@ -43,7 +44,13 @@ def _config(tmp_path: Path, processes: int, **overrides) -> TrainingConfig:
 def _run(features, config: TrainingConfig, name: str) -> tuple[dict, dict]:
     vocabularies = features["vocabularies"]
     return run_training(
-        config, features["train"], features["validation"], features["metadata"], vocabularies.arrays, name, "v"
+        config,
+        features["train"],
+        features["validation"],
+        FeatureMetadata.of(features["metadata"]),
+        vocabularies.arrays,
+        name,
+        "v",
     )
 
 

@@ -6,6 +6,7 @@ import torch
 
 from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.engine.calibration import Calibration
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
 from criteo_dlrm.models import DLRM
@@ -16,7 +17,7 @@ from tests.conftest import tiny_model_config
 def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
-    encoder = FeatureEncoder.from_metadata(metadata, tiny_features["vocabularies"].arrays)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), tiny_features["vocabularies"].arrays)
     config = tiny_model_config(encoder.table_sizes, prediction_hidden_sizes=[128, 64])
     return DLRM(config).eval(), encoder, metadata["source_days"]
 

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
@@ -147,7 +148,7 @@ def _run(features, config: TrainingConfig, name: str, metadata: dict | None = No
         config,
         features["train"],
         features["validation"],
-        metadata or features["metadata"],
+        FeatureMetadata.of(metadata or features["metadata"]),
         features["vocabularies"].arrays,
         name,
         "v",

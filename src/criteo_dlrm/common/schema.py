@@ -75,9 +75,3 @@ def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) 
     ]
     if bad:
         raise DataError(f"{source}: Criteo columns must be numeric, found {bad[:5]}.")
-
-
-def table_sizes(metadata: dict) -> list[int]:
-    """Each categorical feature's table size, in column order (``SPARSE_COLUMNS``): the one reading of
-    ``feature_metadata`` the model, the encoder and the memory checks all build from."""
-    return [int(metadata["sparse"][name]["table_size"]) for name in SPARSE_COLUMNS]

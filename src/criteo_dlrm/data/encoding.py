@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ from loguru import logger
 
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
-from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, table_sizes
+from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import (
     size_text,
 )
@@ -24,6 +25,9 @@ from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.shuffle import bucket_rows, shuffle_destinations
 from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
+
+if TYPE_CHECKING:
+    from criteo_dlrm.data.metadata import FeatureMetadata
 
 
 @dataclass
@@ -101,16 +105,16 @@ class FeatureEncoder:
         return self.vocabularies is None
 
     @classmethod
-    def from_metadata(cls, metadata: dict, vocabularies: dict[str, np.ndarray] | None) -> FeatureEncoder:
-        modulus = metadata["encoding"] == "modulus_hash"
+    def from_metadata(cls, metadata: FeatureMetadata, vocabularies: dict[str, np.ndarray] | None) -> FeatureEncoder:
+        modulus = metadata.uses_modulus_hash
         if not modulus and vocabularies is None:
             raise ValueError("feature_metadata uses vocabularies, but none were given.")
         return cls(
-            table_sizes=table_sizes(metadata),
-            dense_mean=np.array([metadata["dense"][name]["log1p_mean"] for name in DENSE_COLUMNS]),
-            dense_std=np.array([metadata["dense"][name]["log1p_std"] for name in DENSE_COLUMNS]),
+            table_sizes=metadata.table_sizes,
+            dense_mean=metadata.dense_means,
+            dense_std=metadata.dense_stds,
             vocabularies=None if modulus else [np.asarray(vocabularies[name]) for name in SPARSE_COLUMNS],
-            missing_row=metadata.get("format", 1) >= 2,
+            missing_row=metadata.format >= 2,
         )
 
     @property

@@ -13,11 +13,15 @@ import hashlib
 import os
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
 from criteo_dlrm.common.errors import DataError
+
+if TYPE_CHECKING:
+    from criteo_dlrm.data.metadata import FeatureMetadata
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
 # Stored in a day's Parquet metadata: 2 = page checksums and a fingerprint sidecar (``data.parquet``). Days
@@ -88,13 +92,13 @@ def day_lineage(day: str, parquet: str | Path) -> dict:
     }
 
 
-def encoded_lineage(metadata: dict, metadata_version: str | None, days: list[dict]) -> dict:
+def encoded_lineage(metadata: FeatureMetadata, metadata_version: str | None, days: list[dict]) -> dict:
     """What encoded model-input rows depend on: the vocabularies (and their version) and each day's data."""
     return {
         "metadata_version": metadata_version,
         # The table layout (format 2: a row for missing values of its own): rows encoded in another are never reused.
-        "metadata_format": metadata.get("format", 1),
-        "vocabulary_sha256": metadata["vocabulary_sha256"],
+        "metadata_format": metadata.format,
+        "vocabulary_sha256": metadata.vocabulary_sha256,
         # row_range: the validation or test part of a day (None: all of it).
         "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint", "row_range")} for day in days],
     }

@@ -115,17 +115,73 @@ class DenseStatistics:
         }
 
 
+@dataclass(frozen=True)
+class FeatureMetadata:
+    """``feature_metadata`` read through one object: table sizes in column order, the dense statistics, the
+    training rows' count and click rate, the vocabularies' digest, the days. Made where it comes in (the nodes,
+    from the catalog's JSON: ``FeatureMetadata.of``); ``values`` is the stored form ``compute_feature_metadata``
+    returns."""
+
+    values: dict
+
+    @classmethod
+    def of(cls, values: dict) -> FeatureMetadata:
+        return cls(values)
+
+    @property
+    def format(self) -> int:
+        """2: missing values have a table row of their own; 1 (older): they share row 0 with unseen values."""
+        return self.values.get("format", 1)
+
+    @property
+    def table_sizes(self) -> list[int]:
+        """Each categorical feature's table size, in column order (``SPARSE_COLUMNS``), whatever order the
+        stored form lists them in."""
+        return [int(self.values["sparse"][name]["table_size"]) for name in SPARSE_COLUMNS]
+
+    @property
+    def uses_modulus_hash(self) -> bool:
+        return self.values["encoding"] == "modulus_hash"
+
+    @property
+    def dense_means(self) -> np.ndarray:
+        return np.array([self.values["dense"][name]["log1p_mean"] for name in DENSE_COLUMNS])
+
+    @property
+    def dense_stds(self) -> np.ndarray:
+        return np.array([self.values["dense"][name]["log1p_std"] for name in DENSE_COLUMNS])
+
+    @property
+    def rows(self) -> int:
+        """Training rows counted."""
+        return self.values["label"]["rows"]
+
+    @property
+    def click_rate(self) -> float:
+        """The training rows' click rate."""
+        return self.values["label"]["ctr"]
+
+    @property
+    def vocabulary_sha256(self) -> str:
+        return self.values["vocabulary_sha256"]
+
+    @property
+    def source_days(self) -> dict | None:
+        """The days (and row ranges) it split into training, validation and test (None: made before splits)."""
+        return self.values.get("source_days")
+
+
 class MismatchedVersionsError(DataError):
     """Two inputs that must come from one run (metadata and its vocabularies) come from two."""
 
 
-def check_vocabularies(metadata: dict, vocabularies: FeatureVocabularies) -> None:
+def check_vocabularies(metadata: FeatureMetadata, vocabularies: FeatureVocabularies) -> None:
     """Refuse vocabularies that are not the ones ``metadata`` counted (its recorded sha256)."""
-    if vocabulary_digest(vocabularies.arrays) != metadata["vocabulary_sha256"]:
+    if vocabulary_digest(vocabularies.arrays) != metadata.vocabulary_sha256:
         pin = {"feature_metadata": "<v>", "feature_vocabularies": "<v>"}
         raise MismatchedVersionsError(
             f"feature_vocabularies version {vocabularies.version} are not the vocabularies this feature_metadata "
-            f"counted (sha256 {metadata['vocabulary_sha256'][:12]}...). Pin both to the same version: "
+            f"counted (sha256 {metadata.vocabulary_sha256[:12]}...). Pin both to the same version: "
             f"`{kedro_run('training', load_versions=pin)}`."
         )
 

@@ -11,7 +11,6 @@ import torch
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_memory
-from criteo_dlrm.common.schema import table_sizes
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.models.dlrm import DLRMConfig
 
@@ -42,12 +41,12 @@ TABLE_SETTINGS = "metadata.max_vocabulary_size, metadata.min_frequency, training
 
 
 def check_table_memory(
-    config: TrainingConfig, metadata: dict, device: torch.device, settings: str = TABLE_SETTINGS
+    config: TrainingConfig, table_sizes: list[int], device: torch.device, settings: str = TABLE_SETTINGS
 ) -> None:
     """Refuse, before encoding or training, tables (and their optimiser state) that cannot fit: in the set
     budget, or else in this machine's free memory (CPU: every process on it holds a replica with the torch
     backend) or in the GPU's memory. ``settings``: what shrinks them, for the message."""
-    model_config = config.model_config(table_sizes(metadata))
+    model_config = config.model_config(table_sizes)
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
         return

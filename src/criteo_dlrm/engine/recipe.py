@@ -19,10 +19,10 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.schema import table_sizes as metadata_table_sizes
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
 from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
@@ -47,7 +47,7 @@ def run_training(
     config: TrainingConfig,
     train: EncodedArrays,
     validation: EncodedArrays,
-    metadata: dict,
+    metadata: FeatureMetadata,
     vocabularies: dict[str, np.ndarray] | None,
     run_version: str,
     metadata_version: str | None = None,
@@ -68,15 +68,13 @@ def run_training(
     """
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
-    table_sizes = metadata_table_sizes(metadata)
+    table_sizes = metadata.table_sizes
     check_index_range(train, table_sizes, "the training rows")
     check_index_range(validation, table_sizes, "the validation rows")
-    rates = click_rate_warning(
-        metadata["label"]["ctr"], metadata["label"]["rows"], validation.checked_labels(), metadata.get("source_days")
-    )
+    rates = click_rate_warning(metadata.click_rate, metadata.rows, validation.checked_labels(), metadata.source_days)
     if rates:
         logger.warning("click rates: {}", rates)
-    initial_ctr = metadata["label"]["ctr"] if 0 < metadata["label"]["ctr"] < 1 else None
+    initial_ctr = metadata.click_rate if 0 < metadata.click_rate < 1 else None
     model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)
     device = resolve_device(config.device, "training.device")
@@ -90,7 +88,7 @@ def run_training(
         validation=str(validation.folder) if validation.folder is not None else validation,
         table_sizes=table_sizes,
         # Validating on other days is another run, never resumed into.
-        fingerprint=fingerprint(settings, metadata["vocabulary_sha256"], train.lineage, validation.lineage),
+        fingerprint=fingerprint(settings, metadata.vocabulary_sha256, train.lineage, validation.lineage),
         run_version=run_version,
         initial_ctr=initial_ctr,
     )
@@ -104,9 +102,9 @@ def run_training(
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     trained_with = {
         "version": metadata_version,
-        "vocabulary_sha256": metadata["vocabulary_sha256"],
-        "train_ctr": metadata["label"]["ctr"],
-        "source_days": metadata.get("source_days"),
+        "vocabulary_sha256": metadata.vocabulary_sha256,
+        "train_ctr": metadata.click_rate,
+        "source_days": metadata.source_days,
     }
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
     in_progress = job.resume_path
@@ -131,7 +129,7 @@ def run_training(
         "history": result.history,
         "warnings": warnings,
         "metadata_version": metadata_version,
-        "source_days": metadata.get("source_days"),
+        "source_days": metadata.source_days,
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
     }

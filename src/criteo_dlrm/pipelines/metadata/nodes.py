@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from loguru import logger
 
-from criteo_dlrm.common.schema import table_sizes
 from criteo_dlrm.config import MetadataConfig
-from criteo_dlrm.data.metadata import FeatureVocabularies, compute_feature_metadata
+from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, compute_feature_metadata
 from criteo_dlrm.data.splits import split_days
 
 
@@ -19,11 +18,12 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
     feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], config)
     feature_metadata["source_days"] = source_days
     feature_metadata["parameters"] = config.to_dict()
-    tables = table_sizes(feature_metadata)
+    typed = FeatureMetadata.of(feature_metadata)
+    tables = typed.table_sizes
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",
-        feature_metadata["label"]["rows"],
-        feature_metadata["label"]["ctr"],
+        typed.rows,
+        typed.click_rate,
         len(tables),
         sum(tables),
         max(tables),

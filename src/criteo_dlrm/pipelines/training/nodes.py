@@ -8,7 +8,7 @@ from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
-from criteo_dlrm.data.metadata import FeatureVocabularies, check_vocabularies
+from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.device import resolve_device
@@ -31,16 +31,17 @@ def encode_features(
         ConfigError: the tables would not fit in memory.
     """
     config = TrainingConfig.from_dict(training, "training.")
-    days = feature_metadata["source_days"]
+    metadata = FeatureMetadata.of(feature_metadata)
+    days = metadata.source_days
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
-    check_vocabularies(feature_metadata, feature_vocabularies)
-    check_table_memory(config, feature_metadata, resolve_device(config.device, "training.device"))
-    encoder = FeatureEncoder.from_metadata(feature_metadata, feature_vocabularies.arrays)
+    check_vocabularies(metadata, feature_vocabularies)
+    check_table_memory(config, metadata.table_sizes, resolve_device(config.device, "training.device"))
+    encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays)
     train, validation = (
         EncodedDays(
             encoder,
             [recorded_rows(day) for day in days[split]],
-            encoded_lineage(feature_metadata, feature_vocabularies.version, days[split]),
+            encoded_lineage(metadata, feature_vocabularies.version, days[split]),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
         )
@@ -84,15 +85,16 @@ def train_dlrm(
         ConfigError: every problem of ``params:training`` at once (names, types, ranges).
     """
     config = TrainingConfig.from_dict(training, prefix="training.")
-    days = feature_metadata["source_days"]
+    metadata = FeatureMetadata.of(feature_metadata)
+    days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
-        expected = encoded_lineage(feature_metadata, feature_vocabularies.version, days[split])
+        expected = encoded_lineage(metadata, feature_vocabularies.version, days[split])
         _check_encoded(features, expected, f"{split}_features")
     return run_training(
         config,
         train_features,
         validation_features,
-        feature_metadata,
+        metadata,
         feature_vocabularies.arrays,
         run_version,
         feature_vocabularies.version,
