@@ -52,12 +52,12 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     """Train with the defaults, calibrate each way on the validation half, report each on the test half."""
     validation, test = halves(validation_day)
     metadata, vocabularies = compute_feature_metadata(train, MetadataConfig(), progress=False)
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     train_rows, validation_rows = encoder.encode_days(train), encoder.encode_days([validation])
     config = TrainingConfig.from_dict(
         {"device": "cpu", "resume": False, "tensorboard_dir": str(work / "tb"), "log_every_steps": 1000}
     )
-    checkpoint, _ = run_training(config, train_rows, validation_rows, FeatureMetadata.of(metadata), vocabularies, name)
+    checkpoint, _ = run_training(config, train_rows, validation_rows, FeatureMetadata(metadata), vocabularies, name)
     fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
     fits["isotonic"] = calibrate(checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU)
     labels, logits = score_days(model_from_checkpoint(checkpoint), encoder, [test], CPU, progress=False)

@@ -47,7 +47,7 @@ def main() -> None:
             [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
         metadata_seconds = time.perf_counter() - start
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
         table = pq.read_table(parquet)
         encoder.encode_batch(table.slice(0, 1000))  # builds the hash tables once
         ours_seconds, days_seconds = float("inf"), float("inf")

@@ -74,7 +74,7 @@ def main() -> None:
         )
 
         metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(), progress=False)
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
         encoded = folder / "encoded"
         measured["encode the day into stored rows (baseline)"] = best(
             1, lambda: encoder.encode_days([parquet], into=encoded, workers=1)
@@ -86,7 +86,7 @@ def main() -> None:
         )
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
-        sizes = FeatureMetadata.of(metadata).table_sizes
+        sizes = FeatureMetadata(metadata).table_sizes
         model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})

@@ -98,7 +98,7 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
         metadata, vocabularies = compute_feature_metadata(
             parquet, MetadataConfig(min_expected_clicks=0, min_frequency=3, workers=1), False
         )
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     # A repeat starts from nothing: ingestion would skip days whose Parquet is already up to date.
     label = workers or "default"
     for previous in (data / f"parquet_{label}", data / f"encoded_{label}"):

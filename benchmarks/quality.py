@@ -125,7 +125,7 @@ def encode(train_paths: list[Path], validation_paths: list[Path], options: dict)
     if options.get("shared_missing_row"):
         metadata = {**metadata, "format": 1}
         metadata["sparse"] = {n: {**st, "table_size": st["table_size"] - 1} for n, st in metadata["sparse"].items()}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     return metadata, vocabularies, encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
 
 
@@ -139,7 +139,7 @@ def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
     config = training_config(options, run_dir)
     if "initial_ctr" in options:  # the output's starting click rate (0.5: the bias at 0, as before the prior)
         metadata = {**metadata, "label": {**metadata["label"], "ctr": options["initial_ctr"]}}
-    checkpoint, summary = run_training(config, train, validation, FeatureMetadata.of(metadata), vocabularies, "quality")
+    checkpoint, summary = run_training(config, train, validation, FeatureMetadata(metadata), vocabularies, "quality")
     history = summary["history"]
     best_record = next(h for h in history if h["step"] == checkpoint["step"])
     # The first epoch's training time, when it ran to its end (the last validation of epoch 0 is at its end).
@@ -160,7 +160,7 @@ def train_logistic(train_paths: list[Path], validation_paths: list[Path], option
     metadata, _ = compute_feature_metadata(
         train_paths, MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True), progress=False
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), None)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), None)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
     return {
         **train_logistic_regression(hashed(train_paths, train), hashed(validation_paths, validation), **options),
@@ -354,7 +354,7 @@ def reference(size: int, validation_rows: int, work: Path) -> None:
     encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
     row("DLRM, defaults", fit_dlrm(encoded, CURVE_SETTINGS, work / "runs"))
     metadata, _, train, validation = encoded
-    table_sizes = FeatureMetadata.of(metadata).table_sizes
+    table_sizes = FeatureMetadata(metadata).table_sizes
     pairs = ClickModel(WORLD_SEED, **WORLD_CTR).pairs
     for optimizer, lr in PLANTED_FORM_GRID:
         row(f"planted form, {optimizer} {lr}", train_planted_form(train, validation, table_sizes, pairs, optimizer, lr))
@@ -560,7 +560,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
         options = {**CURVE_SETTINGS, "training.num_epochs": 1}
         metadata, vocabularies, in_order, validation = encode(paths[:-1], paths[-1:], options)
         stored = paths[0].parent / "train_shuffled"
-        FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies).encode_days(
+        FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies).encode_days(
             paths[:-1], into=stored, shuffle=True
         )
         write_digests(stored)

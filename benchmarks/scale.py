@@ -252,7 +252,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
         lambda: compute_feature_metadata(train, MetadataConfig(min_frequency=3), progress=False),
         train_rows,
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     encoded = data / "encoded"
 
     def encode():
@@ -264,7 +264,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "base" / "parameters_training.yml"
     config = TrainingConfig.from_dict(yaml.safe_load(conf.read_text())["training"])  # what `kedro run` trains
-    sizes = FeatureMetadata.of(metadata).table_sizes
+    sizes = FeatureMetadata(metadata).table_sizes
 
     def train_steps():
         import torch

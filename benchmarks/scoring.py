@@ -55,7 +55,7 @@ def main() -> None:
         metadata, vocabularies = compute_feature_metadata(
             [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
         torch.manual_seed(0)
         # The project's default model (parameters_training.yml), built as training builds it.
         config = TrainingConfig().model_config(encoder.table_sizes)

@@ -157,7 +157,7 @@ def tiny_features(tmp_path_factory):
         ],
     }
     version = "2026-01-01T00.00.00.000Z"
-    typed = FeatureMetadata.of(metadata)
+    typed = FeatureMetadata(metadata)
     encoder = FeatureEncoder.from_metadata(typed, vocabularies)
     train, validation = encoder.encode_days(parquet[:1]), encoder.encode_days(parquet[1:])
     train.lineage = encoded_lineage(typed, version, typed.source_days["train"])
@@ -284,3 +284,13 @@ def tiny_checkpoint(tiny_features, tmp_path_factory):
         "v",
     )
     return {**checkpoint, "catalog_version": "2026-11-30T01.00.00.000Z"}
+
+
+def with_altered_vocabulary(checkpoint: dict, feature: int) -> dict:
+    """A copy of ``checkpoint`` whose encoder holds feature ``feature``'s vocabulary reversed (the checkpoint
+    itself untouched): what every reader of a checkpoint must refuse."""
+    import torch
+
+    vocabularies = list(checkpoint["encoder"]["vocabularies"])
+    vocabularies[feature] = torch.flip(vocabularies[feature], dims=[0])
+    return {**checkpoint, "encoder": {**checkpoint["encoder"], "vocabularies": vocabularies}}

@@ -108,8 +108,8 @@ def _encoded(day, tmp_path) -> tuple[EncodedArraysDataset, EncodedDays]:
     _, parquet, _ = day
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
     metadata["source_days"] = {"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
-    lineage = encoded_lineage(FeatureMetadata.of(metadata), "v1", metadata["source_days"]["train"])
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    lineage = encoded_lineage(FeatureMetadata(metadata), "v1", metadata["source_days"]["train"])
     return EncodedArraysDataset(str(tmp_path / "train_features")), EncodedDays(encoder, [str(parquet)], lineage, 1)
 
 
@@ -407,12 +407,12 @@ def _checkpoint(tmp_path: Path) -> dict:
     parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
     metadata["source_days"] = {"train": [], "validation": []}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     rows = encoder.encode_days([parquet])
     config = TrainingConfig.from_dict(
         {"num_epochs": 1, "resume": False, "tensorboard_dir": str(tmp_path / "tb"), "validations_per_epoch": 1}
     )
-    checkpoint, _ = run_training(config, rows, rows, FeatureMetadata.of(metadata), vocabularies, "r")
+    checkpoint, _ = run_training(config, rows, rows, FeatureMetadata(metadata), vocabularies, "r")
     return {**checkpoint, "catalog_version": "v"}
 
 

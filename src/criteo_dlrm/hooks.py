@@ -155,16 +155,24 @@ class InProgressCheckpointHooks:
     """Until a run's checkpoint is stored, a rerun resumes from its in-progress checkpoint; then it goes."""
 
     def __init__(self) -> None:
-        self._saved_by_node: dict[str, dict] = {}
+        self._saved: set[str] = set()  # the training node's outputs stored so far (names only: not the checkpoint)
+        self._summary: dict | None = None
+
+    @hook_impl
+    def before_node_run(self, node) -> None:
+        if "training_summary" in node.outputs:
+            self._saved, self._summary = set(), None
 
     @hook_impl
     def after_dataset_saved(self, dataset_name: str, data, node) -> None:
         if "training_summary" not in node.outputs:
             return
-        saved = self._saved_by_node.setdefault(node.name, {})
-        saved[dataset_name] = data
-        if set(saved) >= set(node.outputs):
-            finish_run(saved["training_summary"])  # the checkpoint is stored: nothing to resume
+        self._saved.add(dataset_name)
+        if dataset_name == "training_summary":
+            self._summary = data
+        if self._saved >= set(node.outputs):
+            finish_run(self._summary)  # the checkpoint is stored: nothing to resume
+            self._saved, self._summary = set(), None
 
 
 class SummaryHooks:

@@ -122,7 +122,7 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     # this run's training reads.
     check_table_memory(
         config,
-        FeatureMetadata.of(catalog.load("feature_metadata")).table_sizes,
+        FeatureMetadata(catalog.load("feature_metadata")).table_sizes,
         device,
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "

@@ -77,7 +77,7 @@ def render(record: RunRecord) -> str:
         if record.split:
             lines.append(f"            {record.split}")
     if stored := saved.get("feature_metadata"):
-        metadata = FeatureMetadata.of(stored)
+        metadata = FeatureMetadata(stored)
         lines.append(
             f"metadata    {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
             f"{sum(metadata.table_sizes):,} embedding rows"

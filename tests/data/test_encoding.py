@@ -15,7 +15,7 @@ def test_days_encoded_in_parallel_give_the_same_arrays_as_one_process(tmp_path):
     metadata, vocabularies = compute_feature_metadata(
         days[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2, workers=1)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     in_memory = encoder.encode_days(days)
     one = encoder.encode_days(days, into=tmp_path / "one", workers=1)
     two = encoder.encode_days(days, into=tmp_path / "two", workers=2)

@@ -110,7 +110,7 @@ def test_missing_and_unseen_values_encode_to_rows_of_their_own(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=1)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     vocabulary = vocabularies["SPARSE_0"]
     values = np.array([vocabulary[0], vocabulary[-1], -1, 2**40, vocabulary[3]])
     assert encoder.encode_sparse_column(0, values).tolist() == [2, len(vocabulary) + 1, 1, 0, 5]
@@ -120,7 +120,7 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     table = pq.read_table(generated_days[1])
     encoded = encoder.encode_batch(table)
     for feature, name in enumerate(SPARSE_COLUMNS):
@@ -139,7 +139,7 @@ def test_modulus_hash_mode(generated_days):
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
     assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
     assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     values = np.array([0, 997, 998, 123456, -1])
     assert encoder.encode_sparse_column(5, values).tolist() == [2, 999, 2, 2 + 123456 % 998, 1]
     default = compute_feature_metadata(
@@ -154,7 +154,7 @@ def test_encoder_state_round_trips(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     restored = FeatureEncoder.from_state_dict(encoder.state_dict())
     table = pq.read_table(generated_days[0])
     left, right = encoder.encode_batch(table), restored.encode_batch(table)
@@ -290,7 +290,7 @@ def test_the_predecessor_projects_parquet_loads_with_its_minus_one_as_missing(tm
         assert metadata["sparse"][name]["missing"] == (frame[name] == -1).sum()
         assert -1 not in vocabularies[name]
     assert metadata["dense"]["DENSE_2"]["missing"] == 1
-    encoded = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies).encode_days([path])
+    encoded = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies).encode_days([path])
     assert (encoded.sparse[(frame[SPARSE_COLUMNS] == -1).to_numpy()] == 1).all(), "the missing row"
     assert np.isfinite(encoded.dense).all() and encoded.dense[3, 2] == 0.0
 
@@ -358,4 +358,4 @@ def test_feature_metadata_gives_table_sizes_in_column_order_whatever_order_it_li
 
     listed_backwards = {name: {"table_size": 2 + i} for i, name in reversed(list(enumerate(SPARSE_COLUMNS)))}
     assert list(listed_backwards) != SPARSE_COLUMNS
-    assert FeatureMetadata.of({"sparse": listed_backwards}).table_sizes == [2 + i for i in range(26)]
+    assert FeatureMetadata({"sparse": listed_backwards}).table_sizes == [2 + i for i in range(26)]

@@ -26,7 +26,7 @@ def test_shuffled_rows_are_the_same_rows_in_a_uniform_order_whatever_the_workers
         write_day(tmp_path / f"day_{day}", 3000, day=day, model=ClickModel(seed=8))
         days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(days[:1], MetadataConfig(min_expected_clicks=0, workers=1))
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     in_order = encoder.encode_days(days)
     one = encoder.encode_days(days, into=tmp_path / "one", workers=1, shuffle=True)
     encoder.encode_days(days, into=tmp_path / "two", workers=2, shuffle=True)

@@ -19,7 +19,7 @@ if __name__ == "__main__":
             TrainingConfig.from_dict(config),
             features["train"],
             features["validation"],
-            FeatureMetadata.of(features["metadata"]),
+            FeatureMetadata(features["metadata"]),
             features["vocabularies"].arrays,
             "killed",
             "v",

@@ -14,7 +14,7 @@ from criteo_dlrm.engine.export import serving_encoder
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables
-from tests.conftest import tiny_model_config
+from tests.conftest import tiny_model_config, with_altered_vocabulary
 
 
 def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
@@ -100,17 +100,14 @@ def test_a_checkpoint_is_read_through_one_object_that_checks_its_encoder(tiny_ch
     from criteo_dlrm.engine.checkpoint import Checkpoint
     from criteo_dlrm.engine.scoring import VocabularyMismatchError
 
-    checkpoint = Checkpoint.of(tiny_checkpoint)
+    checkpoint = Checkpoint(tiny_checkpoint)
     assert checkpoint.source == "dlrm_checkpoint version 2026-11-30T01.00.00.000Z"
     assert checkpoint.step == tiny_checkpoint["step"] and checkpoint.calibration_method == "platt"
     assert checkpoint.source_days == tiny_checkpoint["metadata"]["source_days"]
     assert checkpoint.encoder().table_sizes == checkpoint.model().config.table_sizes
-    uncalibrated = Checkpoint.of({k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt")
+    uncalibrated = Checkpoint({k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt")
     assert not uncalibrated.calibrated and uncalibrated.calibration_method == "none"
     assert uncalibrated.calibration().method == "none"
-    encoder = {**tiny_checkpoint["encoder"], "dense_mean": tiny_checkpoint["encoder"]["dense_mean"]}
-    vocabularies = list(encoder["vocabularies"])
-    vocabularies[0] = torch.flip(vocabularies[0], dims=[0])
-    damaged = Checkpoint.of({**tiny_checkpoint, "encoder": {**encoder, "vocabularies": vocabularies}}, named="x.pt")
+    damaged = Checkpoint(with_altered_vocabulary(tiny_checkpoint, 0), named="x.pt")
     with pytest.raises(VocabularyMismatchError, match="x.pt: its vocabularies"):
         damaged.encoder()

@@ -47,7 +47,7 @@ def _run(features, config: TrainingConfig, name: str) -> tuple[dict, dict]:
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata.of(features["metadata"]),
+        FeatureMetadata(features["metadata"]),
         vocabularies.arrays,
         name,
         "v",

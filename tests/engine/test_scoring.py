@@ -17,7 +17,7 @@ from tests.conftest import tiny_model_config
 def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.of(metadata), tiny_features["vocabularies"].arrays)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), tiny_features["vocabularies"].arrays)
     config = tiny_model_config(encoder.table_sizes, prediction_hidden_sizes=[128, 64])
     return DLRM(config).eval(), encoder, metadata["source_days"]
 

@@ -148,7 +148,7 @@ def _run(features, config: TrainingConfig, name: str, metadata: dict | None = No
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata.of(metadata or features["metadata"]),
+        FeatureMetadata(metadata or features["metadata"]),
         features["vocabularies"].arrays,
         name,
         "v",

@@ -18,9 +18,7 @@ from loguru import logger
 from criteo_dlrm.common.parallel import choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
-from criteo_dlrm.common.storage import (
-    size_text,
-)
+from criteo_dlrm.common.storage import size_text
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.shuffle import bucket_rows, shuffle_destinations

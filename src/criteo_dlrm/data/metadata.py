@@ -119,14 +119,10 @@ class DenseStatistics:
 class FeatureMetadata:
     """``feature_metadata`` read through one object: table sizes in column order, the dense statistics, the
     training rows' count and click rate, the vocabularies' digest, the days. Made where it comes in (the nodes,
-    from the catalog's JSON: ``FeatureMetadata.of``); ``values`` is the stored form ``compute_feature_metadata``
-    returns."""
+    from the catalog's JSON: ``FeatureMetadata(feature_metadata)``); ``values`` is the stored form
+    ``compute_feature_metadata`` returns."""
 
     values: dict
-
-    @classmethod
-    def of(cls, values: dict) -> FeatureMetadata:
-        return cls(values)
 
     @property
     def format(self) -> int:

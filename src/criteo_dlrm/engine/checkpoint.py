@@ -113,15 +113,11 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
 class Checkpoint:
     """A finished run's checkpoint (``dlrm_checkpoint``), read through one object: the model, the encoder
     (always checked against the vocabularies it was trained with), the calibration and the lineage, with the
-    former formats mapped inside. Nodes make one from what the catalog loaded (``Checkpoint.of``); the dict
-    stays the stored form (``values``)."""
+    former formats mapped inside. Nodes make one from what the catalog loaded (``Checkpoint(dlrm_checkpoint)``);
+    the dict stays the stored form (``values``)."""
 
     values: dict[str, Any]
     named: str | None = None  # how messages name it, where not by its catalog version (a file's path)
-
-    @classmethod
-    def of(cls, values: dict[str, Any], named: str | None = None) -> Checkpoint:
-        return cls(values, named)
 
     @property
     def version(self) -> str | None:
@@ -147,6 +143,11 @@ class Checkpoint:
         """The feature metadata it was trained with: ``version``, ``vocabulary_sha256``, ``train_ctr``,
         ``source_days``."""
         return self.values["metadata"]
+
+    @property
+    def metadata_version(self) -> str | None:
+        """The catalog version of the feature metadata it was trained with."""
+        return self.trained_with["version"]
 
     @property
     def source_days(self) -> dict[str, list[dict]]:

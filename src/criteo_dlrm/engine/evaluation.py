@@ -76,7 +76,7 @@ def score_checkpoint(
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
     metrics = {
         "checkpoint_version": checkpoint.version,
-        "metadata_version": trained_with["version"],
+        "metadata_version": checkpoint.metadata_version,
         "vocabulary_sha256": trained_with["vocabulary_sha256"],
         "run_version": checkpoint.run_version,
         "trained_step": checkpoint.step,

@@ -53,7 +53,7 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
         from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint
 
         path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
-        checkpoint = Checkpoint.of(load_checkpoint(path), named=str(path))
+        checkpoint = Checkpoint(load_checkpoint(path), named=str(path))
         self.encoder = checkpoint.encoder()
         self.model = checkpoint.model()
         self.calibration = checkpoint.calibration()

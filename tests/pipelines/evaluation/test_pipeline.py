@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-import torch
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.io.core import Version
 from kedro.runner import SequentialRunner
@@ -10,6 +9,7 @@ from PIL import Image
 from criteo_dlrm.engine.scoring import VocabularyMismatchError
 from criteo_dlrm.pipelines.evaluation import create_pipeline
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
+from tests.conftest import with_altered_vocabulary
 
 
 @pytest.fixture
@@ -21,10 +21,7 @@ PARAMS = {"device": "cpu", "precision": "fp32"}
 
 
 def test_a_checkpoint_whose_vocabularies_were_altered_is_refused(checkpoint):
-    damaged = {**checkpoint, "encoder": {**checkpoint["encoder"]}}
-    vocabularies = list(damaged["encoder"]["vocabularies"])
-    vocabularies[3] = torch.flip(vocabularies[3], dims=[0])
-    damaged["encoder"]["vocabularies"] = vocabularies
+    damaged = with_altered_vocabulary(checkpoint, 3)
     with pytest.raises(VocabularyMismatchError, match="not the ones it was trained with"):
         evaluate_checkpoint(damaged, PARAMS)
 

@@ -18,7 +18,7 @@ from criteo_dlrm.engine.calibration import calibration_from_checkpoint
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import calibrated, score_days
-from tests.conftest import FLOAT32_ROUNDING
+from tests.conftest import FLOAT32_ROUNDING, with_altered_vocabulary
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +77,6 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
     assert binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy()) == pytest.approx(
         evaluation["model"], rel=FLOAT32_ROUNDING["rtol"]
     )
-
-    import torch
 
     checkpoint = torch.load(_newest(trained, "data/06_models/dlrm_checkpoint.pt"), weights_only=True)
     _, logits = score_days(
@@ -187,7 +185,6 @@ def test_the_mlflow_model_of_the_run_gives_the_scoring_pipelines_probabilities_a
 
 
 def test_a_checkpoint_made_before_calibration_scores_its_raw_output_and_says_so(trained, tmp_path, monkeypatch, logged):
-    import torch
 
     from criteo_dlrm.pipelines.scoring.nodes import score_new_days
 
@@ -227,9 +224,6 @@ def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkp
     from criteo_dlrm.engine.scoring import VocabularyMismatchError
     from criteo_dlrm.pipelines.scoring.nodes import export_model
 
-    damaged = {**tiny_checkpoint, "encoder": {**tiny_checkpoint["encoder"]}}
-    vocabularies = list(damaged["encoder"]["vocabularies"])
-    vocabularies[5] = torch.flip(vocabularies[5], dims=[0])
-    damaged["encoder"]["vocabularies"] = vocabularies
+    damaged = with_altered_vocabulary(tiny_checkpoint, 5)
     with pytest.raises(VocabularyMismatchError, match="dlrm_checkpoint version .* not the ones it was trained with"):
         export_model(damaged, {})

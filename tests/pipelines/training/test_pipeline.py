@@ -173,7 +173,7 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     other["source_days"]["validation"][0].update(day="day_7", fingerprint="f" * 16)
     validation = dataclasses.replace(
         tiny_features["validation"],
-        lineage=encoded_lineage(FeatureMetadata.of(other), vocabularies.version, other["source_days"]["validation"]),
+        lineage=encoded_lineage(FeatureMetadata(other), vocabularies.version, other["source_days"]["validation"]),
     )
     _, summary = train_dlrm(tiny_features["train"], validation, other, vocabularies, params, "r2")
     assert summary["history"][0]["step"] == 5 and summary["tensorboard_run"].endswith("r2"), "started afresh"

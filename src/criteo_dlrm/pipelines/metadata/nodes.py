@@ -18,7 +18,7 @@ def compute_metadata(ingestion_report: dict, metadata: dict) -> tuple[dict, Feat
     feature_metadata, vocabularies = compute_feature_metadata([day["parquet"] for day in train], config)
     feature_metadata["source_days"] = source_days
     feature_metadata["parameters"] = config.to_dict()
-    typed = FeatureMetadata.of(feature_metadata)
+    typed = FeatureMetadata(feature_metadata)
     tables = typed.table_sizes
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",

@@ -59,7 +59,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint.of(dlrm_checkpoint)
+    checkpoint = Checkpoint(dlrm_checkpoint)
     source, encoder = checkpoint.source, checkpoint.encoder()
     days = input_days(config)
     # Staged beside the scoring input (the catalog copies it into its versioned place and deletes it); what a
@@ -79,7 +79,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
     )
     report = {
         "checkpoint_version": checkpoint.version,
-        "metadata_version": checkpoint.trained_with["version"],
+        "metadata_version": checkpoint.metadata_version,
         "input_dir": str(config.input_dir),
         "rows": int(len(scores)),
         # click_probability is the checkpoint's calibration of the logit (none: the model's raw output).
@@ -112,7 +112,7 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint.of(dlrm_checkpoint)
+    checkpoint = Checkpoint(dlrm_checkpoint)
     # The encoder is checked as scoring and evaluation check it: a served model with other vocabularies would
     # mis-encode every request.
     encoder = checkpoint.encoder()
@@ -124,7 +124,7 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
     program = export_program(model, sizes)
     report = {
         "checkpoint_version": checkpoint.version,
-        "metadata_version": checkpoint.trained_with["version"],
+        "metadata_version": checkpoint.metadata_version,
         "inputs": {"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
         "output": {
             "probability": "(batch,) float32, calibrated",

@@ -31,7 +31,7 @@ def encode_features(
         ConfigError: the tables would not fit in memory.
     """
     config = TrainingConfig.from_dict(training, "training.")
-    metadata = FeatureMetadata.of(feature_metadata)
+    metadata = FeatureMetadata(feature_metadata)
     days = metadata.source_days
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
@@ -85,7 +85,7 @@ def train_dlrm(
         ConfigError: every problem of ``params:training`` at once (names, types, ranges).
     """
     config = TrainingConfig.from_dict(training, prefix="training.")
-    metadata = FeatureMetadata.of(feature_metadata)
+    metadata = FeatureMetadata(feature_metadata)
     days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
         expected = encoded_lineage(metadata, feature_vocabularies.version, days[split])
