@@ -110,22 +110,21 @@ def test_too_many_rejected_lines_name_the_share_that_lets_the_day_through(fresh)
 
 
 def test_scoring_rejects_name_the_scoring_setting(ran, tmp_path):
-    fresh = ran
     folder = tmp_path / "to_score"
     folder.mkdir()
-    source = (fresh / "data/01_raw/day_2.gz").read_bytes()
+    source = (ran / "data/01_raw/day_2.gz").read_bytes()
     import gzip
 
     lines = gzip.decompress(source).splitlines(keepends=True)[:500]
     lines[3] = b"1\tnot a count" + lines[3][1:]
     (folder / "day_9").write_bytes(b"".join(lines))
     command = ("--pipelines=scoring", f"--params=scoring.input_dir={folder}")
-    message = _fails(fresh, *command)
+    message = _fails(ran, *command)
     assert "scoring.max_reject_fraction" in message and "ingestion.max_reject_fraction" not in message
     suggestion = _suggested(message)
     _keeps(suggestion, *command)
     assert "--pipelines=scoring" in suggestion
-    assert "scoring     checkpoint" in _succeeds(fresh, *suggestion)
+    assert "scoring     checkpoint" in _succeeds(ran, *suggestion)
 
 
 def test_a_device_that_is_not_there_names_the_parameter_to_set(fresh):
@@ -155,45 +154,42 @@ def test_one_big_file_names_the_rows_per_day_that_split_it_and_keeps_the_user_s_
 
 
 def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(ran):
-    fresh = ran
-    first = sorted((fresh / "data/04_feature/feature_metadata.json").iterdir())[0].name
-    _succeeds(fresh, "--pipelines=metadata", "--params=metadata.min_frequency=5")
-    encoded = (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns
+    first = sorted((ran / "data/04_feature/feature_metadata.json").iterdir())[0].name
+    _succeeds(ran, "--pipelines=metadata", "--params=metadata.min_frequency=5")
+    encoded = (ran / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns
     command = ("--pipelines=training", f"--load-versions=feature_metadata:{first}", FAST)
-    message = _fails(fresh, *command)
+    message = _fails(ran, *command)
     assert "MismatchedVersionsError" in message and f"feature_vocabularies:{first}" in message
-    assert (fresh / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns == encoded, "no work"
+    assert (ran / "data/05_model_input/train_features/lineage.json").stat().st_mtime_ns == encoded, "no work"
     suggestion = _suggested(message)
     _keeps(suggestion, "--pipelines=training", FAST)
-    _succeeds(fresh, *suggestion)
+    _succeeds(ran, *suggestion)
 
 
 def test_a_damaged_day_names_the_command_that_rebuilds_it(ran):
-    fresh = ran
-    [day] = (fresh / "data/02_intermediate").glob("*/day_1.parquet")
+    [day] = (ran / "data/02_intermediate").glob("*/day_1.parquet")
     data = bytearray(day.read_bytes())
     data[len(data) // 3] ^= 0x10
     day.write_bytes(bytes(data))
     command = ("--pipelines=metadata", "--params=metadata.min_frequency=4")
-    message = _fails(fresh, *command)
-    assert str(day.relative_to(fresh)) in message or str(day) in message
+    message = _fails(ran, *command)
+    assert str(day.relative_to(ran)) in message or str(day) in message
     suggestion = _suggested(message)
     _keeps(suggestion, *command)
-    _succeeds(fresh, *suggestion)
-    _succeeds(fresh, *command)
+    _succeeds(ran, *suggestion)
+    _succeeds(ran, *command)
 
 
 def test_a_lineage_refusal_names_the_command_that_restores_the_day(ran):
-    fresh = ran
-    [day] = (fresh / "data/02_intermediate").glob("*/day_2.parquet")
+    [day] = (ran / "data/02_intermediate").glob("*/day_2.parquet")
     day.unlink()
     command = ("--pipelines=evaluation", "--params=evaluation.device=cpu")
-    message = _fails(fresh, *command)
+    message = _fails(ran, *command)
     assert "LineageError" in message
     suggestion = _suggested(message)
     _keeps(suggestion, *command)
-    _succeeds(fresh, *suggestion)
-    _succeeds(fresh, *command)
+    _succeeds(ran, *suggestion)
+    _succeeds(ran, *command)
 
 
 def test_torchrec_with_an_optimiser_it_lacks_on_the_cpu_names_the_one_to_use(fresh):
