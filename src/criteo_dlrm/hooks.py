@@ -8,7 +8,9 @@
 - ``OutputVersionHooks``: a node's versioned outputs are marked incomplete until all of them are saved, so a
   killed run never leaves a half set of versions as the latest;
 - ``InProgressCheckpointHooks``: a finished run's in-progress checkpoint removed once its checkpoint is stored;
-- ``SummaryHooks``: outputs recorded for the run's summary (``summary``).
+- ``SummaryHooks``: outputs recorded for the run's summary (``summary``);
+- ``SparkHooks``: with ``preprocessing.engine: spark``, the Spark session from ``conf/*/spark.yml``
+  (``criteo_dlrm.spark.session``), started for a run that preprocesses and stopped after it.
 
 ``project_hooks()`` builds them in the order Kedro is to call them (``settings.HOOKS``).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 
+from kedro.config import MissingConfigException
 from kedro.framework.hooks import hook_impl
 
 from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
@@ -27,7 +30,7 @@ from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.logs import bridge_loguru, configure_console, quiet_known_warnings
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
-from criteo_dlrm.preflight import check_before_run, report_incomplete_versions
+from criteo_dlrm.preflight import check_before_run, preprocesses, report_incomplete_versions
 from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
 
 RUN_VERSION = "run_version"
@@ -201,6 +204,46 @@ class SummaryHooks:
             self.record.split = _split_of(configs["metadata"], data)
 
 
+class SparkHooks:
+    """The Spark session of a run whose preprocessing runs on Spark, configured the Kedro way: ``spark.yml``'s keys
+    are Spark properties (Kedro's PySpark starter), read when the context is created, the session started after
+    the preflight checks and only when the pipeline has a preprocessing node."""
+
+    def __init__(self, parameters: ParameterHooks) -> None:
+        self.parameters = parameters
+        self.settings: dict | None = None
+        self.session = None
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        if self.parameters.configs["preprocessing"].engine != "spark":
+            return
+        try:
+            self.settings = dict(context.config_loader["spark"])
+        except (KeyError, MissingConfigException):
+            self.settings = {}
+
+    @hook_impl
+    def before_pipeline_run(self, pipeline) -> None:
+        if self.settings is not None and preprocesses(pipeline):
+            from criteo_dlrm.spark.session import spark_session
+
+            self.session = spark_session(self.settings)
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._stop()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+            self.session = None
+
+
 def project_hooks() -> tuple:
     """The project's hooks, sharing the parsed parameters. Kedro (pluggy) calls the hooks of one phase last
     registered first, so they are listed in the reverse of the order they run: the console before the
@@ -208,6 +251,7 @@ def project_hooks() -> tuple:
     checkpoint removed (after each save: never removed before its checkpoint's version is complete)."""
     parameters = ParameterHooks()
     return (
+        SparkHooks(parameters),
         InProgressCheckpointHooks(),
         OutputVersionHooks(),
         SummaryHooks(parameters),

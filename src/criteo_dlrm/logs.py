@@ -82,8 +82,10 @@ def quiet_known_warnings() -> None:
     ``register_new_resolver`` (three per command); kedro-mlflow's own pyfunc class (for ``pipeline_ml_factory``,
     unused here) has no type hints, which MLflow says at every import with raw terminal colour codes, under a
     warnings filter of its own (ours never applies), through the ``py.warnings`` logger Kedro's logging
-    captures warnings into."""
+    captures warnings into. PySpark warns that it does not fully support pandas 3 whenever it checks pandas, also
+    where no pandas is used (the Spark engine exchanges Arrow batches only)."""
     warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     captured = logging.getLogger("py.warnings")
     if not any(isinstance(f, _UnactionableMlflowWarning) for f in captured.filters):
         captured.addFilter(_UnactionableMlflowWarning())

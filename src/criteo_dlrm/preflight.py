@@ -40,6 +40,11 @@ def _nodes(pipeline: Pipeline) -> set:
     return {node.func for node in pipeline.nodes}
 
 
+def preprocesses(pipeline: Pipeline) -> bool:
+    """Whether ``pipeline`` runs a preprocessing stage (the ones ``preprocessing.engine`` chooses where to run)."""
+    return bool({convert_raw_days, compute_metadata, encode_features} & _nodes(pipeline))
+
+
 def _dataset(catalog, name: str):
     try:
         return catalog.get(name)

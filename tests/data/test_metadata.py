@@ -1,4 +1,5 @@
 import dataclasses
+import math
 import tracemalloc
 
 import numpy as np
@@ -359,3 +360,27 @@ def test_feature_metadata_gives_table_sizes_in_column_order_whatever_order_it_li
     listed_backwards = {name: {"table_size": 2 + i} for i, name in reversed(list(enumerate(SPARSE_COLUMNS)))}
     assert list(listed_backwards) != SPARSE_COLUMNS
     assert FeatureMetadata({"sparse": listed_backwards}).table_sizes == [2 + i for i in range(26)]
+
+
+def test_dense_statistics_are_the_same_bits_whatever_the_batches_and_match_an_exact_reference():
+    from criteo_dlrm.data.metadata import DenseStatistics
+
+    rng = np.random.default_rng(4)
+    values = np.concatenate([rng.integers(-3, 200, 5_000), rng.integers(4_000, 2_000_000, 700)]).astype(np.float64)
+    rng.shuffle(values)
+    missing = rng.random(len(values)) < 0.2
+    whole, batched = DenseStatistics(), DenseStatistics()
+    whole.add(values, missing)
+    for part in np.array_split(np.arange(len(values)), 7):
+        batched.add(values[part], missing[part])
+    present = values[~missing]
+    clipped, counts = np.unique(np.maximum(present, 0), return_counts=True)
+    elsewhere = DenseStatistics.from_histogram(clipped, counts, int(missing.sum()), present.min(), present.max())
+    summary = whole.summary()
+    assert batched.summary() == summary == elsewhere.summary()  # bit for bit, not within rounding
+    transformed = [math.log1p(max(value, 0.0)) for value in present.tolist()]
+    assert summary["log1p_mean"] == pytest.approx(math.fsum(transformed) / len(present), rel=1e-14)
+    assert summary["count"] == len(present) and summary["missing"] == int(missing.sum())
+    assert (summary["min"], summary["max"]) == (present.min(), present.max())
+    variance = math.fsum(t * t for t in transformed) / len(present) - summary["log1p_mean"] ** 2
+    assert summary["log1p_std"] == pytest.approx(math.sqrt(variance), rel=1e-12)

@@ -79,6 +79,11 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# Where a job's tasks run: ``run_parallel`` (this machine's worker processes) or, with the same signature,
+# ``criteo_dlrm.spark.tasks.run_on_spark``: ``run(function, tasks, workers, shared=None, preload=())`` yields
+# ``(task index, result)``.
+Runner = Callable[..., Iterator[tuple[int, Any]]]
+
 _SHARED: Any = None  # in a worker process: the ``shared`` object of the job it serves
 
 

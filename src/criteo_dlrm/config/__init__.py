@@ -15,10 +15,12 @@ from criteo_dlrm.config.base import Config
 from criteo_dlrm.config.evaluation import EvaluationConfig
 from criteo_dlrm.config.ingestion import IngestionConfig
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.config.preprocessing import PreprocessingConfig
 from criteo_dlrm.config.scoring import ScoringConfig
 from criteo_dlrm.config.training import TrainingConfig
 
 CONFIGS: dict[str, type[Config]] = {
+    "preprocessing": PreprocessingConfig,
     "ingestion": IngestionConfig,
     "metadata": MetadataConfig,
     "training": TrainingConfig,
@@ -64,6 +66,7 @@ __all__ = [
     "IngestionConfig",
     "MetadataConfig",
     "ParameterError",
+    "PreprocessingConfig",
     "ScoringConfig",
     "TrainingConfig",
     "parse_parameters",

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from loguru import logger
 
-from criteo_dlrm.common.parallel import choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import size_text
@@ -37,6 +37,7 @@ class EncodedDays:
     lineage: dict | None = None  # stored with the rows, so they are reused only for the same inputs
     workers: int | None = None  # processes encoding whole days; None: one per core (bounded by memory)
     shuffle: bool = False  # store the rows shuffled (training rows: the loader then reads them in order)
+    run: Runner = run_parallel  # where the days are encoded (or run_on_spark: one Spark task per day)
 
     def __len__(self) -> int:
         return count_rows(self.paths)
@@ -47,7 +48,9 @@ class EncodedDays:
 
     def write(self, folder: Path) -> EncodedArrays:
         """Encode straight into ``labels.npy``, ``dense.npy`` and ``sparse.npy`` in ``folder``."""
-        return self.encoder.encode_days(self.paths, into=folder, workers=self.workers, shuffle=self.shuffle)
+        return self.encoder.encode_days(
+            self.paths, into=folder, workers=self.workers, shuffle=self.shuffle, run=self.run
+        )
 
 
 # Table rows of each categorical feature: a value the vocabulary does not hold, a missing value (a row of
@@ -161,7 +164,12 @@ class FeatureEncoder:
         return EncodedArrays(labels, dense, sparse)
 
     def encode_days(
-        self, paths: list[Day], into: Path | None = None, workers: int | None = 1, shuffle: bool = False
+        self,
+        paths: list[Day],
+        into: Path | None = None,
+        workers: int | None = 1,
+        shuffle: bool = False,
+        run: Runner = run_parallel,
     ) -> EncodedArrays:
         """Encode whole days, into memory or, with ``into``, into files in that folder (``open_encoded``).
 
@@ -174,6 +182,9 @@ class FeatureEncoder:
         ``shuffle`` (stored rows only) stores them in a uniformly random order, drawn from a fixed seed
         (``shuffle_destinations``): an external shuffle with memory bounded by ``SHUFFLE_BUCKET_ROWS`` rows per
         worker, so a reader of contiguous chunks gets rows from every day.
+
+        ``run`` is where the days (and the shuffle's buckets) are encoded: this machine's worker processes, or
+        ``criteo_dlrm.spark.tasks.run_on_spark`` (one Spark task each, the same files).
         """
         rows_per_day = [count_rows([path]) for path in paths]
         rows = sum(rows_per_day)
@@ -201,11 +212,11 @@ class FeatureEncoder:
         ]
         maxima = [0] * NUM_SPARSE
         with progress_bar(rows, f"encoding ({chosen} workers)", "rows") as bar:
-            for index, day_maxima in run_parallel(_encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES):
+            for index, day_maxima in run(_encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES):
                 maxima = np.maximum(maxima, day_maxima).tolist()
                 bar.update(rows_per_day[index])
         if destinations is not None:
-            destinations.shuffle_buckets(into, workers)
+            destinations.shuffle_buckets(into, workers, run)
         write_index_maxima(into, maxima)
         encoded = open_encoded(into, verify=False)
         size = bytes_per_row(encoded)

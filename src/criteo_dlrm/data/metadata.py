@@ -8,6 +8,7 @@ outgrow the merged ones, so the total merge work stays O(distinct values x log b
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,18 +42,21 @@ class FeatureVocabularies:
 
 
 class ValueCounter:
-    """Exact counts of int64 values over a stream, in memory proportional to the distinct values."""
+    """Exact counts of values (int64, or float64 for the predecessor's float dense columns) over a stream, in
+    memory proportional to the distinct values."""
 
-    def __init__(self) -> None:
-        self.values = np.zeros(0, dtype=np.int64)
+    def __init__(self, dtype: type = np.int64) -> None:
+        self.values = np.zeros(0, dtype=dtype)
         self.counts = np.zeros(0, dtype=np.int64)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._pending_size = 0
 
-    def add(self, values: np.ndarray) -> None:
-        unique, counts = np.unique(values, return_counts=True)
-        self._pending.append((unique, counts))
-        self._pending_size += len(unique)
+    def add(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count ``values`` (or, with ``counts``, distinct ``values`` seen that many times each)."""
+        if counts is None:
+            values, counts = np.unique(values, return_counts=True)
+        self._pending.append((values.astype(self.values.dtype, copy=False), counts.astype(np.int64, copy=False)))
+        self._pending_size += len(values)
         if self._pending_size > max(len(self.values), MERGE_FLOOR):
             self._merge()
 
@@ -83,13 +87,37 @@ def build_vocabulary(values: np.ndarray, counts: np.ndarray, min_frequency: int,
     return values[order]
 
 
+# Dense values below this are counted in a fixed array (a bincount: most Criteo counts are small); the rest
+# through a ValueCounter.
+_SMALL_DENSE = 1 << 12
+
+
 class DenseStatistics:
-    """Count, missing, min, max, and mean / std of ``log1p(max(x, 0))`` of one dense feature, streamed."""
+    """Count, missing, min, max, and mean / std of ``log1p(max(x, 0))`` of one dense feature.
+
+    Kept as the exact histogram of ``max(x, 0)`` (the features are integer counts: a few thousand distinct
+    values), and summarised from it with ``math.log1p`` and ``math.fsum`` (correctly rounded sums): the
+    statistics are the same bits whatever order or grouping the rows were counted in, so every counting engine
+    (``compute_feature_metadata``'s workers, ``criteo_dlrm.spark``) gives the same ones.
+    """
 
     def __init__(self) -> None:
         self.count = self.missing = 0
         self.low, self.high = np.inf, -np.inf
-        self.total = self.squares = 0.0
+        self._small = np.zeros(_SMALL_DENSE, dtype=np.int64)
+        self._other = ValueCounter(np.float64)
+
+    @classmethod
+    def from_histogram(
+        cls, values: np.ndarray, counts: np.ndarray, missing: int, low: float | None, high: float | None
+    ) -> DenseStatistics:
+        """Statistics counted elsewhere: the histogram of ``max(x, 0)``, the missing count, min and max."""
+        statistics = cls()
+        statistics._other.add(np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.int64))
+        statistics.count, statistics.missing = int(np.sum(counts)), int(missing)
+        if statistics.count:
+            statistics.low, statistics.high = float(low), float(high)
+        return statistics
 
     def add(self, values: np.ndarray, missing: np.ndarray) -> None:
         present = values[~missing] if missing.any() else values
@@ -97,13 +125,29 @@ class DenseStatistics:
         self.missing += len(values) - len(present)
         if len(present):
             self.low, self.high = min(self.low, float(present.min())), max(self.high, float(present.max()))
-            transformed = np.log1p(np.maximum(present, 0, dtype=np.float64))
-            self.total += float(transformed.sum())
-            self.squares += float(np.dot(transformed, transformed))
+            clipped = np.maximum(present, 0)
+            small = (clipped < _SMALL_DENSE) & (clipped == np.floor(clipped))
+            if small.all():
+                self._small += np.bincount(clipped.astype(np.int64), minlength=_SMALL_DENSE)
+            else:
+                self._small += np.bincount(clipped[small].astype(np.int64), minlength=_SMALL_DENSE)
+                self._other.add(clipped[~small])
+
+    def histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(distinct values of max(x, 0) ascending, counts)``."""
+        seen = np.flatnonzero(self._small)
+        merged = ValueCounter(np.float64)
+        merged.add(seen.astype(np.float64), self._small[seen])
+        merged.add(*self._other.result())
+        return merged.result()
 
     def summary(self) -> dict:
-        mean = self.total / self.count if self.count else 0.0
-        variance = max(self.squares / self.count - mean * mean, 0.0) if self.count else 0.0
+        values, counts = self.histogram()
+        transformed = [math.log1p(value) for value in values.tolist()]
+        counts = counts.tolist()
+        mean = math.fsum(c * t for c, t in zip(counts, transformed, strict=True)) / self.count if self.count else 0.0
+        squares = math.fsum(c * t * t for c, t in zip(counts, transformed, strict=True))
+        variance = max(squares / self.count - mean * mean, 0.0) if self.count else 0.0
         return {
             "count": self.count,
             "missing": self.missing,
@@ -111,8 +155,27 @@ class DenseStatistics:
             "max": self.high if self.count else None,
             "log1p_mean": mean,
             # A constant feature gets std 1 so that standardising never divides by zero.
-            "log1p_std": float(np.sqrt(variance)) if variance > 0 else 1.0,
+            "log1p_std": math.sqrt(variance) if variance > 0 else 1.0,
         }
+
+
+@dataclass
+class SparseCounts:
+    """What the metadata needs of one categorical feature's exact counts: distinct and missing values, the
+    vocabulary (``build_vocabulary``'s rule; empty in modulus-hash mode) and the rows it covers."""
+
+    distinct: int
+    missing: int
+    vocabulary: np.ndarray
+    covered: int
+
+    @classmethod
+    def of(cls, values: np.ndarray, counts: np.ndarray, missing: int, min_frequency: int, cap: int | None):
+        """From all of a feature's (value, count) pairs; ``cap`` None: modulus-hash mode (no vocabulary)."""
+        if cap is None:
+            return cls(len(values), missing, np.zeros(0, dtype=np.int64), int(counts.sum()))
+        vocabulary = build_vocabulary(values, counts, min_frequency, cap)
+        return cls(len(values), missing, vocabulary, int(counts[np.isin(values, vocabulary)].sum()))
 
 
 @dataclass(frozen=True)
@@ -191,33 +254,38 @@ def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _sparse_summary(
-    name: str, values: np.ndarray, counts: np.ndarray, missing: int, rows: int, config: MetadataConfig
-) -> tuple[dict, np.ndarray]:
+def _sparse_summary(name: str, counted: SparseCounts, rows: int, config: MetadataConfig) -> dict:
     if config.use_modulus_hash:
-        vocabulary = np.zeros(0, dtype=np.int64)
-        table_size = config.modulus_hash_size or min(len(values), config.cap(name)) + RESERVED_ROWS
-        covered = int(counts.sum())
+        table_size = config.modulus_hash_size or min(counted.distinct, config.cap(name)) + RESERVED_ROWS
     else:
-        vocabulary = build_vocabulary(values, counts, config.min_frequency, config.cap(name))
-        table_size = len(vocabulary) + RESERVED_ROWS
-        covered = int(counts[np.isin(values, vocabulary)].sum())
-    present = rows - missing
-    summary = {
+        table_size = len(counted.vocabulary) + RESERVED_ROWS
+    present = rows - counted.missing
+    return {
         "rows": rows,
-        "missing": missing,
-        "distinct": len(values),
-        "vocabulary_size": len(vocabulary),
+        "missing": counted.missing,
+        "distinct": counted.distinct,
+        "vocabulary_size": len(counted.vocabulary),
         "table_size": int(max(table_size, RESERVED_ROWS + 1)),
-        "coverage": covered / present if present else 0.0,
+        "coverage": counted.covered / present if present else 0.0,
     }
-    return summary, vocabulary
 
 
-def count_group(train_paths: Sequence[str | Path], group: list[str], dense_group: list[str], with_label: bool) -> dict:
+def vocabulary_caps(config: MetadataConfig) -> dict[str, int | None]:
+    """Each categorical feature's vocabulary cap; None in modulus-hash mode (no vocabulary is kept)."""
+    return {name: None if config.use_modulus_hash else config.cap(name) for name in SPARSE_COLUMNS}
+
+
+def count_group(
+    train_paths: Sequence[str | Path],
+    group: list[str],
+    dense_group: list[str],
+    with_label: bool,
+    min_frequency: int,
+    caps: dict[str, int | None],
+) -> dict:
     """One pass over the training days reading only ``group``'s categorical columns, ``dense_group``'s dense
-    ones and, ``with_label``, the label: exact value counts and missing counts per categorical feature, dense
-    statistics, positives.
+    ones and, ``with_label``, the label: each categorical feature's ``SparseCounts`` (from its exact value
+    counts, which stay in this process), dense statistics, positives.
 
     Returns a picklable dict, so a worker process can count a group while others count theirs.
     """
@@ -239,8 +307,10 @@ def count_group(train_paths: Sequence[str | Path], group: list[str], dense_group
             missing[name] += len(values) - len(present)
             counters[name].add(present)
     return {
-        "counts": {name: counter.result() for name, counter in counters.items()},
-        "missing": missing,
+        "sparse": {
+            name: SparseCounts.of(*counter.result(), missing[name], min_frequency, caps[name])
+            for name, counter in counters.items()
+        },
         "dense": dense,
         "positives": positives,
         "peak_rss_bytes": peak_rss_bytes(),
@@ -274,6 +344,48 @@ COUNTING_MEMORY = 2 << 30
 COUNTING_CORES = 2
 
 
+def effective_config(config: MetadataConfig, rows: int, clicks: int) -> MetadataConfig:
+    """``config`` with the min_frequency the training rows' click rate asks for (``min_expected_clicks``)."""
+    min_frequency = config.effective_min_frequency(clicks / rows)
+    if min_frequency == config.min_frequency:
+        return config
+    logger.info(
+        "CTR {:.4f} ({:,} clicks in {:,} training rows): min_frequency {} instead of {}, so that a value comes "
+        "with about {:g} clicks (metadata.min_expected_clicks / CTR)",
+        clicks / rows, clicks, rows, min_frequency, config.min_frequency, config.min_expected_clicks,
+    )  # fmt: skip
+    return replace(config, min_frequency=min_frequency)
+
+
+def check_training_paths(train_paths: Sequence[str | Path]) -> None:
+    if not train_paths:
+        raise ConfigError("No training day: set metadata.validation_days so that at least one day is left to train on.")
+
+
+def no_rows_error(train_paths: Sequence[str | Path]) -> DataError:
+    return DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
+
+
+def assemble_metadata(
+    rows: int,
+    positives: int,
+    sparse: dict[str, SparseCounts],
+    dense: dict[str, DenseStatistics],
+    config: MetadataConfig,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """``feature_metadata`` and the vocabularies from what a counting engine counted (the same whichever)."""
+    metadata = {
+        "format": METADATA_FORMAT,
+        "encoding": "modulus_hash" if config.use_modulus_hash else "vocabulary",
+        "label": {"rows": rows, "positives": positives, "ctr": positives / rows},
+        "min_frequency": config.min_frequency,  # the threshold applied (after the small-data rule)
+        "dense": {name: dense[name].summary() for name in DENSE_COLUMNS},
+        "sparse": {name: _sparse_summary(name, sparse[name], rows, config) for name in SPARSE_COLUMNS},
+        "vocabulary_sha256": vocabulary_digest({name: sparse[name].vocabulary for name in SPARSE_COLUMNS}),
+    }
+    return metadata, {name: sparse[name].vocabulary for name in SPARSE_COLUMNS}
+
+
 def compute_feature_metadata(
     train_paths: Sequence[str | Path], config: MetadataConfig, progress: bool | None = None
 ) -> tuple[dict, dict[str, np.ndarray]]:
@@ -281,53 +393,37 @@ def compute_feature_metadata(
 
     Each pass reads only its columns from Parquet and keeps exact counts for its features only, so peak
     memory per worker follows the distinct values of at most ``features_per_pass`` features, never the
-    number of rows. The result does not depend on the grouping or the number of workers.
+    number of rows. The result does not depend on the grouping or the number of workers (nor on the engine:
+    ``criteo_dlrm.spark.metadata`` counts the same with Spark).
 
     Returns:
         ``(metadata, vocabularies)``: ``metadata`` is JSON-ready (label, dense and sparse statistics,
-        table sizes, peak memory per worker); ``vocabularies`` maps each sparse feature to its int64
-        values, most frequent first (empty arrays in modulus-hash mode).
+        table sizes); ``vocabularies`` maps each sparse feature to its int64 values, most frequent first
+        (empty arrays in modulus-hash mode).
     """
-    if not train_paths:
-        raise ConfigError("No training day: set metadata.validation_days so that at least one day is left to train on.")
+    check_training_paths(train_paths)
     total_rows = count_rows(train_paths)
     if total_rows == 0:
-        raise DataError(f"The training days {list(map(str, train_paths))} hold no rows.")
-    clicks = count_clicks(train_paths)
-    min_frequency = config.effective_min_frequency(clicks / total_rows)
-    if min_frequency != config.min_frequency:
-        logger.info(
-            "CTR {:.4f} ({:,} clicks in {:,} training rows): min_frequency {} instead of {}, so that a value comes "
-            "with about {:g} clicks (metadata.min_expected_clicks / CTR)",
-            clicks / total_rows, clicks, total_rows, min_frequency, config.min_frequency, config.min_expected_clicks,
-        )  # fmt: skip
-        config = replace(config, min_frequency=min_frequency)
+        raise no_rows_error(train_paths)
+    config = effective_config(config, total_rows, count_clicks(train_paths))
     workers = choose_workers(config.workers, len(SPARSE_COLUMNS), COUNTING_MEMORY, total_rows, COUNTING_CORES)
     paths = list(map(str, train_paths))
     groups = feature_groups(config.features_per_pass, workers)
-    tasks = [(paths, group, dense_group, index == 0) for index, (group, dense_group) in enumerate(groups)]
-    sparse, vocabularies, dense, positives, peaks = {}, {}, {}, 0, []
+    caps = vocabulary_caps(config)
+    tasks = [
+        (paths, group, dense_group, index == 0, config.min_frequency, {name: caps[name] for name in group})
+        for index, (group, dense_group) in enumerate(groups)
+    ]
+    sparse, dense, positives, peaks = {}, {}, 0, []
     with progress_bar(len(tasks), f"feature metadata ({workers} workers)", "pass", progress) as bar:
         for _, counted in run_parallel(count_group, tasks, min(workers, len(tasks)), preload=WORKER_MODULES):
             positives += counted["positives"]
             dense.update(counted["dense"])
-            for name, (values, counts) in counted["counts"].items():
-                sparse[name], vocabularies[name] = _sparse_summary(
-                    name, values, counts, counted["missing"][name], total_rows, config
-                )
+            sparse.update(counted["sparse"])
             peaks.append(counted["peak_rss_bytes"])
             bar.update(1)
-    metadata = {
-        "format": METADATA_FORMAT,
-        "encoding": "modulus_hash" if config.use_modulus_hash else "vocabulary",
-        "label": {"rows": total_rows, "positives": positives, "ctr": positives / total_rows},
-        "min_frequency": config.min_frequency,  # the threshold applied (after the small-data rule)
-        "dense": {name: dense[name].summary() for name in DENSE_COLUMNS},
-        "sparse": {name: sparse[name] for name in SPARSE_COLUMNS},
-        "vocabulary_sha256": vocabulary_digest({name: vocabularies[name] for name in SPARSE_COLUMNS}),
-    }
     logger.info(
         "feature metadata counted in {} passes by {} workers; peak memory per worker process: {} MB",
         len(tasks), workers, ", ".join(f"{peak >> 20:,}" for peak in peaks),
     )  # fmt: skip
-    return metadata, {name: vocabularies[name] for name in SPARSE_COLUMNS}
+    return assemble_metadata(total_rows, positives, sparse, dense, config)

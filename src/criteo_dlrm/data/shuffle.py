@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from criteo_dlrm.common.parallel import choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.stored import open_encoded
@@ -67,14 +67,14 @@ class ShuffleDestinations:
     bucket_starts: list[int]
     day_starts: list[list[int]]
 
-    def shuffle_buckets(self, folder: Path, workers: int | None) -> None:
-        """Permute each bucket's rows in memory (in parallel workers, one bucket each)."""
+    def shuffle_buckets(self, folder: Path, workers: int | None, run: Runner = run_parallel) -> None:
+        """Permute each bucket's rows in memory (in parallel workers, or ``run``'s tasks, one bucket each)."""
         ranges = list(zip(self.bucket_starts[:-1], self.bucket_starts[1:], strict=True))
         rows = self.bucket_starts[-1]
         chosen = choose_workers(workers, len(ranges), 3 * SHUFFLE_BUCKET_ROWS * 160, rows)
         tasks = [(str(folder), bucket, start, end) for bucket, (start, end) in enumerate(ranges)]
         with progress_bar(rows, f"shuffling ({chosen} workers)", "rows") as bar:
-            for index, _ in run_parallel(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
+            for index, _ in run(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
                 bar.update(ranges[index][1] - ranges[index][0])
 
 

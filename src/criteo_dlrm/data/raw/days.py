@@ -17,7 +17,7 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.parallel import choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.data import WORKER_MODULES
@@ -124,9 +124,11 @@ def convert_days(
     layouts: list[RawLayout] | None = None,
     force: bool = False,
     rows_per_day: int | None = None,
+    run: Runner = run_parallel,
     **options,
 ) -> list[DayReport]:
-    """``convert_or_reuse`` for each ``(source, destination)``, whole days in parallel worker processes.
+    """``convert_or_reuse`` for each ``(source, destination)``, whole days in parallel worker processes (or, with
+    ``run=criteo_dlrm.spark.tasks.run_on_spark``, one Spark task per raw file).
 
     Args:
         pairs: raw files and their Parquet destinations.
@@ -135,6 +137,7 @@ def convert_days(
         layouts: one per pair (default: labelled, no line numbers).
         force: convert every day again.
         rows_per_day: split each file into days of that many rows (``split_day``).
+        run: where the tasks run (``common.parallel.Runner``).
         options: for ``convert_day`` (``max_reject_fraction``, ``block_size``, ``parameters``); a progress bar
             per file is shown with one worker only.
 
@@ -148,7 +151,7 @@ def convert_days(
     # About 80 bytes of gzip (about 250 of plain text) per row: the size only decides the default worker count.
     rows_guess = sum(Path(source).stat().st_size // (80 if str(source).endswith(".gz") else 250) for source, _ in pairs)
     workers = choose_workers(workers, len(pairs), CONVERSION_MEMORY, rows_guess, CONVERSION_CORES)
-    options = {**options, "progress": False} if workers > 1 else options
+    options = {**options, "progress": False} if workers > 1 or run is not run_parallel else options
     convert = partial(_convert_task, force=force, rows_per_day=rows_per_day, **options)
     tasks = [(*pair, layout) for pair, layout in zip(pairs, layouts or [TRAINING_LAYOUT] * len(pairs), strict=True)]
     reports: list[list[DayReport]] = [[] for _ in pairs]
@@ -156,13 +159,13 @@ def convert_days(
     with contextlib.ExitStack() as locks:
         for folder in sorted({Path(destination).parent for _, destination in pairs}):
             locks.enter_context(exclusive(folder, "the Parquet days"))
-        _convert_all(convert, tasks, workers, reports, started, len(pairs))
+        _convert_all(convert, tasks, workers, reports, started, len(pairs), run)
     return [report for converted in reports for report in converted]
 
 
-def _convert_all(convert, tasks: list, workers: int, reports: list, started: float, files: int) -> None:
+def _convert_all(convert, tasks: list, workers: int, reports: list, started: float, files: int, run: Runner) -> None:
     with progress_bar(files, f"converting ({workers} workers)", "file") as bar:
-        for index, converted in run_parallel(convert, tasks, workers, preload=WORKER_MODULES):
+        for index, converted in run(convert, tasks, workers, preload=WORKER_MODULES):
             reports[index] = converted
             rows = sum(r.rows for done in reports for r in done)
             bar.set_postfix(

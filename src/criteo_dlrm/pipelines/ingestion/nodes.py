@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from criteo_dlrm.config import IngestionConfig
+from criteo_dlrm.config import IngestionConfig, PreprocessingConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, parquet_folder, scan_raw_folder
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
+from criteo_dlrm.spark.tasks import runner
 
 
-def convert_raw_days(ingestion: dict) -> dict:
+def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
     """Convert every raw day file of ``ingestion.raw_dir`` to Parquet, in the raw folder's own folder under
     ``ingestion.output_dir``.
 
-    Days are converted in ``ingestion.workers`` processes (null: one per core, bounded by free memory).
+    Days are converted in ``ingestion.workers`` processes (null: one per core, bounded by free memory), or with
+    ``preprocessing.engine: spark`` one Spark task per raw file.
     A day whose Parquet was made from this very raw file (same path, size and modification time, as
     recorded in the Parquet's metadata) and is intact is skipped unless ``ingestion.force``.
 
@@ -24,6 +26,7 @@ def convert_raw_days(ingestion: dict) -> dict:
         that were not used, with the reason.
     """
     config = IngestionConfig.from_dict(ingestion, "ingestion.")
+    engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
     raw = scan_raw_folder(config.raw_dir)
     output_dir = parquet_folder(config.output_dir, raw.folder)
     reports = convert_days(
@@ -33,6 +36,7 @@ def convert_raw_days(ingestion: dict) -> dict:
         rows_per_day=config.rows_per_day,
         max_reject_fraction=config.max_reject_fraction,
         block_size=config.block_size,
+        run=runner(engine),
     )
     days = []
     for report in reports:

@@ -8,7 +8,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 convert_raw_days,
-                inputs="params:ingestion",
+                inputs=["params:ingestion", "params:preprocessing"],
                 outputs="ingestion_report",
                 name="convert_raw_days",
                 tags=["ingestion"],

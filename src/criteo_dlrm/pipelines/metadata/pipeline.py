@@ -8,7 +8,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 compute_metadata,
-                inputs=["ingestion_report", "params:metadata"],
+                inputs=["ingestion_report", "params:metadata", "params:preprocessing"],
                 outputs=["feature_metadata", "feature_vocabularies"],
                 name="compute_feature_metadata",
                 tags=["metadata"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.config.preprocessing import PreprocessingConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
@@ -14,12 +15,14 @@ from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.memory import check_table_memory
 from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.spark.tasks import runner
 
 
 def encode_features(
-    feature_metadata: dict, feature_vocabularies: FeatureVocabularies, training: dict
+    feature_metadata: dict, feature_vocabularies: FeatureVocabularies, training: dict, preprocessing: dict
 ) -> tuple[EncodedDays, EncodedDays]:
-    """The training and validation days, to be encoded with this metadata version's vocabularies.
+    """The training and validation days, to be encoded with this metadata version's vocabularies (in
+    ``training.encoding_workers`` processes, or with ``preprocessing.engine: spark`` one Spark task per day).
 
     The encoding itself happens as the catalog stores them (``EncodedArraysDataset`` writes the rows
     straight to disk, or reuses rows already encoded from the same lineage), so the days never have to
@@ -31,6 +34,7 @@ def encode_features(
         ConfigError: the tables would not fit in memory.
     """
     config = TrainingConfig.from_dict(training, "training.")
+    engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
     metadata = FeatureMetadata(feature_metadata)
     days = metadata.source_days
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
@@ -44,6 +48,7 @@ def encode_features(
             encoded_lineage(metadata, feature_vocabularies.version, days[split]),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
+            run=runner(engine),
         )
         for split in ("train", "validation")
     )

@@ -8,7 +8,7 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 encode_features,
-                inputs=["feature_metadata", "feature_vocabularies", "params:training"],
+                inputs=["feature_metadata", "feature_vocabularies", "params:training", "params:preprocessing"],
                 outputs=["train_features", "validation_features"],
                 name="encode_features",
                 tags=["training"],

@@ -1,0 +1,144 @@
+"""Feature metadata counted by Spark: the same ``feature_metadata`` and vocabularies as
+``data.metadata.compute_feature_metadata``, from Spark SQL aggregations over the training days' Parquet.
+
+Three jobs, none of which brings rows to the driver: the rows and clicks; the exact (feature, value) counts of
+the 26 categorical features (one shuffle, spilled to disk by Spark when it outgrows memory), from which each
+feature's distinct and present counts and its vocabulary (count >= min_frequency, most frequent first, ties to
+the smaller value, capped: the local rule) are taken, the vocabulary ranked within its feature by a window; and
+the histograms of the 13 dense features, from which ``DenseStatistics`` summarises exactly as it does locally.
+The driver receives 26 summaries, the vocabularies (what the metadata stores anyway) and the dense histograms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from loguru import logger
+
+from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
+from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.data.metadata import (
+    DenseStatistics,
+    SparseCounts,
+    assemble_metadata,
+    check_training_paths,
+    effective_config,
+    no_rows_error,
+    vocabulary_caps,
+)
+from criteo_dlrm.spark.session import master, spark_session
+
+
+def _long_format(frame, columns: Sequence[str], cast: str | None = None):
+    """``(f, v)`` rows, one per cell of ``columns`` (``f`` the column's position)."""
+    from pyspark.sql import functions as F
+
+    cells = [
+        F.struct(F.lit(index).alias("f"), (F.col(name).cast(cast) if cast else F.col(name)).alias("v"))
+        for index, name in enumerate(columns)
+    ]
+    return frame.select(F.inline(F.array(*cells)))
+
+
+def _sparse_counts(frame, config: MetadataConfig, rows: int) -> dict[str, SparseCounts]:
+    from pyspark import StorageLevel
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    counts = (
+        _long_format(frame, SPARSE_COLUMNS, "long")
+        .where(F.col("v") >= 0)  # null (missing) and the predecessor's -1 alike
+        .groupBy("f", "v")
+        .count()
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    try:
+        totals = {
+            row["f"]: (row["distinct"], row["present"])
+            for row in counts.groupBy("f")
+            .agg(F.count("*").alias("distinct"), F.sum("count").alias("present"))
+            .collect()
+        }
+        caps = vocabulary_caps(config)
+        vocabularies: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if not config.use_modulus_hash:
+            cap = F.element_at(F.array(*[F.lit(caps[name]) for name in SPARSE_COLUMNS]), F.col("f") + 1)
+            order = Window.partitionBy("f").orderBy(F.desc("count"), F.asc("v"))
+            ranked = (
+                counts.where(F.col("count") >= config.min_frequency)
+                .withColumn("rank", F.row_number().over(order))
+                .where(F.col("rank") <= cap)
+                .select("f", "rank", "v", "count")
+                .toArrow()
+            )
+            f, rank = ranked.column("f").to_numpy(), ranked.column("rank").to_numpy()
+            values, value_counts = ranked.column("v").to_numpy(), ranked.column("count").to_numpy()
+            order_all = np.lexsort((rank, f))
+            f, values, value_counts = f[order_all], values[order_all], value_counts[order_all]
+            for index in range(len(SPARSE_COLUMNS)):
+                start, end = np.searchsorted(f, index, "left"), np.searchsorted(f, index, "right")
+                vocabularies[index] = (values[start:end].astype(np.int64), value_counts[start:end].astype(np.int64))
+    finally:
+        counts.unpersist()
+    result = {}
+    for index, name in enumerate(SPARSE_COLUMNS):
+        distinct, present = totals.get(index, (0, 0))
+        if config.use_modulus_hash:
+            result[name] = SparseCounts(int(distinct), rows - int(present), np.zeros(0, dtype=np.int64), int(present))
+        else:
+            vocabulary, covered = vocabularies[index]
+            result[name] = SparseCounts(int(distinct), rows - int(present), vocabulary, int(covered.sum()))
+    return result
+
+
+def _dense_statistics(frame, rows: int) -> dict[str, DenseStatistics]:
+    from pyspark.sql import functions as F
+
+    histogram = (
+        _long_format(frame, DENSE_COLUMNS, "double")
+        .where(F.col("v").isNotNull() & ~F.isnan("v"))  # missing: nulls (and NaN in the predecessor's float days)
+        .groupBy("f", "v")
+        .count()
+        .toArrow()
+    )
+    f, values, counts = (histogram.column(name).to_numpy() for name in ("f", "v", "count"))
+    result = {}
+    for index, name in enumerate(DENSE_COLUMNS):
+        mine = f == index
+        present = values[mine]
+        statistics = DenseStatistics.from_histogram(
+            np.maximum(present, 0.0),
+            counts[mine],
+            rows - int(counts[mine].sum()),
+            float(present.min()) if len(present) else None,
+            float(present.max()) if len(present) else None,
+        )
+        result[name] = statistics
+    return result
+
+
+def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) -> tuple[dict, dict[str, np.ndarray]]:
+    """``compute_feature_metadata`` on Spark: the same ``(metadata, vocabularies)`` (``metadata.workers`` and
+    ``features_per_pass`` are the local engine's; Spark's executors and its spilling aggregation take their place).
+    """
+    from pyspark.sql import functions as F
+
+    check_training_paths(train_paths)
+    session = spark_session()
+    started = time.perf_counter()
+    frame = session.read.parquet(*[Path(path).resolve().as_uri() for path in train_paths])
+    totals = frame.agg(F.count("*").alias("rows"), F.sum(F.col(LABEL_COLUMN).cast("long")).alias("clicks")).first()
+    rows, positives = int(totals["rows"]), int(totals["clicks"] or 0)
+    if rows == 0:
+        raise no_rows_error(train_paths)
+    config = effective_config(config, rows, positives)
+    sparse = _sparse_counts(frame, config, rows)
+    dense = _dense_statistics(frame, rows)
+    logger.info(
+        "feature metadata counted by Spark on {} in {:.1f}s ({:,} rows)", master(session),
+        time.perf_counter() - started, rows,
+    )  # fmt: skip
+    return assemble_metadata(rows, positives, sparse, dense, config)

@@ -1,0 +1,110 @@
+"""The Spark session preprocessing runs on, and the checks that refuse it before any work.
+
+Settings come from ``conf/base/spark.yml`` (Kedro's PySpark starter convention: read by a hook, every key a
+Spark property), over this project's defaults: ``local[*]``, and the Python of this process for Spark's Python
+workers (on a cluster, set ``spark.pyspark.python`` to the executors' interpreter).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from criteo_dlrm.common.errors import ConfigError
+
+INSTALL_SPARK = 'pip install -e ".[spark]"'
+# Spark 4 runs on Java 17 and 21 (its documentation's list).
+JAVA_VERSIONS = (17, 21)
+INSTALL_JAVA = "sudo apt-get install openjdk-17-jre-headless"
+
+DEFAULT_SETTINGS = {
+    "spark.master": "local[*]",
+    "spark.app.name": "criteo-dlrm",
+    "spark.log.level": "WARN",
+    "spark.sql.debug.maxToStringFields": "100",  # the 26-feature plans, without a warning that they are long
+}
+
+
+def _with_defaults(settings: Mapping | None) -> dict[str, str]:
+    merged = {**DEFAULT_SETTINGS, **{str(key): value for key, value in (settings or {}).items()}}
+    merged.setdefault("spark.pyspark.python", sys.executable)
+    merged.setdefault("spark.pyspark.driver.python", sys.executable)
+    return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in merged.items()}
+
+
+def java_version(java: str) -> int | None:
+    """The major version ``java -version`` reports (None when it reports none)."""
+    try:
+        output = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if not found:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major  # "1.8.0": Java 8
+
+
+def _java() -> str | None:
+    import os
+
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def require_spark(settings: Mapping | None = None) -> None:
+    """Refuse the Spark engine before any work when PySpark or (for a session that starts a JVM here) Java is
+    missing, naming the install command."""
+    local = "preprocessing.engine is spark (parameters_preprocessing.yml)"
+    back = "or use the local engine: --params=preprocessing.engine=local"
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(
+            f"{local}, but PySpark is not installed. Install the spark extra: `{INSTALL_SPARK}`; {back}."
+        ) from error
+    if "spark.remote" in _with_defaults(settings):
+        return  # Spark Connect: the JVM runs on the server
+    java = _java()
+    if java is None:
+        raise ConfigError(
+            f"{local}, but Java is not installed (Spark runs on a JVM: Java {' or '.join(map(str, JAVA_VERSIONS))}). "
+            f"Install it (Debian and Ubuntu: `{INSTALL_JAVA}`) or set JAVA_HOME; {back}."
+        )
+    version = java_version(java)
+    if version is not None and version < JAVA_VERSIONS[0]:
+        raise ConfigError(
+            f"{local}, but {java} is Java {version}; Spark 4 needs Java {' or '.join(map(str, JAVA_VERSIONS))}. "
+            f"Install one (Debian and Ubuntu: `{INSTALL_JAVA}`) and point JAVA_HOME at it; {back}."
+        )
+
+
+def spark_session(settings: Mapping | None = None):
+    """The Spark session: the one already started (``settings`` None), or one with ``settings`` (spark.yml's keys,
+    over ``DEFAULT_SETTINGS``; ``spark.remote: sc://...`` connects to a Spark Connect server instead)."""
+    require_spark(settings)
+    from pyspark.sql import SparkSession
+
+    if settings is None and (active := SparkSession.getActiveSession()) is not None:
+        return active
+    builder = SparkSession.builder
+    for key, value in _with_defaults(settings).items():
+        if key == "spark.remote":
+            builder = builder.remote(value)
+        elif not (key == "spark.master" and "spark.remote" in (settings or {})):
+            builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def master(session) -> str:
+    """Where the session's executors are (its master, or the Spark Connect server)."""
+    try:
+        return session.sparkContext.master
+    except Exception:  # Spark Connect has no SparkContext
+        return session.conf.get("spark.remote", "Spark Connect")

@@ -1,0 +1,83 @@
+"""The local engine's per-item work as Spark tasks: one task per raw file, per day, per shuffle bucket.
+
+``run_on_spark`` has ``common.parallel.run_parallel``'s signature, so ingestion (``convert_days``), encoding
+(``FeatureEncoder.encode_days``) and the stored shuffle take either: the work inside a task is the same code, so
+the outputs are the same files. Spark schedules the tasks over its executors and retries a task that fails
+(``spark.task.maxFailures``, 4 on a cluster; ``local[N,F]`` locally); a ``UserError`` (bad data, a setting) is
+the task's answer, not a failure, so it is raised here once, as the local engine raises it, without retries.
+
+The tasks read and write files through the local filesystem API, as the local engine does: every executor must
+see the project's data folders at the same paths (a shared filesystem, or object storage mounted).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from loguru import logger
+
+from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.parallel import Runner, run_parallel
+from criteo_dlrm.spark.session import master, spark_session
+
+
+def runner(engine: str) -> Runner:
+    """Where preprocessing tasks run for ``preprocessing.engine``: Spark, or this machine's worker processes."""
+    return run_on_spark if engine == "spark" else run_parallel
+
+
+def run_on_spark(
+    function: Callable[..., Any],
+    tasks: Iterable[tuple],
+    workers: int | None = None,
+    shared: Any = None,
+    preload: Sequence[str] = (),
+) -> Iterator[tuple[int, Any]]:
+    """Run ``function(*task)`` (``function(shared, *task)`` when ``shared`` is given) as one Spark task per task;
+    yields ``(task index, result)`` in task order once the job is done. ``workers`` and ``preload`` are the local
+    engine's and ignored (Spark's executors and cores decide); ``shared`` travels with the job once (Spark
+    broadcasts a large closure), not with every task.
+
+    Raises:
+        UserError: the first task's (by index) that raised one; the other tasks ran to their end.
+    """
+    tasks = list(tasks)
+    if not tasks:
+        return
+    session = spark_session()
+    name = getattr(getattr(function, "func", function), "__name__", "tasks")  # a partial's function
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None:  # the task's share of the executor's cores (spark.task.cpus)
+            pa.set_cpu_count(max(1, int(context.cpus())))
+        for batch in batches:
+            indices, results = [], []
+            for index in batch.column(0).to_pylist():
+                task = tasks[index]
+                try:
+                    answer = ("ok", function(shared, *task) if shared is not None else function(*task))
+                except UserError as error:
+                    answer = ("error", error)
+                indices.append(index)
+                results.append(pickle.dumps(answer))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(indices, pa.int64()), pa.array(results, pa.binary())], names=["index", "result"]
+            )
+
+    started = time.perf_counter()
+    logger.info("{}: {} Spark tasks on {}", name, len(tasks), master(session))
+    rows = session.range(len(tasks), numPartitions=len(tasks)).mapInArrow(run, "index long, result binary").collect()
+    answers = sorted(((row["index"], pickle.loads(row["result"])) for row in rows), key=lambda answer: answer[0])
+    logger.info("{}: {} Spark tasks done in {:.1f}s", name, len(tasks), time.perf_counter() - started)
+    for _, (status, value) in answers:
+        if status == "error":
+            raise value
+    for index, (_, value) in answers:
+        yield index, value

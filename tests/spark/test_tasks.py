@@ -1,0 +1,150 @@
+"""The local engine's tasks on Spark: the same Parquet days, rejects and encoded files; Spark's retries."""
+
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.config import MetadataConfig
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.parquet import DayRows
+from criteo_dlrm.data.raw import IngestionError, convert_days
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.spark.tasks import run_on_spark
+from tests.data.raw.samples import file_with_bad_lines
+
+
+def _square_plus(shared, value):
+    return shared + value * value
+
+
+def test_results_come_back_in_task_order_with_the_shared_object(spark):
+    assert list(run_on_spark(_square_plus, [(3,), (1,), (2,)], shared=10)) == [(0, 19), (1, 11), (2, 14)]
+    assert list(run_on_spark(_square_plus, [], shared=10)) == []
+
+
+def test_a_failed_task_is_retried_by_spark_and_a_user_error_is_raised_once(spark, tmp_path):
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+
+    def flaky(index):  # nested: Spark's pickler sends it by value, as a test module is not on the workers' path
+        from pyspark import TaskContext
+
+        (attempts / f"{index}-{TaskContext.get().attemptNumber()}").touch()
+        if index == 1 and TaskContext.get().attemptNumber() == 0:
+            raise OSError("the executor lost its disk")  # a failure of the task, not of the data
+        return index
+
+    assert [result for _, result in run_on_spark(flaky, [(0,), (1,), (2,)])] == [0, 1, 2]
+    assert sorted(path.name for path in attempts.iterdir()) == ["0-0", "1-0", "1-1", "2-0"]
+
+    def refused(index):
+        (attempts / f"refused-{index}").touch()
+        raise UserError(f"day {index} is damaged: fetch it again")
+
+    with pytest.raises(UserError, match="day 0 is damaged: fetch it again"):
+        list(run_on_spark(refused, [(0,), (1,)]))
+    # Each task ran once: a user error is the task's answer, not retried.
+    assert sorted(path.name for path in attempts.glob("refused-*")) == ["refused-0", "refused-1"]
+
+
+def _raw_days(folder: Path, ctr: float = 0.25) -> list[Path]:
+    model = ClickModel(seed=5, ctr=ctr)
+    paths = [folder / "day_0.gz", folder / "day_1", folder / "day_2.gz"]
+    for day, path in enumerate(paths):
+        write_day(path, 6_000 + 1_000 * day, day=day, model=model, chunk_rows=2_500)
+    return paths
+
+
+def _convert_both(sources: list[Path], tmp_path: Path, **options) -> tuple[list, list]:
+    reports = []
+    for engine, run in (("local", None), ("spark", run_on_spark)):
+        pairs = [(source, tmp_path / engine / (source.name.split(".")[0] + ".parquet")) for source in sources]
+        reports.append(convert_days(pairs, workers=1, **options, **({"run": run} if run else {})))
+    return reports[0], reports[1]
+
+
+def _same_days(local: list, spark: list) -> None:
+    assert len(local) == len(spark)
+    for mine, theirs in zip(local, spark, strict=True):
+        assert Path(mine.parquet).name == Path(theirs.parquet).name
+        first, second = pq.read_table(mine.parquet), pq.read_table(theirs.parquet)
+        assert first.schema.equals(second.schema, check_metadata=True)
+        assert first.equals(second)
+        assert (mine.rows, mine.rejected) == (theirs.rows, theirs.rejected)
+        if mine.rejects_file:
+            assert Path(mine.rejects_file).read_text() == Path(theirs.rejects_file).read_text()
+
+
+def test_spark_ingestion_writes_the_local_engines_parquet_days(spark, tmp_path):
+    sources = _raw_days(tmp_path / "raw")
+    local, on_spark = _convert_both(sources, tmp_path)
+    _same_days(local, on_spark)
+    assert [report.rows for report in on_spark] == [6_000, 7_000, 8_000]
+
+
+def test_spark_ingestion_reuses_the_days_a_run_completed(spark, tmp_path):
+    sources = _raw_days(tmp_path / "raw")
+    pairs = [(source, tmp_path / "out" / f"day_{day}.parquet") for day, source in enumerate(sources)]
+    convert_days(pairs, run=run_on_spark)
+    stamps = [Path(destination).stat().st_mtime_ns for _, destination in pairs]
+    again = convert_days(pairs, run=run_on_spark)
+    assert [report.seconds for report in again] == [0.0, 0.0, 0.0]  # reused, not converted
+    assert [Path(destination).stat().st_mtime_ns for _, destination in pairs] == stamps
+
+
+def test_spark_ingestion_keeps_bad_lines_and_refuses_a_day_past_the_share_as_locally(spark, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    file_with_bad_lines(raw / "day_0")
+    local, on_spark = _convert_both([raw / "day_0"], tmp_path, max_reject_fraction=0.9)
+    _same_days(local, on_spark)
+    assert on_spark[0].rejected == 7
+    errors = []
+    for engine, run in (("local", {}), ("spark", {"run": run_on_spark})):
+        with pytest.raises(IngestionError) as error:
+            convert_days([(raw / "day_0", tmp_path / f"{engine}-strict" / "day_0.parquet")], **run)
+        errors.append(str(error.value).replace(f"{engine}-strict", "<out>"))
+        assert not (tmp_path / f"{engine}-strict" / "day_0.parquet").exists()  # nothing half-written
+    assert errors[0] == errors[1]
+    assert "line 2" in errors[1]
+
+
+def test_spark_ingestion_of_the_real_criteo_rows_equals_the_local_one(spark, real_data, tmp_path):
+    sources = sorted(real_data.glob("*.tsv"))
+    assert len(sources) == 3
+    local, on_spark = _convert_both(sources, tmp_path)
+    _same_days(local, on_spark)
+    assert sum(report.rows for report in on_spark) == sum(1 for s in sources for _ in s.open())
+
+
+def test_spark_ingestion_splits_a_big_file_into_the_same_days(spark, tmp_path):
+    source = tmp_path / "raw" / "train.txt"
+    write_day(source, 5_000, day=0, model=ClickModel(seed=1))
+    local, on_spark = _convert_both([source], tmp_path, rows_per_day=2_000)
+    _same_days(local, on_spark)
+    assert [report.rows for report in on_spark] == [2_000, 2_000, 1_000]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_spark_encoding_writes_the_local_engines_files(spark, tmp_path, shuffle):
+    sources = _raw_days(tmp_path / "raw")
+    days = [report.parquet for report in convert_days([(s, tmp_path / f"{i}.parquet") for i, s in enumerate(sources)])]
+    metadata, vocabularies = compute_feature_metadata(days[:2], MetadataConfig(min_expected_clicks=0, min_frequency=2))
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    paths = [days[0], days[1], DayRows(days[2], 0, 3_000)]  # a validation day's first rows, as the split makes
+    encoder.encode_days(paths, into=tmp_path / "local", workers=1, shuffle=shuffle)
+    encoder.encode_days(paths, into=tmp_path / "spark", shuffle=shuffle, run=run_on_spark)
+    names = sorted(path.name for path in (tmp_path / "local").iterdir())
+    assert names == sorted(path.name for path in (tmp_path / "spark").iterdir())
+    assert "sparse.npy" in names
+    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "local", tmp_path / "spark", names, shallow=False)
+    assert (mismatch, errors) == ([], [])
+    labels = np.load(tmp_path / "spark" / "labels.npy")
+    assert len(labels) == 6_000 + 7_000 + 3_000
