@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
 
 INSTALL_SPARK = 'pip install -e ".[spark]"'
@@ -62,7 +63,7 @@ def require_spark(settings: Mapping | None = None) -> None:
     """Refuse the Spark engine before any work when PySpark or (for a session that starts a JVM here) Java is
     missing, naming the install command."""
     local = "preprocessing.engine is spark (parameters_preprocessing.yml)"
-    back = "or use the local engine: --params=preprocessing.engine=local"
+    back = f"or preprocess on this machine's engine: `{kedro_run(params={'preprocessing.engine': 'local'})}`"
     try:
         import pyspark  # noqa: F401
     except ImportError as error:

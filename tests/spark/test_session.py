@@ -1,0 +1,60 @@
+"""The Spark engine is refused before any work, with the install command, when PySpark or Java is missing."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import pytest
+
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.spark.session import java_version, require_spark
+from tests.conftest import copy_project
+from tests.test_cli import _kedro
+
+
+def _fake_java(folder, version_line: str):
+    java = folder / "java"
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    java.chmod(0o755)
+    return java
+
+
+def test_java_versions_are_read_from_java_version(tmp_path):
+    assert java_version(str(_fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15'))) == 17
+    assert java_version(str(_fake_java(tmp_path, 'openjdk version "21" 2023-09-19'))) == 21
+    assert java_version(str(_fake_java(tmp_path, 'java version "1.8.0_292"'))) == 8
+    assert java_version(str(tmp_path / "absent")) is None
+
+
+def test_missing_or_old_java_is_refused_with_the_install_command(tmp_path, monkeypatch):
+    pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"Java is not installed.*apt-get install openjdk-17-jre-headless"):
+        require_spark()
+    _fake_java(tmp_path, 'openjdk version "11.0.2" 2019-01-15')
+    with pytest.raises(ConfigError, match=r"is Java 11; Spark 4 needs Java 17 or 21"):
+        require_spark()
+    require_spark({"spark.remote": "sc://spark-connect:15002"})  # Spark Connect: the server's JVM
+
+
+def test_a_run_on_spark_without_pyspark_is_refused_before_any_work_and_the_suggestion_runs(tmp_path, monkeypatch):
+    project = copy_project(tmp_path / "project")
+    blocked = tmp_path / "no-pyspark" / "pyspark"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('No module named pyspark')\n")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(blocked.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    )
+    fast = "--params=training.num_epochs=1,training.validations_per_epoch=1,preprocessing.engine=spark"
+    result = _kedro(project, fast, tracking=False)
+    assert result.returncode == 1
+    message = result.stderr.strip().splitlines()[-3:]
+    assert any('pip install -e ".[spark]"' in line for line in message), message
+    assert not list((project / "data" / "02_intermediate").rglob("*.parquet"))  # refused before ingestion
+    suggested = shlex.split(next(line for line in message if "kedro run" in line).split("`kedro run")[-1].split("`")[0])
+    assert "--params=training.num_epochs=1,training.validations_per_epoch=1,preprocessing.engine=local" in suggested
+    rerun = _kedro(project, *suggested, tracking=False)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert list((project / "data" / "02_intermediate").rglob("*.parquet"))
