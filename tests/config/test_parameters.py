@@ -22,7 +22,9 @@ def shipped() -> dict:
 
 
 def test_every_pipelines_defaults_are_conf_bases(shipped):
-    assert set(shipped) == set(CONFIGS) == {"ingestion", "metadata", "training", "evaluation", "scoring"}
+    assert (
+        set(shipped) == set(CONFIGS) == {"preprocessing", "ingestion", "metadata", "training", "evaluation", "scoring"}
+    )
     for section, config in CONFIGS.items():
         assert config().to_dict() == shipped[section], f"{section}: the dataclass defaults drifted from conf/base"
         assert config.from_dict(shipped[section], f"{section}.") == config()
