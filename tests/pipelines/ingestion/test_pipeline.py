@@ -25,7 +25,11 @@ def _params(tmp_path: Path, **overrides) -> dict:
 
 def _run(params: dict, raw: Path) -> dict:
     catalog = DataCatalog(
-        {"params:ingestion": MemoryDataset({**params, "raw_dir": str(raw)}), "ingestion_report": MemoryDataset()}
+        {
+            "params:ingestion": MemoryDataset({**params, "raw_dir": str(raw)}),
+            "params:preprocessing": MemoryDataset({"engine": "local"}),
+            "ingestion_report": MemoryDataset(),
+        }
     )
     SequentialRunner().run(create_pipeline(), catalog)
     return catalog.load("ingestion_report")

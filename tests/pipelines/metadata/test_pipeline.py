@@ -29,6 +29,7 @@ def test_pipeline_trains_on_all_but_the_last_day_and_round_trips_vocabularies(tm
         {
             "ingestion_report": MemoryDataset(ingestion_report(tmp_path)),
             "params:metadata": MemoryDataset(PARAMS),
+            "params:preprocessing": MemoryDataset({"engine": "local"}),
             "feature_metadata": MemoryDataset(),
             "feature_vocabularies": FeatureVocabulariesDataset(filepath=str(tmp_path / "vocab.npz")),
         }

@@ -41,6 +41,7 @@ def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
             "feature_metadata": MemoryDataset(tiny_features["metadata"]),
             "feature_vocabularies": MemoryDataset(tiny_features["vocabularies"], copy_mode="assign"),
             "params:training": MemoryDataset(params),
+            "params:preprocessing": MemoryDataset({"engine": "local"}),
             "run_version": MemoryDataset("2026-11-30T00.00.00.000Z"),
             "dlrm_checkpoint": TorchCheckpointDataset(filepath=str(checkpoint_path), version=Version(None, "v1")),
             "train_features": EncodedArraysDataset(path=str(folder / "train_features")),
