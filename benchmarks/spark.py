@@ -18,6 +18,7 @@ import argparse
 import filecmp
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,8 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
         vocabularies = dict(np.load(data / "vocabularies.npz"))
         encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
     rows = count_rows(parquet)
+    for previous in (data / f"parquet_{engine}", data / f"encoded_{engine}"):  # a repeat converts, never reuses
+        shutil.rmtree(previous, ignore_errors=True)
     monitor = _Monitor()
     monitor.start()
     busy, total = _cpu_jiffies()

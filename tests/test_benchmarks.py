@@ -22,6 +22,7 @@ SMALLEST = {
     "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],
     "training": ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"],
     "threads": ["--steps", "5", "--repeats", "1"],
+    "spark": ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"],
     "gpu": ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"],
 }  # fmt: skip
 # Not here: quality.py, which trains to convergence on 100,000 rows at least (minutes on 2 cores); it builds its

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -116,12 +117,34 @@ def test_spark_ingestion_keeps_bad_lines_and_refuses_a_day_past_the_share_as_loc
     assert "line 2" in errors[1]
 
 
-def test_spark_ingestion_of_the_real_criteo_rows_equals_the_local_one(spark, real_data, tmp_path):
+def test_the_real_criteo_rows_with_damaged_lines_give_the_local_engines_days_and_model_input(
+    spark, real_data, tmp_path
+):
+    raw = tmp_path / "raw"
+    raw.mkdir()
     sources = sorted(real_data.glob("*.tsv"))
     assert len(sources) == 3
-    local, on_spark = _convert_both(sources, tmp_path)
+    for source in sources:
+        shutil.copy(source, raw / source.name)
+    lines = (raw / sources[0].name).read_text().splitlines(keepends=True)
+    lines[10] = "2" + lines[10][1:]  # a label that is not 0 or 1
+    lines[500] = lines[500].replace("\t", "\tzz", 1)  # a count that is not an integer
+    lines.insert(900, "\n")  # an empty line
+    (raw / sources[0].name).write_text("".join(lines))
+    copies = sorted(raw.glob("*.tsv"))
+    local, on_spark = _convert_both(copies, tmp_path, max_reject_fraction=0.01)
     _same_days(local, on_spark)
-    assert sum(report.rows for report in on_spark) == sum(1 for s in sources for _ in s.open())
+    assert on_spark[0].rejected == 3  # the rejects files (line numbers, reasons, text) are equal too
+    assert sum(report.rows for report in on_spark) == sum(1 for s in sources for _ in s.open()) - 2
+
+    days = [report.parquet for report in on_spark]
+    metadata, vocabularies = compute_feature_metadata(days[:2], MetadataConfig())
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    for engine, run in (("local", {}), ("spark", {"run": run_on_spark})):
+        encoder.encode_days(days, into=tmp_path / f"encoded_{engine}", shuffle=True, **run)
+    names = sorted(path.name for path in (tmp_path / "encoded_local").iterdir())
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "encoded_local", tmp_path / "encoded_spark", names, shallow=False)
+    assert (mismatch, errors) == ([], [])
 
 
 def test_spark_ingestion_splits_a_big_file_into_the_same_days(spark, tmp_path):

@@ -87,24 +87,24 @@ def build_vocabulary(values: np.ndarray, counts: np.ndarray, min_frequency: int,
     return values[order]
 
 
-# Dense values below this are counted in a fixed array (a bincount: most Criteo counts are small); the rest
-# through a ValueCounter.
-_SMALL_DENSE = 1 << 12
+# Dense values below this are counted in an array indexed by value (a bincount, grown to the largest value seen:
+# most Criteo counts are small); the rest, and fractional values, through a ValueCounter.
+_SMALL_DENSE = 1 << 18
 
 
 class DenseStatistics:
     """Count, missing, min, max, and mean / std of ``log1p(max(x, 0))`` of one dense feature.
 
-    Kept as the exact histogram of ``max(x, 0)`` (the features are integer counts: a few thousand distinct
-    values), and summarised from it with ``math.log1p`` and ``math.fsum`` (correctly rounded sums): the
-    statistics are the same bits whatever order or grouping the rows were counted in, so every counting engine
-    (``compute_feature_metadata``'s workers, ``criteo_dlrm.spark``) gives the same ones.
+    Kept as the exact histogram of ``max(x, 0)`` (the features are integer counts), and summarised from it with
+    ``math.log1p`` and ``math.fsum`` (correctly rounded sums): the statistics are the same bits whatever order or
+    grouping the rows were counted in, so every counting engine (``compute_feature_metadata``'s workers,
+    ``criteo_dlrm.spark``) gives the same ones.
     """
 
     def __init__(self) -> None:
         self.count = self.missing = 0
         self.low, self.high = np.inf, -np.inf
-        self._small = np.zeros(_SMALL_DENSE, dtype=np.int64)
+        self._small = np.zeros(0, dtype=np.int64)
         self._other = ValueCounter(np.float64)
 
     @classmethod
@@ -123,15 +123,17 @@ class DenseStatistics:
         present = values[~missing] if missing.any() else values
         self.count += len(present)
         self.missing += len(values) - len(present)
-        if len(present):
-            self.low, self.high = min(self.low, float(present.min())), max(self.high, float(present.max()))
-            clipped = np.maximum(present, 0)
-            small = (clipped < _SMALL_DENSE) & (clipped == np.floor(clipped))
-            if small.all():
-                self._small += np.bincount(clipped.astype(np.int64), minlength=_SMALL_DENSE)
-            else:
-                self._small += np.bincount(clipped[small].astype(np.int64), minlength=_SMALL_DENSE)
-                self._other.add(clipped[~small])
+        if not len(present):
+            return
+        self.low, self.high = min(self.low, float(present.min())), max(self.high, float(present.max()))
+        clipped = np.maximum(present, 0)
+        small = (clipped < _SMALL_DENSE) & (clipped == np.floor(clipped))
+        if not small.all():
+            self._other.add(clipped[~small])
+            clipped = clipped[small]
+        counts = np.bincount(clipped.astype(np.int64), minlength=len(self._small))
+        counts[: len(self._small)] += self._small
+        self._small = counts
 
     def histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """``(distinct values of max(x, 0) ascending, counts)``."""
