@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -58,3 +59,14 @@ def test_a_run_on_spark_without_pyspark_is_refused_before_any_work_and_the_sugge
     rerun = _kedro(project, *suggested, tracking=False)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert list((project / "data" / "02_intermediate").rglob("*.parquet"))
+
+
+def test_spark_yml_settings_go_over_the_defaults_as_spark_properties():
+    from criteo_dlrm.spark.session import _with_defaults
+
+    local = _with_defaults({"spark.master": "local[4]", "spark.ui.enabled": False, "spark.sql.shuffle.partitions": 8})
+    assert local["spark.master"] == "local[4]" and local["spark.app.name"] == "criteo-dlrm"
+    assert (local["spark.ui.enabled"], local["spark.sql.shuffle.partitions"]) == ("false", "8")
+    assert local["spark.pyspark.python"] == sys.executable  # the executors run this environment's Python
+    remote = _with_defaults({"spark.remote": "sc://connect:15002"})
+    assert "spark.pyspark.python" not in remote  # a Spark Connect server runs its own

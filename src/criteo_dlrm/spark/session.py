@@ -32,8 +32,9 @@ DEFAULT_SETTINGS = {
 
 def _with_defaults(settings: Mapping | None) -> dict[str, str]:
     merged = {**DEFAULT_SETTINGS, **{str(key): value for key, value in (settings or {}).items()}}
-    merged.setdefault("spark.pyspark.python", sys.executable)
-    merged.setdefault("spark.pyspark.driver.python", sys.executable)
+    if "spark.remote" not in merged:  # a Spark Connect server runs its own Python
+        merged.setdefault("spark.pyspark.python", sys.executable)
+        merged.setdefault("spark.pyspark.driver.python", sys.executable)
     return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in merged.items()}
 
 
