@@ -171,3 +171,17 @@ def test_spark_encoding_writes_the_local_engines_files(spark, tmp_path, shuffle)
     assert (mismatch, errors) == ([], [])
     labels = np.load(tmp_path / "spark" / "labels.npy")
     assert len(labels) == 6_000 + 7_000 + 3_000
+
+
+def test_a_task_that_fails_every_try_ends_the_job_with_its_own_error(spark):
+    from criteo_dlrm.spark.tasks import SparkJobError
+
+    def broken(index):
+        raise OSError(f"/shared/data/day_{index}: Input/output error")
+
+    with pytest.raises(SparkJobError) as error:
+        list(run_on_spark(broken, [(0,)]))
+    message = str(error.value)
+    assert "Spark job broken (1 tasks on local[2,2]) failed after Spark's retries" in message
+    assert "OSError: /shared/data/day_0: Input/output error" in message
+    assert "run the same command again" in message

@@ -13,6 +13,7 @@ see the project's data folders at the same paths (a shared filesystem, or object
 from __future__ import annotations
 
 import pickle
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -22,6 +23,18 @@ from loguru import logger
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.parallel import Runner, run_parallel
 from criteo_dlrm.spark.session import master, spark_session
+
+
+class SparkJobError(UserError, RuntimeError):
+    """A Spark job whose task failed on every try (an executor lost, a failing disk), named with the task's error."""
+
+
+def _last_python_error(error: Exception) -> str:
+    """The task's own exception line (``OSError: ...``) out of Spark's wrapped traceback, or Spark's first line."""
+    text = str(error)
+    found = re.findall(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b: .*)$", text, flags=re.MULTILINE)
+    python = [line for line in found if not line.startswith(("org.", "java.", "py4j.", "pyspark."))]
+    return (python or found or [text.strip().splitlines()[0] if text.strip() else type(error).__name__])[-1]
 
 
 def runner(engine: str) -> Runner:
@@ -73,7 +86,17 @@ def run_on_spark(
 
     started = time.perf_counter()
     logger.info("{}: {} Spark tasks on {}", name, len(tasks), master(session))
-    rows = session.range(len(tasks), numPartitions=len(tasks)).mapInArrow(run, "index long, result binary").collect()
+    try:
+        rows = (
+            session.range(len(tasks), numPartitions=len(tasks)).mapInArrow(run, "index long, result binary").collect()
+        )
+    except Exception as error:  # a task failed every try Spark gave it (spark.task.maxFailures)
+        raise SparkJobError(
+            f"Spark job {name} ({len(tasks)} tasks on {master(session)}) failed after Spark's retries: "
+            f"{_last_python_error(error)}. The executors' logs (Spark's UI, or the cluster's) hold the whole "
+            "traceback. What completed is kept (every output is staged and renamed): run the same command again "
+            "to reuse it."
+        ) from error
     answers = sorted(((row["index"], pickle.loads(row["result"])) for row in rows), key=lambda answer: answer[0])
     logger.info("{}: {} Spark tasks done in {:.1f}s", name, len(tasks), time.perf_counter() - started)
     for _, (status, value) in answers:
