@@ -71,8 +71,8 @@ def require_spark(settings: Mapping | None = None) -> None:
         raise ConfigError(
             f"{local}, but PySpark is not installed. Install the spark extra: `{INSTALL_SPARK}`; {back}."
         ) from error
-    if "spark.remote" in _with_defaults(settings):
-        return  # Spark Connect: the JVM runs on the server
+    if _with_defaults(settings).get("spark.remote", "").startswith("sc://"):
+        return  # a Spark Connect server elsewhere: its JVM runs there (spark.remote: local[N] starts one here)
     java = _java()
     if java is None:
         raise ConfigError(

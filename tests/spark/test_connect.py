@@ -1,0 +1,46 @@
+"""Spark Connect (``spark.remote``): the same tasks and metadata through a Connect session, with a local server
+(``spark.remote: local[2]`` starts one in this machine's JVM; ``sc://host:15002`` reaches a remote one the same
+way). In its own process: a process holds one kind of Spark session at a time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import sys
+import numpy as np
+import pyarrow.parquet as pq
+from pathlib import Path
+from criteo_dlrm.config import MetadataConfig
+from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.raw import convert_days
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.spark.metadata import count_on_spark
+from criteo_dlrm.spark.session import spark_session
+from criteo_dlrm.spark.tasks import run_on_spark
+
+session = spark_session({"spark.remote": "local[2]", "spark.sql.shuffle.partitions": "4"})
+assert type(session).__module__ == "pyspark.sql.connect.session", type(session)
+tmp = Path(sys.argv[1])
+write_day(tmp / "raw" / "day_0.gz", 5_000, day=0, model=ClickModel(seed=1))
+local = convert_days([(tmp / "raw" / "day_0.gz", tmp / "local" / "day_0.parquet")])
+remote = convert_days([(tmp / "raw" / "day_0.gz", tmp / "connect" / "day_0.parquet")], run=run_on_spark)
+assert pq.read_table(remote[0].parquet).equals(pq.read_table(local[0].parquet))
+expected, vocabularies = compute_feature_metadata([local[0].parquet], MetadataConfig(), progress=False)
+counted, counted_vocabularies = count_on_spark([local[0].parquet], MetadataConfig())
+assert counted == expected
+assert all(np.array_equal(counted_vocabularies[name], vocabularies[name]) for name in vocabularies)
+print("same over Spark Connect")
+"""
+
+
+@pytest.mark.slow
+def test_spark_connect_runs_the_same_tasks_and_counts(tmp_path):
+    pytest.importorskip("pyspark.sql.connect.session", reason="the spark extra is not installed")
+    pytest.importorskip("grpc_status", reason="the spark extra's Connect client is not installed")
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "same over Spark Connect" in result.stdout
