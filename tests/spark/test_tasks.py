@@ -184,4 +184,4 @@ def test_a_task_that_fails_every_try_ends_the_job_with_its_own_error(spark):
     message = str(error.value)
     assert "Spark job broken (1 tasks on local[2,2]) failed after Spark's retries" in message
     assert "OSError: /shared/data/day_0: Input/output error" in message
-    assert "run the same command again" in message
+    assert "run the same command again, and the days already converted are reused" in message

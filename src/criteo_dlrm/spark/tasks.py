@@ -94,8 +94,8 @@ def run_on_spark(
         raise SparkJobError(
             f"Spark job {name} ({len(tasks)} tasks on {master(session)}) failed after Spark's retries: "
             f"{_last_python_error(error)}. The executors' logs (Spark's UI, or the cluster's) hold the whole "
-            "traceback. What completed is kept (every output is staged and renamed): run the same command again "
-            "to reuse it."
+            "traceback. Nothing half-written is left (every output is staged and renamed): run the same command "
+            "again, and the days already converted are reused."
         ) from error
     answers = sorted(((row["index"], pickle.loads(row["result"])) for row in rows), key=lambda answer: answer[0])
     logger.info("{}: {} Spark tasks done in {:.1f}s", name, len(tasks), time.perf_counter() - started)
