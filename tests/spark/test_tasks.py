@@ -185,3 +185,10 @@ def test_a_task_that_fails_every_try_ends_the_job_with_its_own_error(spark):
     assert "Spark job broken (1 tasks on local[2,2]) failed after Spark's retries" in message
     assert "OSError: /shared/data/day_0: Input/output error" in message
     assert "run the same command again, and the days already converted are reused" in message
+
+
+def test_progress_bars_name_where_the_tasks_run():
+    from criteo_dlrm.common.parallel import run_parallel, where_tasks_run
+
+    assert where_tasks_run(run_parallel, 3) == "3 workers"
+    assert where_tasks_run(run_on_spark, 3) == "Spark"  # not the local worker count Spark never uses

@@ -84,6 +84,13 @@ def peak_rss_bytes() -> int:
 # ``(task index, result)``.
 Runner = Callable[..., Iterator[tuple[int, Any]]]
 
+
+def where_tasks_run(run: Runner, workers: int) -> str:
+    """For progress bars: ``N workers`` locally, or the engine's own name (Spark's tasks report as they finish in
+    Spark's own console progress)."""
+    return f"{workers} workers" if run is run_parallel else getattr(run, "engine", "another engine")
+
+
 _SHARED: Any = None  # in a worker process: the ``shared`` object of the job it serves
 
 

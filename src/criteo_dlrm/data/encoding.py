@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from loguru import logger
 
-from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import size_text
@@ -211,7 +211,7 @@ class FeatureEncoder:
             for day, (path, start) in enumerate(zip(paths, starts, strict=True))
         ]
         maxima = [0] * NUM_SPARSE
-        with progress_bar(rows, f"encoding ({chosen} workers)", "rows") as bar:
+        with progress_bar(rows, f"encoding ({where_tasks_run(run, chosen)})", "rows") as bar:
             for index, day_maxima in run(_encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES):
                 maxima = np.maximum(maxima, day_maxima).tolist()
                 bar.update(rows_per_day[index])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.stored import open_encoded
@@ -73,7 +73,7 @@ class ShuffleDestinations:
         rows = self.bucket_starts[-1]
         chosen = choose_workers(workers, len(ranges), 3 * SHUFFLE_BUCKET_ROWS * 160, rows)
         tasks = [(str(folder), bucket, start, end) for bucket, (start, end) in enumerate(ranges)]
-        with progress_bar(rows, f"shuffling ({chosen} workers)", "rows") as bar:
+        with progress_bar(rows, f"shuffling ({where_tasks_run(run, chosen)})", "rows") as bar:
             for index, _ in run(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
                 bar.update(ranges[index][1] - ranges[index][0])
 

@@ -104,3 +104,6 @@ def run_on_spark(
             raise value
     for index, (_, value) in answers:
         yield index, value
+
+
+run_on_spark.engine = "Spark"  # named so in the progress bars (common.parallel.where_tasks_run)

@@ -17,7 +17,7 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel
+from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.data import WORKER_MODULES
@@ -164,7 +164,7 @@ def convert_days(
 
 
 def _convert_all(convert, tasks: list, workers: int, reports: list, started: float, files: int, run: Runner) -> None:
-    with progress_bar(files, f"converting ({workers} workers)", "file") as bar:
+    with progress_bar(files, f"converting ({where_tasks_run(run, workers)})", "file") as bar:
         for index, converted in run(convert, tasks, workers, preload=WORKER_MODULES):
             reports[index] = converted
             rows = sum(r.rows for done in reports for r in done)
