@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.spark.conftest import needs_spark
+
 SCRIPT = """
 import sys
 import numpy as np
@@ -39,7 +41,7 @@ print("same over Spark Connect")
 
 @pytest.mark.slow
 def test_spark_connect_runs_the_same_tasks_and_counts(tmp_path):
-    pytest.importorskip("pyspark.sql.connect.session", reason="the spark extra is not installed")
+    needs_spark()
     pytest.importorskip("grpc_status", reason="the spark extra's Connect client is not installed")
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import copy_project
+from tests.spark.conftest import needs_spark
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,7 @@ def _latest(folder: Path) -> Path:
 
 
 def test_the_whole_job_on_spark_equals_the_local_one(tmp_path):
-    pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+    needs_spark()
     projects = {engine: copy_project(tmp_path / engine) for engine in ("local", "spark")}
     raw = projects["local"] / "data" / "01_raw"  # both read the same raw files: the days record their path and time
     (projects["spark"] / "conf" / "local" / "spark.yml").write_text(SPARK_YML)  # read by the project's SparkHooks
