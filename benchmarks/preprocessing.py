@@ -27,7 +27,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -103,31 +105,36 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
     label = workers or "default"
     for previous in (data / f"parquet_{label}", data / f"encoded_{label}"):
         shutil.rmtree(previous, ignore_errors=True)
+    if stage == "ingestion":
+        output = data / f"parquet_{label}"
+        pairs = [(s, output / p.name) for s, p in zip(raw, parquet, strict=True)]
+        reports, figures = measured(lambda: convert_days(pairs, workers=workers))
+        rows = sum(report.rows for report in reports)
+    elif stage == "metadata":
+        _, figures = measured(lambda: compute_feature_metadata(parquet, settings, progress=False))
+    else:
+        _, figures = measured(lambda: encoder.encode_days(parquet, into=data / f"encoded_{label}", workers=workers))
+    return {"workers": chosen[-1], "rows": rows, **figures}
+
+
+def measured(work: Callable[[], Any]) -> tuple[Any, dict]:
+    """``work()``'s result, and its wall time, the machine's CPU busy share (all cores) and the peak RSS of this
+    process tree (its largest process and all together)."""
     monitor = _Monitor()
     monitor.start()
     busy, total = _cpu_jiffies()
     start = time.perf_counter()
-    if stage == "ingestion":
-        output = data / f"parquet_{label}"
-        rows = sum(
-            r.rows
-            for r in convert_days([(s, output / p.name) for s, p in zip(raw, parquet, strict=True)], workers=workers)
-        )
-    elif stage == "metadata":
-        compute_feature_metadata(parquet, settings, progress=False)
-    else:
-        encoder.encode_days(parquet, into=data / f"encoded_{label}", workers=workers)
+    result = work()
     wall = time.perf_counter() - start
     busy_after, total_after = _cpu_jiffies()
     monitor.stop()
-    return {
-        "workers": chosen[-1],
-        "rows": rows,
+    figures = {
         "wall": wall,
         "busy": (busy_after - busy) / max(total_after - total, 1),
         "largest_rss": monitor.largest,
         "total_rss": monitor.total,
     }
+    return result, figures
 
 
 def count_distinct(distinct: int) -> dict:

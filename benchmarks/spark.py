@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from preprocessing import CRITEO_1TB_ROWS, STAGES, _cpu_jiffies, _Monitor
+import numpy as np
+from preprocessing import CRITEO_1TB_ROWS, STAGES, measured
 
 from threads import cpu_model
 
@@ -58,37 +59,23 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
     config = MetadataConfig()
     run = runner(engine)
     if stage == "encoding":
-        metadata, vocabularies = json.loads((data / "metadata.json").read_text()), None
-        import numpy as np
-
-        vocabularies = dict(np.load(data / "vocabularies.npz"))
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        metadata = FeatureMetadata(json.loads((data / "metadata.json").read_text()))
+        encoder = FeatureEncoder.from_metadata(metadata, dict(np.load(data / "vocabularies.npz")))
     rows = count_rows(parquet)
     for previous in (data / f"parquet_{engine}", data / f"encoded_{engine}"):  # a repeat converts, never reuses
         shutil.rmtree(previous, ignore_errors=True)
-    monitor = _Monitor()
-    monitor.start()
-    busy, total = _cpu_jiffies()
-    start = time.perf_counter()
     if stage == "ingestion":
         output = data / f"parquet_{engine}"
-        convert_days([(s, output / p.name) for s, p in zip(raw, parquet, strict=True)], run=run)
+        pairs = [(s, output / p.name) for s, p in zip(raw, parquet, strict=True)]
+        _, figures = measured(lambda: convert_days(pairs, run=run))
     elif stage == "metadata":
         compute = count_on_spark if engine == "spark" else compute_feature_metadata
-        metadata, vocabularies = compute(parquet, config)
+        (metadata, _), figures = measured(lambda: compute(parquet, config))
         (data / f"metadata_{engine}.json").write_text(json.dumps(metadata, sort_keys=True))
     else:
-        encoder.encode_days(parquet, into=data / f"encoded_{engine}", workers=None, shuffle=True, run=run)
-    wall = time.perf_counter() - start
-    busy_after, total_after = _cpu_jiffies()
-    monitor.stop()
-    return {
-        "rows": rows,
-        "wall": wall,
-        "busy": (busy_after - busy) / max(total_after - total, 1),
-        "total_rss": monitor.total,
-        "session": session_seconds,
-    }
+        into = data / f"encoded_{engine}"
+        _, figures = measured(lambda: encoder.encode_days(parquet, into=into, workers=None, shuffle=True, run=run))
+    return {"rows": rows, **figures, "session": session_seconds}
 
 
 def _child(*args: str) -> dict:
@@ -124,8 +111,6 @@ def main() -> None:
         stage, engine, data, master = args.measure
         print(json.dumps(measure(stage, engine, Path(data), master)))
         return
-
-    import numpy as np
 
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.metadata import compute_feature_metadata

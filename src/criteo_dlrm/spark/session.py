@@ -7,6 +7,7 @@ workers (on a cluster, set ``spark.pyspark.python`` to the executors' interprete
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -52,8 +53,6 @@ def java_version(java: str) -> int | None:
 
 
 def _java() -> str | None:
-    import os
-
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
         return str(Path(home) / "bin" / "java")
