@@ -9,9 +9,12 @@ from typing import Any
 from kedro.framework.cli.utils import find_run_command
 from kedro.framework.project import configure_project
 
+from criteo_dlrm.logs import prepare_console
+
 
 def main(*args, **kwargs) -> Any:
     package_name = Path(__file__).parent.name
+    prepare_console()  # what ``kedro``'s ``kedro.init`` entry point does, before the plugins' commands load
     configure_project(package_name)
 
     interactive = hasattr(sys, "ps1")

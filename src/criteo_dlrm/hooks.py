@@ -28,7 +28,7 @@ from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
-from criteo_dlrm.logs import bridge_loguru, configure_console, quiet_known_warnings
+from criteo_dlrm.logs import prepare_console
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
 from criteo_dlrm.preflight import check_before_run, preprocesses, report_incomplete_versions
 from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
@@ -68,13 +68,12 @@ def _split_of(metadata, report: dict) -> str | None:
 
 
 class ConsoleHooks:
-    """A session created without the ``kedro`` command (a notebook, a test) gets the command's console too."""
+    """A session created with ``KedroSession.create`` itself (kedro-viz, a script, a test), not through
+    ``settings.SESSION_CLASS``, gets the command's console too, from its context on."""
 
     @hook_impl(tryfirst=True)
     def after_context_created(self) -> None:
-        quiet_known_warnings()
-        bridge_loguru()
-        configure_console()
+        prepare_console()
 
 
 class ParameterHooks:

@@ -3,14 +3,26 @@
 On a terminal, Kedro's rich handler (colours, and log lines printed above tqdm's bars instead of through
 them). Elsewhere (a pipe, a file, CI) one plain line per message, never wrapped at 80 columns, so a path or a
 command in a message can be copied whole.
+
+Nothing here runs at import. ``prepare_console`` sets it all up, and three of Kedro's own extension points call
+it, each before the first line or warning of the entry it covers:
+
+- ``on_kedro_command``, the ``kedro.init`` entry point (pyproject.toml): every ``kedro`` command in this
+  project, first, before Kedro loads its plugins' commands (kedro-mlflow's import makes MLflow warn);
+- ``ConsoleSession``, ``settings.SESSION_CLASS``: every session Kedro creates (``kedro run``, ``%load_ext
+  kedro.ipython`` in a notebook, the ``criteo-dlrm`` script), before it loads plugin hooks and configuration;
+- ``hooks.ConsoleHooks``: a session code creates itself with ``KedroSession.create`` (kedro-viz, a script).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import tomllib
 import warnings
+from pathlib import Path
 
+from kedro.framework.session import KedroSession
 from loguru import logger
 
 
@@ -94,3 +106,42 @@ def quiet_known_warnings() -> None:
 class _UnactionableMlflowWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "Add type hints to the `predict` method" not in record.getMessage()
+
+
+def prepare_console() -> None:
+    """The known warnings filtered, loguru routed into ``logging``, the console handler in place (idempotent)."""
+    quiet_known_warnings()
+    bridge_loguru()
+    configure_console()
+
+
+PACKAGE = __name__.split(".")[0]
+
+
+def on_kedro_command() -> None:
+    """Kedro's ``kedro.init`` entry point: the console prepared when the ``kedro`` command runs in this project.
+
+    Kedro calls every installed package's ``kedro.init`` entry point for every command, whichever project it runs
+    in, so this acts only where the working directory's project (``[tool.kedro]`` in its ``pyproject.toml``) is
+    this package."""
+    from kedro.utils import find_kedro_project
+
+    root = find_kedro_project(Path.cwd())
+    if root is None:
+        return
+    try:
+        package = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["kedro"]["package_name"]
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return  # not a readable project: Kedro itself says so
+    if package == PACKAGE:
+        prepare_console()
+
+
+class ConsoleSession(KedroSession):
+    """``settings.SESSION_CLASS``: a ``KedroSession`` whose ``create`` prepares the console first, so the warnings
+    of loading plugin hooks and configuration are filtered and every line is one line."""
+
+    @classmethod
+    def create(cls, *args, **kwargs) -> KedroSession:
+        prepare_console()
+        return super().create(*args, **kwargs)

@@ -1,16 +1,12 @@
 """Project settings (see https://docs.kedro.org/en/stable/configure/configuration_basics/)."""
 
 from criteo_dlrm.hooks import project_hooks
-from criteo_dlrm.logs import configure_console, quiet_known_warnings
+from criteo_dlrm.logs import ConsoleSession
 from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 
-# The one thing done at import: Kedro imports this module before anything else of the project and before it
-# loads its plugins (kedro-mlflow imports MLflow, which warns at import), and a Kedro CLI hook would run only
-# after both. So the warnings no user can act on are filtered here, and log lines come one per line outside a
-# terminal from the first line of a command (``hooks.ConsoleHooks`` does both again for a session created
-# without the CLI).
-quiet_known_warnings()
-configure_console()
+# Sessions that filter the warnings no user can act on and print one line per log record from their first
+# line (criteo_dlrm/logs.py; the ``kedro`` command does the same before it loads plugins: ``kedro.init``).
+SESSION_CLASS = ConsoleSession
 
 # Experiment tracking (kedro-mlflow, conf/base/mlflow.yml) is on unless CRITEO_DLRM_TRACKING=off: then neither
 # kedro-mlflow's hook nor ours runs, and MLflow is never imported.
