@@ -37,9 +37,14 @@ def state():
 """
 
 
-def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python args`` in ``cwd``, output piped, as a user's command runs."""
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return _run(cwd, "-c", code)
 
 
 def test_importing_the_settings_changes_no_warnings_filter_and_no_log_handler():
@@ -91,21 +96,13 @@ def test_the_kedro_init_entry_point_prepares_the_console_in_this_project_only(tm
 )
 def test_a_session_without_the_kedro_command_starts_without_the_known_warnings(tmp_path, how):
     project = copy_project(tmp_path / "project")
-    (project / "notebooks").mkdir()
     if how == "notebook":
-        env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+        (project / "notebooks").mkdir()
         cell = "%load_ext kedro.ipython\nprint('loaded', type(context).__name__, type(catalog).__name__)"
-        result = subprocess.run(
-            [sys.executable, "-m", "IPython", "--no-banner", "--colors=nocolor", "-c", cell],
-            cwd=project / "notebooks", env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        result = _run(project / "notebooks", "-m", "IPython", "--no-banner", "--colors=nocolor", "-c", cell)
         assert result.returncode == 0 and "loaded KedroContext DataCatalog" in result.stdout, result.stderr[-3000:]
     else:
-        env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
-        result = subprocess.run(
-            [sys.executable, "-m", "criteo_dlrm", "--params=training.num_epoch=1"],
-            cwd=project, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        result = _run(project, "-m", "criteo_dlrm", "--params=training.num_epoch=1")
         assert result.returncode == 1 and "did you mean training.num_epochs?" in result.stderr
         assert "INFO    Kedro project criteo_dlrm\n" in result.stdout, "one unwrapped line from the first"
     output = result.stdout + result.stderr

@@ -68,7 +68,7 @@ def _split_of(metadata, report: dict) -> str | None:
 
 
 class ConsoleHooks:
-    """A session created with ``KedroSession.create`` itself (kedro-viz, a script, a test), not through
+    """A session created with ``KedroSession.create`` itself (a script, a test), not through
     ``settings.SESSION_CLASS``, gets the command's console too, from its context on."""
 
     @hook_impl(tryfirst=True)

@@ -11,7 +11,9 @@ it, each before the first line or warning of the entry it covers:
   project, first, before Kedro loads its plugins' commands (kedro-mlflow's import makes MLflow warn);
 - ``ConsoleSession``, ``settings.SESSION_CLASS``: every session Kedro creates (``kedro run``, ``%load_ext
   kedro.ipython`` in a notebook, the ``criteo-dlrm`` script), before it loads plugin hooks and configuration;
-- ``hooks.ConsoleHooks``: a session code creates itself with ``KedroSession.create`` (kedro-viz, a script).
+- ``hooks.ConsoleHooks``: a session code creates itself with ``KedroSession.create`` (a script, a test;
+  kedro-viz only with ``--include-hooks``: its server process otherwise runs no project hook, and prints the
+  known warnings at its start).
 """
 
 from __future__ import annotations
