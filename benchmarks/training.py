@@ -100,8 +100,8 @@ def flops_per_sample(config: DLRMConfig) -> float:
     return 3 * 2 * macs
 
 
-def matmul_gflops(seconds: float = 1.0) -> float:
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+def matmul_gflops(seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     a @ b
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -85,10 +85,11 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_fea
     assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]
     assert any(line.startswith("starting 2 training processes") for line in logged), "no silent start-up"
     assert list((tmp_path / "tb" / "run").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard"
-    # No job, outcome or stored rows left behind; the in-progress checkpoint waits for the checkpoint to be stored.
-    assert [p.name for p in (tmp_path / "progress").iterdir() if not p.name.startswith(".")] == [
-        Path(summary["in_progress_checkpoint"]).name
-    ]
+    # No job, outcome or stored rows left behind; the in-progress checkpoint and the best model beside it wait for
+    # the checkpoint to be stored.
+    name = Path(summary["in_progress_checkpoint"]).name
+    assert sorted(p.name for p in (tmp_path / "progress").iterdir() if not p.name.startswith(".")) == ["best", name]
+    assert [p.name for p in (tmp_path / "progress" / "best").iterdir() if not p.name.startswith(".")] == [name]
     model = model_from_checkpoint(checkpoint)
     validation = tiny_features["validation"]
     predicted = probabilities(

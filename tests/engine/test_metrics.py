@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 import pytest
 from sklearn import metrics as sk
 
@@ -99,3 +100,23 @@ def test_calibration_report_bins_equal_rows_and_weights_the_gaps():
     assert report["expected_calibration_error"] == pytest.approx(np.mean(gaps))
     perfect = calibration_report(np.array([0, 1] * 50), np.full(100, 0.5), bins=10)
     assert perfect["expected_calibration_error"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("clicks", [0.03, 0.25])
+def test_auc_of_float32_scores_and_of_torch_tensors_matches_sklearn_with_ties(clicks):
+    rng = np.random.default_rng(3)
+    labels = rng.random(50_000) < clicks
+    scores = (rng.random(50_000) * 0.2 + labels * 0.05).astype(np.float32)
+    scores[:5000] = np.round(scores[:5000], 2)  # many ties, across the classes
+    scores[-3:] = -0.0, 0.0, 0.0  # -0.0 ties with 0.0
+    expected = sk.roc_auc_score(labels, scores)
+    assert roc_auc(labels, scores) == pytest.approx(expected, abs=1e-12)
+    assert roc_auc(torch.from_numpy(labels), torch.from_numpy(scores)) == pytest.approx(expected, abs=1e-12)
+    assert roc_auc(labels.astype(np.int64), scores.astype(np.float64)) == pytest.approx(expected, abs=1e-12)
+
+
+def test_torch_auc_refuses_one_class_and_nan_as_numpy_does():
+    with pytest.raises(MetricError, match="0 clicks and 3 non-clicks"):
+        roc_auc(torch.zeros(3), torch.tensor([0.1, 0.2, 0.3]))
+    with pytest.raises(MetricError, match="NaN"):
+        roc_auc(torch.tensor([0, 1]), torch.tensor([0.5, float("nan")]))

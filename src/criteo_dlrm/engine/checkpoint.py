@@ -10,14 +10,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
-
-if TYPE_CHECKING:
-    from criteo_dlrm.engine.loop import TrainingResult
+from criteo_dlrm.engine.result import TrainingResult
 
 # 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's (dense_mlp, prediction_mlp);
 # 1: bottom_mlp, top_mlp and flat size names.
@@ -77,15 +75,15 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         torch.save({**checkpoint, DIGEST_KEY: state_digest(checkpoint)}, handle)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load on the CPU with ``weights_only=True`` (no code runs from the file), checking the content digest
-    ``save_atomically`` stored.
+    ``save_atomically`` stored. ``mmap``: the tensors are mapped from the file, not read into memory.
 
     Raises:
         DamagedFileError: the file cannot be read or its content is not what was written, naming it.
     """
     fix = "It cannot be used; delete it (a rerun then starts afresh)."
-    state = reading(path, lambda: torch.load(path, map_location="cpu", weights_only=True), fix)
+    state = reading(path, lambda: torch.load(path, map_location="cpu", weights_only=True, mmap=mmap), fix)
     if not isinstance(state, dict):
         raise DamagedFileError(f"{path} is not a checkpoint written by this project. {fix}")
     expected = state.pop(DIGEST_KEY, None)
@@ -186,6 +184,7 @@ class Checkpoint:
 
 def training_checkpoint(
     result: TrainingResult,
+    best_state: tuple[dict, dict],
     model_config: dict,
     parameters: dict,
     metadata: dict,
@@ -196,6 +195,7 @@ def training_checkpoint(
 
     Args:
         result: what ``Trainer.fit`` returned.
+        best_state: the best model's ``(model_state, optimizer_state)`` (``engine.progress.load_best``).
         model_config: ``DLRMConfig.to_dict()``.
         parameters: the training parameters as run (overrides included).
         metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
@@ -204,8 +204,8 @@ def training_checkpoint(
     """
     return {
         "format": CHECKPOINT_FORMAT,
-        "model_state": result.best_model_state,
-        "optimizer_state": result.best_optimizer_state,
+        "model_state": best_state[0],
+        "optimizer_state": best_state[1],
         "step": result.best_step,
         "epoch": result.best_epoch,
         "model_config": model_config,

@@ -17,7 +17,7 @@ from criteo_dlrm.common.storage import DamagedFileError, write_bytes_atomically
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays, open_encoded
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
-from criteo_dlrm.engine.loop import TrainingResult
+from criteo_dlrm.engine.result import TrainingResult
 
 JOB_FORMAT = 1
 
@@ -44,6 +44,11 @@ class TrainingJob:
         if not self.config.resume:
             return None
         return Path(self.config.in_progress_dir) / f"dlrm_{self.fingerprint}.pt"
+
+    @property
+    def best_path(self) -> Path:
+        """Where the best model is written while the run trains (``engine.progress``), resume on or off."""
+        return Path(self.config.in_progress_dir) / "best" / f"dlrm_{self.fingerprint}.pt"
 
     def rows(self, split: str) -> EncodedArrays:
         """The training (``train``) or validation rows, memory-mapped when stored."""
@@ -86,7 +91,7 @@ class TrainingOutcome:
     embeddings: dict  # where the tables lived: the backend, and TorchRec's plan
 
     def save(self, path: Path) -> None:
-        """Rank 0 hands its outcome to the launching process through a file (weights can be gigabytes)."""
+        """Rank 0 hands its outcome to the launching process through a file (the best weights stay in theirs)."""
         save_atomically({**_shallow(self), "result": _shallow(self.result), "pid": os.getpid()}, path)
 
     @classmethod

@@ -3,7 +3,8 @@
 Setup (resume) happens in ``Trainer.__init__``, the loop in ``fit``, the per-step work in ``TrainStep``
 (``engine.step``). Validation runs over the whole validation set, early stopping watches validation log
 loss, and an in-progress checkpoint at each validation lets an interrupted run continue at the same step,
-with the same optimiser state and data order. How the run spreads over processes (one, a DDP group, or
+with the same optimiser state and data order. The best model and the in-progress state live on disk
+(``engine.progress``), written from the live tensors: memory holds the model and its optimiser state once. How the run spreads over processes (one, a DDP group, or
 TorchRec's sharded tables) is the parallel mode's business (``engine.modes``): the loop names none of them.
 """
 
@@ -13,7 +14,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,32 +22,21 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.progress import progress_bar
-from criteo_dlrm.common.storage import DamagedFileError, remove_stale_partials
+from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, Prefetcher
-from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
+from criteo_dlrm.engine.checkpoint import load_checkpoint
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.modes import SingleProcess
 from criteo_dlrm.engine.profiling import profiler
+from criteo_dlrm.engine.progress import ProgressFiles
+from criteo_dlrm.engine.result import TrainingResult
 from criteo_dlrm.engine.step import PHASES, TrainStep
 from criteo_dlrm.engine.tensorboard import MetricLogger, NullLogger, TensorBoardLogger
 
 
 class TrainingDivergedError(UserError, RuntimeError):
     """The loss became NaN or infinite."""
-
-
-@dataclass
-class TrainingResult:
-    best_model_state: dict
-    best_optimizer_state: dict
-    best_step: int
-    best_epoch: int
-    best_metrics: dict
-    history: list[dict]
-    steps: int
-    stopped_early: bool
-    samples_per_second: float
 
 
 class Trainer:
@@ -64,6 +54,8 @@ class Trainer:
         fingerprint: identifies the run's settings and data, so an unrelated checkpoint is never resumed.
         tensorboard: write scalars to ``run_dir`` (opened after resuming, dropping the events the
             interrupted run wrote after the step it resumes from).
+        best_path: where the best model is written (default: beside ``resume_path``, or a temporary folder
+            that lives as long as the result when resume is off).
     """
 
     def __init__(
@@ -77,6 +69,7 @@ class Trainer:
         resume_path: Path | None = None,
         fingerprint: str = "",
         tensorboard: bool = False,
+        best_path: Path | None = None,
     ):
         self.mode, self.config, self.device, self.run_dir = mode, config, mode.device, Path(run_dir)
         self.train_loader, self.validation_loader = train_loader, validation_loader
@@ -87,6 +80,7 @@ class Trainer:
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.resume_path, self.fingerprint = resume_path, fingerprint
+        self.files = ProgressFiles(resume_path, best_path)
         self.step = 0
         self.best_loss = math.inf
         self.best: dict = {}
@@ -104,13 +98,11 @@ class Trainer:
 
     # -- setup -----------------------------------------------------------------------------------
     def _maybe_resume(self) -> bool:
-        if self.resume_path is None:
-            return False
-        remove_stale_partials(Path(self.resume_path).parent)
-        if not Path(self.resume_path).exists():
+        self.files.remove_stale()
+        if self.resume_path is None or not Path(self.resume_path).exists():
             return False
         try:
-            state = load_checkpoint(self.resume_path)
+            state = load_checkpoint(self.resume_path, mmap=True)  # copied into the model, never held twice
         except DamagedFileError as error:
             aside = Path(f"{self.resume_path}.damaged")
             if self.is_main:
@@ -119,6 +111,15 @@ class Trainer:
             return False
         if state.get("fingerprint") != self.fingerprint:
             logger.warning("{} belongs to other settings or data; starting afresh", self.resume_path)
+            return False
+        best = state["best"]
+        if "model_state" in best:  # written before the best model lived in its own file
+            self.files.save({**state, "step": best["step"], "model_state": best.pop("model_state"),
+                             "optimizer_state": best.pop("optimizer_state")}, improved=False)  # fmt: skip
+        if best and not self.files.best.exists():
+            logger.warning(
+                "{} has no best model beside it ({} is missing); starting afresh", self.resume_path, self.files.best
+            )
             return False
         self.mode.restore(state["model_state"], state["optimizer_state"])
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
@@ -134,19 +135,20 @@ class Trainer:
         )
         return True
 
-    def _save_progress(self, snapshot: tuple[dict | None, dict | None] | None = None) -> None:
-        """Write the in-progress checkpoint (``snapshot``: one ``mode.snapshot()`` taken already at this step)."""
-        if self.resume_path is None:
+    def _save_progress(self, improved: bool = False) -> None:
+        """Write the in-progress checkpoint (resume on), and the best model when this step's validation
+        ``improved``: from the live tensors, one at a time (``mode.state``), no copy kept."""
+        if self.resume_path is None and not improved:
             return
-        state, optimizer_state = snapshot or self.mode.snapshot()  # every process takes part in a gather
+        state, optimizer_state = self.mode.state()  # every process takes part (a sharded run gathers)
         if not self.is_main:
             return
-        if not all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()):
+        if not all(all_finite(t) for t in state.values() if t.is_floating_point()):
             raise TrainingDivergedError(
                 f"Training diverged: the weights are NaN or infinite at step {self.step:,} although every loss "
                 f"was finite.{self._kept()} Lower the learning rates or add warm-up."
             )
-        save_atomically(
+        self.files.save(
             {
                 "fingerprint": self.fingerprint,
                 "model_state": state,
@@ -161,7 +163,7 @@ class Trainer:
                 "train_seconds": self.train_seconds,
                 "samples_seen": self.samples_seen,
             },
-            self.resume_path,
+            improved,
         )
 
     # -- the loop --------------------------------------------------------------------------------
@@ -182,9 +184,8 @@ class Trainer:
                 self.metric_logger.close()
         if self.is_main:
             self._log_outcome(stopped_early)
-        return TrainingResult(
-            best_model_state=self.best["model_state"],
-            best_optimizer_state=self.best["optimizer_state"],
+        result = TrainingResult(
+            best_checkpoint=str(self.files.best),
             best_step=self.best["step"],
             best_epoch=self.best["epoch"],
             best_metrics=self.best["metrics"],
@@ -193,6 +194,8 @@ class Trainer:
             stopped_early=stopped_early,
             samples_per_second=self.samples_seen / max(self.train_seconds, 1e-9),
         )
+        result.files = self.files  # a temporary best folder lives as long as the result
+        return result
 
     def _loop(self, bar, prof) -> bool:
         """Train until the last step or early stopping; returns True when early stopping ended it."""
@@ -328,21 +331,14 @@ class Trainer:
         }
         self.history.append(record)
         improved = metrics["log_loss"] < self.best_loss - self.config.early_stopping.min_delta
-        snapshot = self.mode.snapshot() if improved or self.resume_path is not None else None
         if improved:
             self.best_loss, self.bad_validations = metrics["log_loss"], 0
-            self.best = {
-                "model_state": snapshot[0],
-                "optimizer_state": snapshot[1],
-                "step": self.step,
-                "epoch": epoch,
-                "metrics": metrics,
-            }
+            self.best = {"step": self.step, "epoch": epoch, "metrics": metrics}  # its weights: self.files.best
         else:
             self.bad_validations += 1
         if self.is_main:
             self._log_validation(metrics, epoch, improved)
-        self._save_progress(snapshot)
+        self._save_progress(improved)
         return self.bad_validations >= self.config.early_stopping.patience
 
     def _log_validation(self, metrics: dict, epoch: int, improved: bool) -> None:
@@ -358,6 +354,17 @@ class Trainer:
             if improved
             else f" (no improvement {self.bad_validations}/{self.config.early_stopping.patience})",
         )
+
+
+# Values per piece of the finiteness check of the weights: ``isfinite`` makes temporaries of about twice a
+# tensor's bytes, which for a table of gigabytes would be a second table in memory.
+_FINITE_PIECE = 1 << 22
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite, checked piece by piece (no temporary the size of the tensor)."""
+    flat = tensor.detach().reshape(-1)
+    return all(bool(torch.isfinite(piece).all()) for piece in flat.split(_FINITE_PIECE))
 
 
 def _flat(values: dict, prefix: str = "") -> dict:

@@ -7,6 +7,7 @@ any input; log loss is in nats; normalized entropy is log loss over the entropy 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from criteo_dlrm.common.errors import DataError
 
@@ -17,9 +18,13 @@ class MetricError(DataError):
     """A metric is undefined on this data (e.g. AUC with a single class)."""
 
 
-def _check(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _check(labels: np.ndarray, scores: np.ndarray, widen: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Labels as booleans and scores as float64 (``widen``; else float32 scores stay float32), one row each,
+    finite, at least one row."""
     labels = np.asarray(labels).astype(bool).ravel()
-    scores = np.asarray(scores, dtype=np.float64).ravel()
+    scores = np.asarray(scores).ravel()
+    if widen or scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float64, copy=False)
     if len(labels) != len(scores):
         raise ValueError(f"{len(labels)} labels but {len(scores)} scores")
     if len(labels) == 0:
@@ -30,33 +35,82 @@ def _check(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve; tied scores count half.
+    """Area under the ROC curve; tied scores count half (the Mann-Whitney statistic, equal to scikit-learn's).
+
+    The positives' and the negatives' scores are sorted apart (together one sort of the scores, in their own
+    dtype: float32 scores are never widened), then each positive counts the negatives at or below it with one
+    binary search; only positives equal to some negative search again for the ties. About 2x numpy's sort of
+    the same scores, where a float64 argsort with tie ranks was 60x. Torch tensors (on CUDA too) are computed
+    where they are, by the same steps (``roc_auc_torch``).
 
     Raises:
         MetricError: only one class is present (AUC is undefined).
     """
-    labels, scores = _check(labels, scores)
-    positives = int(labels.sum())
-    negatives = len(labels) - positives
+    if isinstance(scores, torch.Tensor):
+        return roc_auc_torch(torch.as_tensor(labels, device=scores.device), scores)
+    labels, scores = _check(labels, scores, widen=False)
+    positives = np.sort(scores[labels])
+    negatives = np.sort(scores[~labels])
+    _check_classes(len(positives), len(negatives))
+    at_or_below = np.searchsorted(negatives, positives, side="right")
+    tied = np.flatnonzero(at_or_below > 0)
+    tied = tied[negatives[at_or_below[tied] - 1] == positives[tied]]
+    equal = at_or_below[tied] - np.searchsorted(negatives, positives[tied], side="left")
+    # Twice the Mann-Whitney U, in integers (exact up to 2^63 pairs), divided once.
+    twice_u = 2 * int(at_or_below.sum(dtype=np.int64)) - int(equal.sum(dtype=np.int64))
+    return twice_u / (2 * len(positives) * len(negatives))
+
+
+def roc_auc_torch(labels: torch.Tensor, scores: torch.Tensor) -> float:
+    """``roc_auc`` on torch tensors, on their device (a CUDA sort for scores a GPU produced)."""
+    labels, scores = labels.reshape(-1).bool(), scores.reshape(-1)
+    if len(labels) != len(scores):
+        raise ValueError(f"{len(labels)} labels but {len(scores)} scores")
+    if len(labels) == 0:
+        raise MetricError("No rows to evaluate.")
+    if not bool(torch.isfinite(scores).all()):
+        raise MetricError(f"{int((~torch.isfinite(scores)).sum())} predictions are NaN or infinite.")
+    positives = torch.sort(scores[labels]).values
+    negatives = torch.sort(scores[~labels]).values
+    _check_classes(len(positives), len(negatives))
+    at_or_below = torch.searchsorted(negatives, positives, right=True)
+    below = torch.searchsorted(negatives, positives)
+    twice_u = int(at_or_below.sum()) + int(below.sum())
+    return twice_u / (2 * len(positives) * len(negatives))
+
+
+def _check_classes(positives: int, negatives: int) -> None:
     if positives == 0 or negatives == 0:
         raise MetricError(
             f"AUC is undefined: the data has {positives} clicks and {negatives} non-clicks; both classes are needed."
         )
-    order = np.argsort(scores, kind="stable")
-    sorted_scores, sorted_labels = scores[order], labels[order]
-    group = np.concatenate([[0], np.cumsum(sorted_scores[1:] != sorted_scores[:-1])])
-    first = np.searchsorted(group, np.arange(group[-1] + 1), side="left")
-    last = np.searchsorted(group, np.arange(group[-1] + 1), side="right") - 1
-    average_rank = (first + last) / 2 + 1  # 1-based rank shared by a tie group
-    positive_rank_sum = float(np.dot(np.bincount(group, weights=sorted_labels), average_rank))
-    return (positive_rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
 
 
 def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     """Mean binary cross-entropy in nats (probabilities clipped to [1e-7, 1 - 1e-7])."""
-    labels, probabilities = _check(labels, probabilities)
-    p = np.clip(probabilities, EPSILON, 1 - EPSILON)
-    return float(-np.mean(np.where(labels, np.log(p), np.log1p(-p))))
+    labels, probabilities = _check(labels, probabilities, widen=False)
+    return _sums(labels, probabilities)[0] / len(labels)
+
+
+# Rows per piece of the one pass over the predictions: its float64 temporaries stay in the CPU's cache instead
+# of costing a page fault per 4 KB of a new array the size of the validation set (measured: 5x the arithmetic).
+_PIECE = 1 << 18
+
+
+def _sums(labels: np.ndarray, probabilities: np.ndarray) -> tuple[float, float, int]:
+    """(summed log loss, summed probability, rows right at 0.5), in float64, one pass in cache-sized pieces."""
+    loss = total = 0.0
+    right = 0
+    for begin in range(0, len(labels), _PIECE):
+        clicked = labels[begin : begin + _PIECE]
+        p = probabilities[begin : begin + _PIECE].astype(np.float64)
+        total += float(p.sum())
+        right += int(np.count_nonzero((p >= 0.5) == clicked))
+        np.clip(p, EPSILON, 1 - EPSILON, out=p)
+        # One logarithm a row, of the probability given to what happened (1 - p is exact enough in float64: its
+        # error, 1e-16 of 1, is far below the clip).
+        loss -= float(np.log(np.where(clicked, p, 1 - p)).sum())
+    return loss, total, right
 
 
 def entropy(rate: float) -> float:
@@ -71,17 +125,18 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
     Normalized entropy below 1 means the model beats predicting the observed CTR everywhere;
     calibration is mean prediction / observed CTR (1 is perfectly calibrated on average).
     """
-    labels, probabilities = _check(labels, probabilities)
-    ctr = float(labels.mean())
-    loss = log_loss(labels, probabilities)
+    labels, probabilities = _check(labels, probabilities, widen=False)  # float32 sorted as float32 for the AUC
+    rows = len(labels)
+    ctr = int(np.count_nonzero(labels)) / rows
+    loss, total, right = _sums(labels, probabilities)
     return {
-        "rows": int(len(labels)),
+        "rows": rows,
         "ctr": ctr,
         "auc": roc_auc(labels, probabilities),
-        "log_loss": loss,
-        "normalized_entropy": loss / entropy(ctr),
-        "calibration": float(probabilities.mean()) / ctr if ctr > 0 else float("inf"),
-        "accuracy": float(np.mean((probabilities >= 0.5) == labels)),
+        "log_loss": loss / rows,
+        "normalized_entropy": loss / rows / entropy(ctr),
+        "calibration": total / rows / ctr if ctr > 0 else float("inf"),
+        "accuracy": right / rows,
     }
 
 

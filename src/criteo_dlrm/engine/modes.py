@@ -6,18 +6,17 @@
   DDP and all-gathered after backward (DDP's own sparse path is gloo-only and crashed once in our tests).
 - ``Sharded``: TorchRec shards the tables across the processes (``engine.sharding``); their fused optimiser
   runs inside backward, the dense layers are data-parallel, state is gathered to rank 0 in the ``torch``
-  backend's layout.
+  backend's layout when it is written.
 
 Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
-(snapshot and restore) and how predictions over a validation set are gathered. ``mode_class`` is the one place
+(the live tensors to write, and restore) and how predictions over a validation set are gathered. ``mode_class`` is the one place
 the backend and the process count choose a mode.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
 
 import numpy as np
@@ -138,11 +137,11 @@ class SingleProcess:
         return values
 
     # -- state ---------------------------------------------------------------------------------------
-    def snapshot(self) -> tuple[dict | None, dict | None]:
-        """The model's and the optimisers' state, copied to the CPU (every process calls it; in a sharded run
-        only rank 0 gets the state, the others None)."""
-        optimizers = {name: copy.deepcopy(optimizer.state_dict()) for name, optimizer in self.optimizers.items()}
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}, optimizers
+    def state(self) -> tuple[dict | None, dict | None]:
+        """The model's and the optimisers' state to write: the live tensors themselves, not copies (written at
+        once, before the next step changes them). Every process calls it; only rank 0 gets the state (the
+        others None): a replica's is rank 0's, a sharded run gathers to rank 0."""
+        return self.model.state_dict(), {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
 
     def restore(self, model_state: dict, optimizer_state: dict) -> None:
         self.model.load_state_dict(model_state)
@@ -194,9 +193,9 @@ class DataParallel(_ProcessGroup):
         )
         self.train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def snapshot(self) -> tuple[dict | None, dict | None]:
-        # Only rank 0 keeps and writes state; every replica holds the same weights.
-        return super().snapshot() if self.is_main else (None, None)
+    def state(self) -> tuple[dict | None, dict | None]:
+        # Only rank 0 writes state; every replica holds the same weights.
+        return super().state() if self.is_main else (None, None)
 
     def loss_weight(self, global_rows: int) -> float:
         # DDP averages the processes' gradients: weighting by world_size makes that the global batch's mean.
@@ -278,8 +277,8 @@ class Sharded(_ProcessGroup):
                 if parameter.grad is not None:
                     parameter.grad.mul_(self.world_size)
 
-    def snapshot(self) -> tuple[dict | None, dict | None]:
-        optimizers = {name: copy.deepcopy(optimizer.state_dict()) for name, optimizer in self.optimizers.items()}
+    def state(self) -> tuple[dict | None, dict | None]:
+        optimizers = {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
         model_state, fused = self.sharded.model_state(), self.sharded.optimizer_state()
         return (model_state, {**optimizers, "fused_embeddings": fused}) if self.is_main else (None, None)
 

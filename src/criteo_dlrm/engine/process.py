@@ -46,6 +46,7 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
             validation_loader,
             job.run_dir,
             resume_path=job.resume_path,
+            best_path=job.best_path,
             fingerprint=job.fingerprint,
             tensorboard=True,
         )

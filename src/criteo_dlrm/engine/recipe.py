@@ -9,6 +9,7 @@ the same: seeding, device, model, loaders, the ``Trainer``, and the checkpoint a
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
+from criteo_dlrm.engine.progress import best_path_for, load_best
 from criteo_dlrm.engine.scoring import calibrated, predict
 from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
 
@@ -98,7 +100,11 @@ def run_training(
             outcome = launch(job, config.distributed)
         else:
             outcome = train_process(job)
+    gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
     result = outcome.result
+    best_state = load_best(result)  # memory-mapped: read as it is written into the run's checkpoint
+    if job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
+        Path(result.best_checkpoint).unlink(missing_ok=True)
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     trained_with = {
         "version": metadata_version,
@@ -109,7 +115,7 @@ def run_training(
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
     in_progress = job.resume_path
     checkpoint = training_checkpoint(
-        result, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
+        result, best_state, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
     )
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
@@ -211,7 +217,9 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
 
 
 def finish_run(summary: dict) -> None:
-    """Delete a finished run's in-progress checkpoint: call it once the run's checkpoint is stored."""
+    """Delete a finished run's in-progress checkpoint and its best model: call it once the run's checkpoint is
+    stored."""
     path = summary.get("in_progress_checkpoint")
     if path:
         Path(path).unlink(missing_ok=True)
+        best_path_for(path).unlink(missing_ok=True)
