@@ -1,6 +1,6 @@
 import numpy as np
-import torch
 import pytest
+import torch
 from sklearn import metrics as sk
 
 from criteo_dlrm.engine.metrics import (
