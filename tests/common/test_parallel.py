@@ -64,24 +64,3 @@ def test_results_arrive_as_tasks_finish_not_when_all_have(tmp_path):
         results[index] = result
         release.touch()
     assert results[1] == "released"
-
-
-def test_available_memory_counts_the_reclaimable_page_cache_as_the_kernel_does(tmp_path):
-    with open(tmp_path / "read", "wb") as handle:  # 1 GiB in the page cache, as after reading days
-        for _ in range(64):
-            handle.write(bytes(16 << 20))
-        handle.flush()
-        os.fsync(handle.fileno())
-    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-    kernel = int(meminfo["MemAvailable"].split()[0]) * 1024  # free memory and the page cache it can drop
-    assert parallel.available_memory() == pytest.approx(kernel, abs=256 << 20)
-
-
-def test_a_cgroup_limit_below_the_machine_s_memory_bounds_what_is_available(tmp_path, monkeypatch):
-    (tmp_path / "memory.max").write_text(f"{4 << 30}\n")
-    (tmp_path / "memory.current").write_text(f"{1 << 30}\n")
-    (tmp_path / "unlimited").write_text("max\n")
-    monkeypatch.setattr(parallel, "_CGROUP_FILES", ((str(tmp_path / "memory.max"), str(tmp_path / "memory.current")),))
-    assert parallel.available_memory() == min(3 << 30, parallel.psutil.virtual_memory().available)
-    monkeypatch.setattr(parallel, "_CGROUP_FILES", ((str(tmp_path / "unlimited"), str(tmp_path / "memory.current")),))
-    assert parallel.available_memory() == pytest.approx(parallel.psutil.virtual_memory().available, rel=0.05)

@@ -15,42 +15,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-import psutil
+from criteo_dlrm.common.memory import available_memory
 
 
 def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# A cgroup's memory limit and use, v2 then v1: a container's limit is what its processes can have, whatever
-# the machine holds.
-_CGROUP_FILES = (
-    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-)
-
-
-def available_memory() -> int:
-    """Bytes of memory a new process can have now: the machine's available memory (MemAvailable: free memory
-    plus the page cache that can be reclaimed, which after reading hundreds of GB of days is most of it), or
-    less when this process's cgroup limit leaves less."""
-    available = int(psutil.virtual_memory().available)
-    for limit_file, usage_file in _CGROUP_FILES:
-        left = _cgroup_left(limit_file, usage_file)
-        if left is not None:
-            return min(available, left)
-    return available
-
-
-def _cgroup_left(limit_file: str, usage_file: str) -> int | None:
-    try:
-        limit_text = open(limit_file).read().strip()
-        usage = int(open(usage_file).read().strip())
-    except (OSError, ValueError):
-        return None
-    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:  # no limit set
-        return None
-    return max(int(limit_text) - usage, 0)
 
 
 # Starting the workers costs about 0.7 s (the forkserver imports the data code): by default a worker is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.common.parallel import available_memory
+from criteo_dlrm.common.memory import memory_room
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.models.dlrm import DLRMConfig
 
@@ -39,27 +39,47 @@ def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) ->
 
 TABLE_SETTINGS = "metadata.max_vocabulary_size, metadata.min_frequency, training.sparse_embedding_sizes"
 
+# What a training run holds besides its tables and their state, on the CPU: Python, torch, Kedro and MLflow, the
+# dense layers, the loader's chunks and a batch's work (measured: 1.35-1.46 GB for a kedro run of the default
+# model), and each further process of a multi-process run (torch, the loader, the exchange buffers).
+RUN_OVERHEAD_BYTES = 1_500_000_000
+PROCESS_OVERHEAD_BYTES = 750_000_000
+
+
+def run_memory_bytes(config: TrainingConfig, table_bytes: int) -> int:
+    """Bytes a CPU run holds at its peak: every process's replica of the tables and their optimiser state (the
+    in-progress and best checkpoints are written from them, never copied), and the overheads above."""
+    processes = config.distributed.nproc_per_node
+    return processes * table_bytes + RUN_OVERHEAD_BYTES + (processes - 1) * PROCESS_OVERHEAD_BYTES
+
 
 def check_table_memory(
     config: TrainingConfig, table_sizes: list[int], device: torch.device, settings: str = TABLE_SETTINGS
 ) -> None:
-    """Refuse, before encoding or training, tables (and their optimiser state) that cannot fit: in the set
-    budget, or else in this machine's free memory (CPU: every process on it holds a replica with the torch
-    backend) or in the GPU's memory. ``settings``: what shrinks them, for the message."""
+    """Refuse, before encoding or training, a run whose tables (and their optimiser state) cannot fit: in the
+    set budget, or else in the GPU's free memory, or on the CPU in the room this process has (the smallest of its
+    memory cgroup's, its ancestors' and the machine's: a batch job's limit, not the node's), counting every
+    process's replica and what a run holds besides (``run_memory_bytes``). ``settings``: what shrinks them."""
     model_config = config.model_config(table_sizes)
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
         return
-    needed = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
+    tables = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
+    processes = config.distributed.nproc_per_node
     if device.type == "cuda":
-        available, where = torch.cuda.mem_get_info(device)[1], f"{torch.cuda.get_device_name(device)}'s memory"
+        needed, available = tables, torch.cuda.mem_get_info(device)[0]
+        where = f"{torch.cuda.get_device_name(device)}'s free memory"
+        counted = f"{tables / 1e9:,.1f} GB in each GPU's process"
     else:
-        needed *= config.distributed.nproc_per_node
-        available, where = available_memory(), "this machine's free memory"
+        needed, room = run_memory_bytes(config, tables), memory_room()
+        available, where = room.available, room.where
+        counted = (
+            f"{tables / 1e9:,.1f} GB in each of {processes} process(es) with embedding_backend: torch, and "
+            f"{(needed - processes * tables) / 1e9:,.1f} GB for the run besides: {needed / 1e9:,.1f} GB"
+        )
     if needed > available:
         raise ConfigError(
-            f"The embedding tables and their {config.embedding_optimizer} state need {needed / 1e9:,.1f} GB "
-            f"({config.distributed.nproc_per_node} process(es) with embedding_backend: torch), more than {where} "
-            f"({available / 1e9:,.1f} GB). Shrink the tables ({settings}) or shard them across processes with "
+            f"The embedding tables and their {config.embedding_optimizer} state need {counted}, more than {where} "
+            f"({available / 1e9:,.1f} GB left). Shrink the tables ({settings}) or shard them across processes with "
             "embedding_backend: torchrec."
         )

@@ -53,7 +53,9 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
         from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint
 
         path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
-        checkpoint = Checkpoint(load_checkpoint(path), named=str(path))
+        # Mapped, not read: the optimiser state (twice the tables with Adagrad, three times with Adam) is never
+        # in memory, and the weights only once, in the model.
+        checkpoint = Checkpoint(load_checkpoint(path, mmap=True), named=str(path))
         self.encoder = checkpoint.encoder()
         self.model = checkpoint.model()
         self.calibration = checkpoint.calibration()

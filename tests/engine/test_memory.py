@@ -1,0 +1,67 @@
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.memory import MemoryRoom
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.engine import memory
+from criteo_dlrm.engine.memory import RUN_OVERHEAD_BYTES, check_table_memory, embedding_bytes, run_memory_bytes
+from tests.common.test_memory import _own_v1_group
+from tests.conftest import copy_project
+
+SIZES = [100_000] * 26  # 32 values a row (the default): 333 MB of tables, 1.0 GB with SparseAdam's state
+
+
+def test_a_run_is_counted_as_every_process_s_replica_and_what_the_run_holds_besides():
+    tables = embedding_bytes(SIZES, [32] * 26, "sparse_adam")
+    assert tables == 4 * 3 * 100_000 * 26 * 32
+    one = TrainingConfig.from_dict({})
+    two = TrainingConfig.from_dict({"distributed": {"nproc_per_node": 2}})
+    assert run_memory_bytes(one, tables) == tables + RUN_OVERHEAD_BYTES
+    assert run_memory_bytes(two, tables) == 2 * tables + RUN_OVERHEAD_BYTES + memory.PROCESS_OVERHEAD_BYTES
+
+
+def test_tables_that_do_not_fit_the_job_s_cgroup_are_refused_with_the_numbers_and_the_group(monkeypatch):
+    where = "the memory cgroup /sys/fs/cgroup/memory/slurm/job_7 (limit 2.00 GB)"
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_000_000_000, where))
+    with pytest.raises(ConfigError) as refused:
+        check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
+    message = str(refused.value)
+    assert "1.0 GB in each of 1 process(es)" in message and "1.5 GB for the run besides: 2.5 GB" in message
+    assert f"more than {where} (2.0 GB left)" in message
+    assert "metadata.max_vocabulary_size" in message and "embedding_backend: torchrec" in message
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_600_000_000, where))
+    check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
+
+
+def _in_group(limit: int, project: Path, *args: str) -> subprocess.CompletedProcess:
+    """``kedro run`` with ``args`` in ``project``, inside a new memory cgroup of ``limit`` bytes (page cache counted)."""
+    group = _own_v1_group() / f"criteo_dlrm_test_{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off"}
+        command = f'echo $$ > {group}/cgroup.procs && exec "{sys.executable}" -m kedro run {" ".join(args)}'
+        return subprocess.run(["sh", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        group.rmdir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or _own_v1_group() is None, reason="needs root and cgroup v1's memory")
+def test_inside_a_memory_cgroup_a_run_that_cannot_fit_is_refused_before_any_work_and_one_that_fits_trains(tmp_path):
+    project = copy_project(tmp_path / "project")
+    tables = "--params=metadata.use_modulus_hash=true,metadata.modulus_hash_size=100000,training.max_steps=20"
+    refused = _in_group(2_000_000_000, project, tables)
+    assert refused.returncode != 0
+    assert "more than the memory cgroup" in refused.stderr and "criteo_dlrm_test_" in refused.stderr
+    assert not (project / "data/02_intermediate").exists() or not any((project / "data/02_intermediate").iterdir())
+    trained = _in_group(3_500_000_000, project, tables)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "training finished at step 20" in trained.stdout + trained.stderr
