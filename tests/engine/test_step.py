@@ -2,6 +2,7 @@
 dense layers, plain SGD on the looked-up table rows."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -51,3 +52,16 @@ def test_warm_up_and_decay_schedules():
     cosine = TrainingConfig(decay="cosine")
     assert learning_rate_factor(5, 10, cosine) == pytest.approx(0.5)
     assert learning_rate_factor(7, 10, TrainingConfig()) == 1.0
+
+
+def test_phases_are_timed_on_the_cpu_and_on_cuda_only_when_asked_or_profiling():
+    """Timing a CUDA phase synchronises the GPU four times a step: off there unless asked for or profiling."""
+
+    def step(device: str, **settings) -> TrainStep:
+        return TrainStep(SimpleNamespace(device=torch.device(device)), TrainingConfig.from_dict(settings))
+
+    assert step("cpu").timed and not step("cpu").synchronise
+    assert not step("cuda").timed and not step("cuda").synchronise
+    assert step("cuda", profiler={"enabled": True}).synchronise
+    assert step("cuda", phase_timing=True).synchronise
+    assert not step("cpu", phase_timing=False).timed

@@ -135,7 +135,9 @@ class TrainingConfig(Config):
     log_every_steps: int = 20
     # Training batches prepared ahead in a background thread (gather, pin, the copy on CUDA); 0: none.
     prefetch_batches: int = 2
-    phase_timing: bool = True
+    # Per-phase step times; None: on the CPU (free there), off on CUDA (each phase would synchronise the GPU)
+    # unless the profiler runs.
+    phase_timing: bool | None = None
     resume: bool = True
     checkpoint_every_steps: int = 0
     in_progress_dir: str = "data/06_models/in_progress"

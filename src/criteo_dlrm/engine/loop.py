@@ -289,8 +289,9 @@ class Trainer:
             "train/samples_per_second": rate,
             **{f"train/{name}": value for name, value in self.mode.learning_rates().items()},
             "train/processes": self.mode.world_size,
-            **{f"time/{name}_ms": 1000 * seconds / steps for name, seconds in timings.items()},
         }
+        if self.train_step.timed:
+            scalars.update({f"time/{name}_ms": 1000 * seconds / steps for name, seconds in timings.items()})
         self.metric_logger.log_scalars(scalars, self.step)
         return loss
 

@@ -37,9 +37,15 @@ class TrainStep:
     def __init__(self, mode: SingleProcess, config: TrainingConfig):
         self.mode, self.config = mode, config
         self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
+        cuda = mode.device.type == "cuda"
+        # Whether the phases are timed (``phase_timing``; null: on the CPU, and on CUDA while profiling).
+        self.timed = config.phase_timing if config.phase_timing is not None else not cuda or config.profiler.enabled
+        self.synchronise = self.timed and cuda  # a CUDA phase's time is its kernels' only once they finished
 
     def _phase(self, timings: dict, name: str, start: float) -> float:
-        if self.config.phase_timing and self.mode.device.type == "cuda":
+        if not self.timed:
+            return start
+        if self.synchronise:
             torch.cuda.synchronize(self.mode.device)
         now = time.perf_counter()
         timings[name] += now - start
