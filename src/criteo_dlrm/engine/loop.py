@@ -26,7 +26,7 @@ from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, Prefetcher
 from criteo_dlrm.engine.checkpoint import load_checkpoint
-from criteo_dlrm.engine.metrics import MetricError, binary_metrics
+from criteo_dlrm.engine.metrics import MetricError
 from criteo_dlrm.engine.modes import SingleProcess
 from criteo_dlrm.engine.profiling import profiler
 from criteo_dlrm.engine.progress import ProgressFiles
@@ -75,6 +75,7 @@ class Trainer:
         self.train_loader, self.validation_loader = train_loader, validation_loader
         self.is_main = mode.is_main
         self.train_step = TrainStep(mode, config)
+        self.phases_timed = self.train_step.timed
         self.steps_per_epoch = len(train_loader)
         self.total_steps = self.steps_per_epoch * config.num_epochs
         if config.max_steps is not None:
@@ -290,7 +291,7 @@ class Trainer:
             **{f"train/{name}": value for name, value in self.mode.learning_rates().items()},
             "train/processes": self.mode.world_size,
         }
-        if self.train_step.timed:
+        if self.phases_timed:
             scalars.update({f"time/{name}_ms": 1000 * seconds / steps for name, seconds in timings.items()})
         self.metric_logger.log_scalars(scalars, self.step)
         return loss
@@ -316,10 +317,10 @@ class Trainer:
     def _validate(self, epoch: int) -> bool:
         """Score the whole validation set; returns True when early stopping says stop."""
         started = time.perf_counter()
-        probabilities = self.mode.predict(self.validation_loader)
-        labels = self.validation_loader.arrays.checked_labels()
+        probabilities = self.mode.predict(self.validation_loader)  # on rank 0 only
+        labels = self.validation_loader.arrays.checked_labels() if self.is_main else None
         try:
-            metrics = binary_metrics(labels, probabilities)
+            metrics = self.mode.metrics(labels, probabilities)  # computed once, known to every process
         except MetricError as error:
             raise MetricError(f"Validation at step {self.step}: {error}") from error
         self.metric_logger.log_scalars({f"validation/{k}": v for k, v in metrics.items() if k != "rows"}, self.step)

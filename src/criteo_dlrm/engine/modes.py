@@ -30,6 +30,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
+from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.scoring import predict
 from criteo_dlrm.engine.sharding import ShardedDLRM, log_plan, shard_model
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
@@ -149,9 +150,17 @@ class SingleProcess:
             optimizer.load_state_dict(optimizer_state[name])
 
     # -- validation ----------------------------------------------------------------------------------
-    def predict(self, loader: BatchLoader) -> np.ndarray:
-        """Probabilities for every row of ``loader``, in row order."""
+    def predict(self, loader: BatchLoader) -> np.ndarray | None:
+        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others)."""
         return predict(self.model, loader, self.device, self.config.precision)
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        """``binary_metrics`` of the validation rows, computed once (on rank 0) and known to every process.
+
+        Raises:
+            MetricError: in every process, when the metrics are undefined.
+        """
+        return binary_metrics(labels, probabilities)
 
 
 class _ProcessGroup(SingleProcess):
@@ -166,10 +175,10 @@ class _ProcessGroup(SingleProcess):
         dist.all_reduce(values)
         return values / self.world_size
 
-    def predict(self, loader: BatchLoader) -> np.ndarray:
+    def predict(self, loader: BatchLoader) -> np.ndarray | None:
         """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
-        number of forward passes (a sharded model's all-to-all needs every process), and the gathered shares
-        are put back in row order: the same array, so the same metrics, as one process."""
+        number of forward passes (a sharded model's all-to-all needs every process), and the shares are gathered
+        to rank 0 alone and put back in row order there: the same array, so the same metrics, as one process."""
         if self.world_size == 1:
             return super().predict(loader)
         arrays = loader.arrays
@@ -177,8 +186,24 @@ class _ProcessGroup(SingleProcess):
         mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
         local = torch.from_numpy(predict(self.model, mine, self.device, self.config.precision))
         gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        (pieces,) = all_gather_rows(self.world_size, local.to(gather_device))
+        pieces = gather_rows_to_main(self.world_size, self.rank, local.to(gather_device))
+        if pieces is None:
+            return None
         return _row_order([p.cpu().numpy() for p in pieces], len(arrays), batch_size)
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        if self.world_size == 1:
+            return super().metrics(labels, probabilities)
+        outcome: list = [None]
+        if self.is_main:
+            try:
+                outcome = [super().metrics(labels, probabilities)]
+            except MetricError as error:
+                outcome = [str(error)]
+        dist.broadcast_object_list(outcome, src=0)  # a small dict (or the error's message), not the predictions
+        if isinstance(outcome[0], str):
+            raise MetricError(outcome[0])
+        return outcome[0]
 
 
 class DataParallel(_ProcessGroup):
@@ -303,6 +328,21 @@ def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.
         dist.all_gather(parts, padded)
         gathered.append([part[: int(n)] for part, n in zip(parts, counts, strict=True)])
     return gathered
+
+
+def gather_rows_to_main(world_size: int, rank: int, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+    """Every process's ``tensor`` (any number of rows each), in rank order, on rank 0 only (None elsewhere): the
+    row counts all-gathered first (so every process pads to the longest), the padded tensors gathered to rank 0."""
+    count = torch.tensor([len(tensor)], device=tensor.device)
+    counts = [torch.empty_like(count) for _ in range(world_size)]
+    dist.all_gather(counts, count)
+    padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
+    padded[: len(tensor)] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    if rank != 0:
+        return None
+    return [part[: int(n)] for part, n in zip(parts, counts, strict=True)]
 
 
 def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarray:

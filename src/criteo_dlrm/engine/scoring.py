@@ -241,7 +241,8 @@ def predict(
     output: str = "probability",
 ) -> np.ndarray:
     """The model's own click probabilities (``output="logit"``: its logits) for every encoded row of ``loader``,
-    in order: (N,) float64 (training's validation, and the rows calibration is fitted on)."""
+    in order: (N,) float32 probabilities as the model computed them (training's validation: the AUC sorts them
+    as float32), float64 logits (the rows calibration is fitted on)."""
     model.eval()
     score = probabilities if output == "probability" else logits
     outputs = []
@@ -249,4 +250,7 @@ def predict(
         for batch in loader.batches():
             outputs.append(score(model, batch.dense, batch.sparse, device, precision))
             bar.update(len(batch))
-    return torch.cat(outputs).double().numpy() if outputs else np.zeros(0)
+    if not outputs:
+        return np.zeros(0, np.float32 if output == "probability" else np.float64)
+    scores = torch.cat(outputs)
+    return (scores.float() if output == "probability" else scores.double()).numpy()
