@@ -79,8 +79,10 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
 
 
 def _child(*args: str) -> dict:
-    output = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if done.returncode != 0:  # the measurement's own last lines (its error), not a bare CalledProcessError
+        raise SystemExit(f"benchmarks/spark.py: measuring {' '.join(args[1:3])} failed:\n" + done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _same_outputs(data: Path) -> list[str]:
@@ -111,6 +113,15 @@ def main() -> None:
         stage, engine, data, master = args.measure
         print(json.dumps(measure(stage, engine, Path(data), master)))
         return
+    from criteo_dlrm.common.errors import ConfigError
+    from criteo_dlrm.spark.session import require_spark
+
+    try:
+        require_spark()
+    except ConfigError as error:
+        raise SystemExit(
+            f"benchmarks/spark.py compares the Spark engine with the local one, and cannot: {error}"
+        ) from None
 
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.metadata import compute_feature_metadata

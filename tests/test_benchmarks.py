@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import PROJECT_ROOT
+from tests.spark.conftest import needs_spark
 
 SMALLEST = {
     "calibration": ["--train-rows", "10000", "--validation-rows", "10000", "--ctrs", "0.25"],
@@ -35,6 +36,8 @@ SMALLEST = {
 def test_every_benchmark_runs_at_its_smallest_size(name, tmp_path):
     if name == "gpu" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")  # a GPU test: the skip guard allows it
+    if name == "spark":
+        needs_spark()  # skips without the spark extra or Java, as every Spark test does
     result = subprocess.run(
         [sys.executable, f"benchmarks/{name}.py", *SMALLEST[name]],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,

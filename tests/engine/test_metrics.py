@@ -120,3 +120,15 @@ def test_torch_auc_refuses_one_class_and_nan_as_numpy_does():
         roc_auc(torch.zeros(3), torch.tensor([0.1, 0.2, 0.3]))
     with pytest.raises(MetricError, match="NaN"):
         roc_auc(torch.tensor([0, 1]), torch.tensor([0.5, float("nan")]))
+
+
+def test_binary_metrics_of_float32_probabilities_match_sklearn_across_its_pieces():
+    rng = np.random.default_rng(5)
+    rows = 3 * (1 << 16) + 17  # several of the one pass's pieces, the last one short
+    labels = rng.random(rows) < 0.03
+    scores = np.clip(rng.random(rows, dtype=np.float32) * 0.3 + labels * 0.1, 0, 1).astype(np.float32)
+    scores[::7] = np.round(scores[::7], 3)
+    result = binary_metrics(labels, scores)
+    assert result["auc"] == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+    assert result["log_loss"] == pytest.approx(sk.log_loss(labels, np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)))
+    assert result["accuracy"] == pytest.approx(sk.accuracy_score(labels, scores >= 0.5))

@@ -38,8 +38,9 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve; tied scores count half (the Mann-Whitney statistic, equal to scikit-learn's).
 
     The positives' and the negatives' scores are sorted apart (together one sort of the scores, in their own
-    dtype: float32 scores are never widened), then each positive counts the negatives at or below it with one
-    binary search; only positives equal to some negative search again for the ties. About 2x numpy's sort of
+    dtype: float32 scores are never widened; probabilities in one sort of their bits, ``_sorted_by_class``),
+    then each positive counts the negatives at or below it with one binary search; only positives equal to
+    some negative search again for the ties. About 2x numpy's sort of
     the same scores, where a float64 argsort with tie ranks was 60x. Torch tensors (on CUDA too) are computed
     where they are, by the same steps (``roc_auc_torch``).
 
@@ -49,8 +50,16 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     if isinstance(scores, torch.Tensor):
         return roc_auc_torch(torch.as_tensor(labels, device=scores.device), scores)
     labels, scores = _check(labels, scores, widen=False)
-    positives = np.sort(scores[labels])
-    negatives = np.sort(scores[~labels])
+    if _are_probabilities(scores):
+        keys = np.empty(len(scores), np.uint32)
+        for begin in range(0, len(scores), _PIECE):
+            _write_keys(labels[begin : begin + _PIECE], scores[begin : begin + _PIECE], keys[begin : begin + _PIECE])
+        return _auc(*_sorted_by_class(keys, labels))
+    return _auc(np.sort(scores[~labels]), np.sort(scores[labels]))
+
+
+def _auc(negatives: np.ndarray, positives: np.ndarray) -> float:
+    """AUC from each class's sorted scores (or order-preserving keys)."""
     _check_classes(len(positives), len(negatives))
     at_or_below = np.searchsorted(negatives, positives, side="right")
     tied = np.flatnonzero(at_or_below > 0)
@@ -59,6 +68,28 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     # Twice the Mann-Whitney U, in integers (exact up to 2^63 pairs), divided once.
     twice_u = 2 * int(at_or_below.sum(dtype=np.int64)) - int(equal.sum(dtype=np.int64))
     return twice_u / (2 * len(positives) * len(negatives))
+
+
+def _are_probabilities(scores: np.ndarray) -> bool:
+    """float32 scores none of which is negative: their bits order as their values do, the sign bit free."""
+    return scores.dtype == np.float32 and len(scores) > 0 and bool(scores.min() >= 0)
+
+
+def _write_keys(clicked: np.ndarray, scores: np.ndarray, out: np.ndarray) -> None:
+    """Order-preserving uint32 keys of non-negative float32 ``scores`` with the class in the sign bit, so one
+    sort of the keys puts every positive after every negative and sorts both (no masked copies of the scores);
+    -0.0 is made +0.0 (equal values, one key)."""
+    np.add(scores, np.float32(0), out=out.view(np.float32))
+    classes = clicked.view(np.uint8).astype(np.uint32)
+    classes <<= 31
+    out |= classes
+
+
+def _sorted_by_class(keys: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The negatives' and the positives' keys (``_write_keys``), each sorted, from one sort (in place)."""
+    keys.sort()
+    split = len(keys) - int(np.count_nonzero(labels))
+    return keys[:split], keys[split:] & np.uint32(0x7FFFFFFF)
 
 
 def roc_auc_torch(labels: torch.Tensor, scores: torch.Tensor) -> float:
@@ -97,12 +128,15 @@ def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
 _PIECE = 1 << 18
 
 
-def _sums(labels: np.ndarray, probabilities: np.ndarray) -> tuple[float, float, int]:
-    """(summed log loss, summed probability, rows right at 0.5), in float64, one pass in cache-sized pieces."""
+def _sums(labels: np.ndarray, probabilities: np.ndarray, keys: np.ndarray | None = None) -> tuple[float, float, int]:
+    """(summed log loss, summed probability, rows right at 0.5), in float64, one pass in cache-sized pieces;
+    ``keys``: filled with the AUC's sort keys in the same pass (``_write_keys``)."""
     loss = total = 0.0
     right = 0
     for begin in range(0, len(labels), _PIECE):
         clicked = labels[begin : begin + _PIECE]
+        if keys is not None:
+            _write_keys(clicked, probabilities[begin : begin + _PIECE], keys[begin : begin + _PIECE])
         p = probabilities[begin : begin + _PIECE].astype(np.float64)
         total += float(p.sum())
         right += int(np.count_nonzero((p >= 0.5) == clicked))
@@ -128,11 +162,12 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
     labels, probabilities = _check(labels, probabilities, widen=False)  # float32 sorted as float32 for the AUC
     rows = len(labels)
     ctr = int(np.count_nonzero(labels)) / rows
-    loss, total, right = _sums(labels, probabilities)
+    keys = np.empty(rows, np.uint32) if _are_probabilities(probabilities) else None
+    loss, total, right = _sums(labels, probabilities, keys)
     return {
         "rows": rows,
         "ctr": ctr,
-        "auc": roc_auc(labels, probabilities),
+        "auc": _auc(*_sorted_by_class(keys, labels)) if keys is not None else roc_auc(labels, probabilities),
         "log_loss": loss / rows,
         "normalized_entropy": loss / rows / entropy(ctr),
         "calibration": total / rows / ctr if ctr > 0 else float("inf"),
