@@ -17,13 +17,13 @@ def lines(monkeypatch):
 
 
 def test_off_a_terminal_long_work_logs_what_is_done_its_rate_and_the_time_left(lines):
-    with progress_bar(1000, "encoding", "row") as bar:
+    with progress_bar(1000, "encoding", "rows") as bar:
         for _ in range(10):
             time.sleep(0.06)
             bar.update(100)
             bar.set_postfix(loss="0.5012", refresh=False)
     assert len(lines) >= 2, lines
-    assert all(line.startswith("encoding: ") and " rows (" in line and " row/s, " in line for line in lines), lines
+    assert all(line.startswith("encoding: ") and " rows (" in line and " rows/s, " in line for line in lines), lines
     assert " left, loss=0.5012" in lines[-1]
     done = [int(line.split(": ")[1].split("/")[0]) for line in lines]
     assert done == sorted(done) and done[-1] < 1000, "steady lines while it runs, no repeat of the end"

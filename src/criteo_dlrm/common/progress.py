@@ -15,8 +15,8 @@ from loguru import logger
 from tqdm import tqdm
 
 PROGRESS_SECONDS = "CRITEO_DLRM_PROGRESS_SECONDS"
-_LINE = "{desc}: {n_fmt}/{total_fmt}{unit}s ({percentage:.0f}%), {rate_fmt}, {remaining} left{postfix}"
-_OPEN_LINE = "{desc}: {n_fmt}{unit}s, {rate_fmt}{postfix}"  # no total known
+_LINE = "{desc}: {n_fmt}/{total_fmt}{unit} ({percentage:.0f}%), {rate_fmt}, {remaining} left{postfix}"
+_OPEN_LINE = "{desc}: {n_fmt}{unit}, {rate_fmt}{postfix}"  # no total known
 
 
 class _LogLines:
