@@ -1,13 +1,17 @@
 """Worker processes: how many are started, and what each task sees."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from criteo_dlrm.common import parallel
-from criteo_dlrm.common.parallel import ROWS_PER_WORKER, choose_workers, run_parallel
+from criteo_dlrm.common.parallel import ROWS_PER_WORKER, WorkerDiedError, choose_workers, run_parallel
 
 
 def test_default_workers_follow_cores_tasks_memory_and_data_size(monkeypatch):
@@ -64,3 +68,62 @@ def test_results_arrive_as_tasks_finish_not_when_all_have(tmp_path):
         results[index] = result
         release.touch()
     assert results[1] == "released"
+
+
+def _killed_on_two(value: int) -> int:
+    if value == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a worker
+    time.sleep(0.2)
+    return value
+
+
+def test_a_worker_killed_by_a_signal_ends_the_job_naming_the_signal_and_what_lowers_memory():
+    with pytest.raises(WorkerDiedError) as died:
+        list(run_parallel(_killed_on_two, [(value,) for value in range(6)], 2))
+    message = str(died.value)
+    assert "A worker process of 2 was killed by SIGKILL" in message, message
+    assert "out-of-memory killer" in message and "training.encoding_workers" in message
+
+
+_JOB = """
+import time
+from criteo_dlrm.common.parallel import run_parallel
+if __name__ == "__main__":
+    list(run_parallel(time.sleep, [(60,), (60,), (60,)], 2))
+"""
+
+
+def _marked(mark: str) -> list[int]:
+    """Processes whose environment holds ``mark``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and mark.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_job_killed_with_sigkill_leaves_no_worker_forkserver_or_resource_tracker(tmp_path):
+    mark = f"CRITEO_DLRM_TEST_MARK={uuid.uuid4().hex}"
+    script = tmp_path / "job.py"
+    script.write_text(_JOB)
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    job = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # the job, its resource tracker, the forkserver and two workers
+            if len(_marked(mark)) >= 5:
+                break
+            time.sleep(0.1)
+        assert len(_marked(mark)) >= 5, "the workers started"
+        job.kill()
+        job.wait()
+        for _ in range(100):
+            if not _marked(mark):
+                break
+            time.sleep(0.1)
+        assert _marked(mark) == [], "every process of the job ends with it"
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)

@@ -3,7 +3,12 @@
 Workers come from a ``forkserver``: a clean process that imports the data code once and forks a worker
 per slot, so workers start in milliseconds without inheriting the parent's threads (Kedro's, torch's).
 The first failed task cancels the ones not started, lets the running ones finish (each writes its
-output atomically, so nothing partial is left) and is raised with its own message.
+output atomically, so nothing partial is left) and is raised with its own message. A worker that dies (the
+out-of-memory killer's SIGKILL) ends the job with ``WorkerDiedError``: its signal and what lowers memory.
+
+Nothing outlives the process that started the job: each worker watches it (``_lifeline``) and ends with it.
+Without that, a killed ``kedro run`` left its workers, the forkserver and its resource tracker running (each
+worker holds the forkserver's "alive" pipe and both ends of the pool's queues, so none of them sees an EOF).
 """
 
 from __future__ import annotations
@@ -11,10 +16,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import select
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+import psutil
+
+from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.memory import available_memory
 
 
@@ -63,9 +76,42 @@ def where_tasks_run(run: Runner, workers: int) -> str:
 _SHARED: Any = None  # in a worker process: the ``shared`` object of the job it serves
 
 
-def _start_worker(shared: Any, threads: int) -> None:
-    """Runs once in each worker: keep the job's shared object, and give pyarrow the worker's share of cores."""
+class WorkerDiedError(UserError, RuntimeError):
+    """A worker process ended without a result (killed by a signal, most often for memory)."""
+
+
+WORKER_SETTINGS = (
+    "ingestion.workers, metadata.workers and training.encoding_workers (parameters_*.yml; 1 runs a stage in the "
+    "kedro process alone)"
+)
+
+
+def _lifeline(pid: int) -> None:
+    """End this process when process ``pid`` ends, however it ends (SIGKILL included): a daemon thread waits on
+    a pidfd of it (Linux 5.3+; elsewhere it looks every second)."""
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(1)
+    except (AttributeError, OSError):
+        handle = None
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while psutil.pid_exists(pid):
+                time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="criteo-dlrm-lifeline", daemon=True).start()
+
+
+def _start_worker(shared: Any, threads: int, parent: int) -> None:
+    """Runs once in each worker: end with the job's process, keep the job's shared object, and give pyarrow the
+    worker's share of cores."""
     global _SHARED
+    _lifeline(parent)
     _SHARED = shared
     import pyarrow
 
@@ -105,7 +151,7 @@ def run_parallel(
     context.set_forkserver_preload(list(preload))
     threads = max(1, available_cores() // workers)
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(shared, threads)
+        max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(shared, threads, os.getpid())
     ) as pool:
         futures: dict[Future, int] = {pool.submit(function, *task): index for index, task in enumerate(tasks)}
         pending = set(futures)
@@ -116,6 +162,25 @@ def run_parallel(
                 for future in pending:
                     future.cancel()
                 wait(pending)  # the running tasks finish (their outputs are complete); the rest never start
-                raise failed[0].exception()
+                error = failed[0].exception()
+                if isinstance(error, BrokenProcessPool):
+                    raise WorkerDiedError(_died(pool, workers)) from error
+                raise error
             for future in done:
                 yield futures[future], future.result()
+
+
+def _died(pool: ProcessPoolExecutor, workers: int) -> str:
+    """What to say of a pool whose worker died: its signal, where the pool still knows it, and the likely cause."""
+    codes = [process.exitcode for process in (getattr(pool, "_processes", None) or {}).values()]
+    killed = sorted({-code for code in codes if code is not None and code < 0})
+    how = (
+        "was killed by " + ", ".join(signal.Signals(number).name for number in killed)
+        if killed
+        else "ended without a result"
+    )
+    return (
+        f"A worker process of {workers} {how}. SIGKILL there is most often the kernel's out-of-memory killer: the "
+        f"job's memory limit (a cgroup's, or the machine's) was reached. Fewer workers need less memory: lower "
+        f"{WORKER_SETTINGS}. What finished is kept: the same command continues from it."
+    )
