@@ -132,3 +132,21 @@ def test_binary_metrics_of_float32_probabilities_match_sklearn_across_its_pieces
     assert result["auc"] == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
     assert result["log_loss"] == pytest.approx(sk.log_loss(labels, np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)))
     assert result["accuracy"] == pytest.approx(sk.accuracy_score(labels, scores >= 0.5))
+
+
+def _devices() -> list:
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_metrics_of_tensors_are_computed_where_they_are_and_equal_numpy_s(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    rng = np.random.default_rng(7)
+    labels = rng.random(100_000) < 0.03
+    scores = np.clip(rng.random(100_000, dtype=np.float32) * 0.2 + labels * 0.05, 0, 1).astype(np.float32)
+    expected = binary_metrics(labels, scores)
+    got = binary_metrics(labels, torch.from_numpy(scores).to(device))
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-12), name

@@ -159,6 +159,8 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
     Normalized entropy below 1 means the model beats predicting the observed CTR everywhere;
     calibration is mean prediction / observed CTR (1 is perfectly calibrated on average).
     """
+    if isinstance(probabilities, torch.Tensor):
+        return binary_metrics_torch(torch.as_tensor(labels, device=probabilities.device), probabilities)
     labels, probabilities = _check(labels, probabilities, widen=False)  # float32 sorted as float32 for the AUC
     rows = len(labels)
     ctr = int(np.count_nonzero(labels)) / rows
@@ -172,6 +174,27 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
         "normalized_entropy": loss / rows / entropy(ctr),
         "calibration": total / rows / ctr if ctr > 0 else float("inf"),
         "accuracy": right / rows,
+    }
+
+
+def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> dict[str, float]:
+    """``binary_metrics`` computed on the tensors' device (a GPU's scores stay there): the same figures within
+    float64 rounding (sums in another order)."""
+    labels, p = labels.reshape(-1).bool(), probabilities.reshape(-1)
+    auc = roc_auc_torch(labels, p)  # checks rows, finiteness and both classes first
+    rows = len(labels)
+    ctr = int(labels.sum()) / rows
+    wide = p.double()
+    clipped = wide.clamp(EPSILON, 1 - EPSILON)
+    loss = -float(torch.where(labels, clipped, 1 - clipped).log().sum()) / rows
+    return {
+        "rows": rows,
+        "ctr": ctr,
+        "auc": auc,
+        "log_loss": loss,
+        "normalized_entropy": loss / entropy(ctr),
+        "calibration": float(wide.sum()) / rows / ctr if ctr > 0 else float("inf"),
+        "accuracy": int(((wide >= 0.5) == labels).sum()) / rows,
     }
 
 

@@ -151,8 +151,10 @@ class SingleProcess:
 
     # -- validation ----------------------------------------------------------------------------------
     def predict(self, loader: BatchLoader) -> np.ndarray | None:
-        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others)."""
-        return predict(self.model, loader, self.device, self.config.precision)
+        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others); on a GPU they
+        stay there, where the metrics are computed."""
+        on_device = self.device.type == "cuda"
+        return predict(self.model, loader, self.device, self.config.precision, on_device=on_device)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
         """``binary_metrics`` of the validation rows, computed once (on rank 0) and known to every process.

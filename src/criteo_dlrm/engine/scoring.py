@@ -64,20 +64,31 @@ def checkpoint_encoder(checkpoint: dict, source: str) -> FeatureEncoder:
 
 @torch.no_grad()
 def logits(
-    model: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor, device: torch.device, precision: str = "fp32"
+    model: torch.nn.Module,
+    dense: torch.Tensor,
+    sparse: torch.Tensor,
+    device: torch.device,
+    precision: str = "fp32",
+    on_device: bool = False,
 ) -> torch.Tensor:
-    """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 logits on the CPU."""
+    """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 logits on the CPU (on
+    ``device`` with ``on_device``)."""
     dense, sparse = dense.to(device, non_blocking=True), sparse.to(device, non_blocking=True)
     with autocast(device, precision):
         scores = model(dense, sparse)
-    return scores.float().cpu()
+    return scores.float() if on_device else scores.float().cpu()
 
 
 def probabilities(
-    model: torch.nn.Module, dense: torch.Tensor, sparse: torch.Tensor, device: torch.device, precision: str = "fp32"
+    model: torch.nn.Module,
+    dense: torch.Tensor,
+    sparse: torch.Tensor,
+    device: torch.device,
+    precision: str = "fp32",
+    on_device: bool = False,
 ) -> torch.Tensor:
     """The model's own click probabilities (before calibration): ``sigmoid(logits(...))``, (B,) float32."""
-    return torch.sigmoid(logits(model, dense, sparse, device, precision))
+    return torch.sigmoid(logits(model, dense, sparse, device, precision, on_device))
 
 
 @torch.no_grad()
@@ -239,18 +250,21 @@ def predict(
     precision: str = "fp32",
     progress: bool | None = False,
     output: str = "probability",
-) -> np.ndarray:
+    on_device: bool = False,
+) -> np.ndarray | torch.Tensor:
     """The model's own click probabilities (``output="logit"``: its logits) for every encoded row of ``loader``,
     in order: (N,) float32 probabilities as the model computed them (training's validation: the AUC sorts them
-    as float32), float64 logits (the rows calibration is fitted on)."""
+    as float32), float64 logits (the rows calibration is fitted on). ``on_device``: a tensor on ``device``
+    instead (no copy to the host per batch; the validation's metrics are computed where it is)."""
     model.eval()
     score = probabilities if output == "probability" else logits
     outputs = []
     with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
         for batch in loader.batches():
-            outputs.append(score(model, batch.dense, batch.sparse, device, precision))
+            outputs.append(score(model, batch.dense, batch.sparse, device, precision, on_device))
             bar.update(len(batch))
     if not outputs:
         return np.zeros(0, np.float32 if output == "probability" else np.float64)
     scores = torch.cat(outputs)
-    return (scores.float() if output == "probability" else scores.double()).numpy()
+    scores = scores.float() if output == "probability" else scores.double()
+    return scores if on_device else scores.numpy()
