@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from criteo_dlrm.common.storage import DamagedFileError
-from criteo_dlrm.engine.checkpoint import load_checkpoint
+from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.progress import ProgressFiles, best_path_for, load_best
 from criteo_dlrm.engine.result import TrainingResult
 from tests.conftest import PROJECT_ROOT
@@ -97,3 +97,25 @@ def test_a_best_model_of_another_step_is_refused_naming_it(tmp_path):
     files.save(_values(7), improved=True)
     with pytest.raises(DamagedFileError, match=rf"{files.best} holds step 7, not the best step 6"):
         load_best(TrainingResult(str(files.best), 6, 0, {}, [], 8, False, 1.0))
+
+
+def test_an_in_progress_checkpoint_that_carried_its_best_model_inside_resumes_with_it_in_its_own_file(
+    tiny_features, tmp_path
+):
+    from tests.engine.test_loop import _config, _trainer
+
+    progress = tmp_path / "in_progress" / "dlrm_x.pt"
+    config = _config(num_epochs=1, validations_per_epoch=2)
+    _trainer(tiny_features, tmp_path / "first", config, resume_path=progress, fingerprint="x").fit()
+    latest, best = load_checkpoint(progress), load_checkpoint(best_path_for(progress))
+    # The layout before the best model had its own file: its state inside the in-progress checkpoint.
+    latest["best"] = {**latest["best"], "model_state": best["model_state"], "optimizer_state": best["optimizer_state"]}
+    best_path_for(progress).unlink()
+    save_atomically(latest, progress)
+    resumed = _trainer(tiny_features, tmp_path / "second", config, resume_path=progress, fingerprint="x")
+    assert resumed.step == latest["step"], "resumed, not started afresh"
+    assert load_checkpoint(progress)["step"] == latest["step"], "the in-progress state is the latest, not the best"
+    moved = load_checkpoint(best_path_for(progress))
+    assert moved["step"] == latest["best"]["step"]
+    for name, tensor in best["model_state"].items():
+        assert torch.equal(moved["model_state"][name], tensor), name

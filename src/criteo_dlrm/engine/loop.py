@@ -4,8 +4,9 @@ Setup (resume) happens in ``Trainer.__init__``, the loop in ``fit``, the per-ste
 (``engine.step``). Validation runs over the whole validation set, early stopping watches validation log
 loss, and an in-progress checkpoint at each validation lets an interrupted run continue at the same step,
 with the same optimiser state and data order. The best model and the in-progress state live on disk
-(``engine.progress``), written from the live tensors: memory holds the model and its optimiser state once. How the run spreads over processes (one, a DDP group, or
-TorchRec's sharded tables) is the parallel mode's business (``engine.modes``): the loop names none of them.
+(``engine.progress``), written from the live tensors: memory holds the model and its optimiser state once.
+How the run spreads over processes (one, a DDP group, or TorchRec's sharded tables) is the parallel mode's
+business (``engine.modes``): the loop names none of them.
 """
 
 from __future__ import annotations
@@ -114,9 +115,9 @@ class Trainer:
             logger.warning("{} belongs to other settings or data; starting afresh", self.resume_path)
             return False
         best = state["best"]
-        if "model_state" in best:  # written before the best model lived in its own file
-            self.files.save({**state, "step": best["step"], "model_state": best.pop("model_state"),
-                             "optimizer_state": best.pop("optimizer_state")}, improved=False)  # fmt: skip
+        if "model_state" in best and self.is_main:  # written before the best model lived in its own file
+            self.files.save_best({**state, "step": best["step"], "model_state": best.pop("model_state"),
+                                  "optimizer_state": best.pop("optimizer_state")})  # fmt: skip
         if best and not self.files.best.exists():
             logger.warning(
                 "{} has no best model beside it ({} is missing); starting afresh", self.resume_path, self.files.best

@@ -53,8 +53,7 @@ class ProgressFiles:
         """Write ``values`` as the in-progress checkpoint, and as the best model when ``improved``."""
         if self.latest is None:
             if improved:
-                self.best.parent.mkdir(parents=True, exist_ok=True)
-                save_atomically(values, self.best)
+                self.save_best(values)
             return
         self.latest.parent.mkdir(parents=True, exist_ok=True)
         save_atomically(values, self.latest)
@@ -66,6 +65,12 @@ class ProgressFiles:
             except OSError:  # a filesystem without hard links
                 shutil.copyfile(self.latest, staged)
             os.replace(staged, self.best)
+
+    def save_best(self, values: dict[str, Any]) -> None:
+        """Write ``values`` as the best model alone (resume off, or an in-progress checkpoint of an earlier version
+        of this project, which carried the best model inside it)."""
+        self.best.parent.mkdir(parents=True, exist_ok=True)
+        save_atomically(values, self.best)
 
     def remove(self) -> None:
         """Both files (a finished run whose checkpoint is stored)."""
