@@ -3,6 +3,7 @@ import pytest
 import torch
 from sklearn import metrics as sk
 
+from criteo_dlrm.engine import metrics
 from criteo_dlrm.engine.metrics import (
     MetricError,
     binary_metrics,
@@ -124,7 +125,7 @@ def test_torch_auc_refuses_one_class_and_nan_as_numpy_does():
 
 def test_binary_metrics_of_float32_probabilities_match_sklearn_across_its_pieces():
     rng = np.random.default_rng(5)
-    rows = 3 * (1 << 16) + 17  # several of the one pass's pieces, the last one short
+    rows = 3 * metrics._PIECE + 17  # several of the one pass's pieces, the last one short
     labels = rng.random(rows) < 0.03
     scores = np.clip(rng.random(rows, dtype=np.float32) * 0.3 + labels * 0.1, 0, 1).astype(np.float32)
     scores[::7] = np.round(scores[::7], 3)

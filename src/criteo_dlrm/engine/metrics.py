@@ -40,9 +40,9 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     The positives' and the negatives' scores are sorted apart (together one sort of the scores, in their own
     dtype: float32 scores are never widened; probabilities in one sort of their bits, ``_sorted_by_class``),
     then each positive counts the negatives at or below it with one binary search; only positives equal to
-    some negative search again for the ties. About 2x numpy's sort of
-    the same scores, where a float64 argsort with tie ranks was 60x. Torch tensors (on CUDA too) are computed
-    where they are, by the same steps (``roc_auc_torch``).
+    some negative search again for the ties: about 2x numpy's sort of the same scores, where a float64 argsort
+    with tie ranks was 60x. Torch tensors (on CUDA too) are computed where they are, by the same steps
+    (``roc_auc_torch``).
 
     Raises:
         MetricError: only one class is present (AUC is undefined).
