@@ -219,3 +219,17 @@ def test_an_absent_tracking_server_suggests_running_without_tracking_and_that_ru
     result = subprocess.run(command, shell=True, cwd=fresh, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "evaluation  checkpoint" in result.stdout
+
+
+def test_from_a_folder_inside_the_project_a_run_and_its_suggested_command_use_the_project_s_files(ran):
+    inside = ran / "notebooks"
+    inside.mkdir(exist_ok=True)
+    assert "AUC" in _succeeds(inside, "--pipelines=evaluation"), "the lineage's paths are the project's"
+    [day] = ran.glob("data/02_intermediate/*/day_2.parquet")
+    day.unlink()
+    message = _fails(inside, "--pipelines=evaluation")
+    assert "day_2" in message and "no longer exists" in message
+    _succeeds(inside, *_suggested(message))
+    assert day.exists(), "restored where the project keeps it"
+    _succeeds(inside, "--pipelines=evaluation")
+    assert not (inside / "data").exists(), "no second copy of the data in the folder the command ran from"

@@ -19,11 +19,13 @@ it, each before the first line or warning of the entry it covers:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import tomllib
 import warnings
 from pathlib import Path
 
+import yaml
 from kedro.framework.session import KedroSession
 from loguru import logger
 
@@ -121,7 +123,12 @@ PACKAGE = __name__.split(".")[0]
 
 
 def on_kedro_command() -> None:
-    """Kedro's ``kedro.init`` entry point: the console prepared when the ``kedro`` command runs in this project.
+    """Kedro's ``kedro.init`` entry point: when the ``kedro`` command runs in this project, from its root folder or
+    any folder inside it, the console prepared and the project's root made the working directory.
+
+    The root, because every relative path this project keeps (the catalog's, the parameters', those recorded in
+    the lineage) is relative to it: from ``notebooks/`` a rerun checked the lineage's paths against the wrong
+    folder and refused, and a suggested command wrote a second copy of the data there.
 
     Kedro calls every installed package's ``kedro.init`` entry point for every command, whichever project it runs
     in, so this acts only where the working directory's project (``[tool.kedro]`` in its ``pyproject.toml``) is
@@ -136,7 +143,23 @@ def on_kedro_command() -> None:
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return  # not a readable project: Kedro itself says so
     if package == PACKAGE:
+        moved = Path.cwd().resolve() != root.resolve()
+        if moved:
+            os.chdir(root)
+            _project_logging()
         prepare_console()
+        if moved:
+            logger.info("working in the project's folder {} (relative paths are the project's)", root)
+
+
+def _project_logging() -> None:
+    """The project's ``conf/logging.yml``, which Kedro looked for in the folder the command started in (unless
+    ``KEDRO_LOGGING_CONFIG`` names a file)."""
+    from kedro.framework.project import configure_logging
+
+    path = Path("conf/logging.yml")
+    if "KEDRO_LOGGING_CONFIG" not in os.environ and path.is_file():
+        configure_logging(yaml.safe_load(path.read_text(encoding="utf-8")))
 
 
 class ConsoleSession(KedroSession):
