@@ -63,3 +63,13 @@ def test_embedding_settings_that_only_one_backend_has_are_refused_naming_the_oth
         {"embedding_backend": "torchrec", "embedding_optimizer": "rowwise_adagrad", "sharding": {"type": "column_wise"}}
     )
     assert config.sharding.type == "column_wise"
+
+
+def test_integers_beyond_64_bits_and_negative_seeds_are_refused_with_the_others():
+    with pytest.raises(ConfigError) as caught:
+        TrainingConfig.from_dict({"seed": -1, "max_steps": 2**70, "prediction_hidden_sizes": [64, 2**64]}, "training.")
+    message = str(caught.value)
+    assert "training.seed must be >= 0, got -1" in message
+    assert f"training.max_steps must fit a 64-bit integer (-2**63 to 2**63 - 1), got {2**70}" in message
+    assert "training.prediction_hidden_sizes must fit a 64-bit integer" in message
+    TrainingConfig.from_dict({"seed": 2**63 - 1}, "training.")

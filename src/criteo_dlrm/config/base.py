@@ -112,6 +112,8 @@ def build(cls: type, values: Any, prefix: str, problems: list[str]) -> Any:
             problems.append(f"{prefix}{name} must be {describe(kind)}, got {value!r}")
         elif not finite(value):
             problems.append(f"{prefix}{name} must be a finite number, got {value!r}")
+        elif not fits_int64(value):
+            problems.append(f"{prefix}{name} must fit a 64-bit integer (-2**63 to 2**63 - 1), got {value!r}")
         else:
             kwargs[name] = convert(kind, value)
     return cls(**kwargs)
@@ -125,6 +127,18 @@ def finite(value: Any) -> bool:
         return all(finite(v) for v in value.values())
     if is_list(value):
         return all(finite(v) for v in value)
+    return True
+
+
+def fits_int64(value: Any) -> bool:
+    """Every whole number in ``value`` (a number, or a list or mapping of them) fits numpy's and torch's int64:
+    a larger one passed every range check, then ended in a traceback from deep inside numpy."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -(2**63) <= value < 2**63
+    if isinstance(value, Mapping):
+        return all(fits_int64(v) for v in value.values())
+    if is_list(value):
+        return all(fits_int64(v) for v in value)
     return True
 
 

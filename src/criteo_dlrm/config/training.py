@@ -178,7 +178,7 @@ class TrainingConfig(Config):
         checks.one_of("precision", PRECISIONS)
         checks.one_of("compile_mode", COMPILE_MODES)
         checks.one_of("distributed.backend", BACKENDS)
-        checks.at_least(0, "prefetch_batches")
+        checks.at_least(0, "prefetch_batches", "seed")  # numpy's generators take no negative seed
         checks.at_least(1, "num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
                         "validations_per_epoch", "distributed.nproc_per_node", "distributed.nnodes",
                         "early_stopping.patience")  # fmt: skip
