@@ -23,7 +23,7 @@ from criteo_dlrm.engine.sharding import shard_model
 from criteo_dlrm.models.dlrm import DLRM
 from tests.conftest import TINY_MODEL, tiny_trainer
 
-pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
+pytest.importorskip("torchrec", reason="the torchrec extra is not installed (docs/torchrec.md: Install)")
 
 
 def _config(tmp_path: Path, **overrides) -> TrainingConfig:

@@ -7,7 +7,7 @@ from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables, table_key
 from tests.conftest import tiny_model_config
 
-pytest.importorskip("torchrec", reason="the torchrec extra is not installed (README: Sharded embedding tables)")
+pytest.importorskip("torchrec", reason="the torchrec extra is not installed (docs/torchrec.md: Install)")
 
 from criteo_dlrm.models.torchrec_embeddings import TorchRecEmbeddings  # noqa: E402
 

@@ -31,7 +31,7 @@ from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import TorchRecEmbeddings, grouped_tables, split_tables, table_key
 
 INSTALL_HINT = (
-    "Install the torchrec extra (README, 'Sharded embedding tables'): on CPU "
+    "Install the torchrec extra (docs/torchrec.md, 'Install'): on CPU "
     "`pip install fbgemm-gpu-cpu==1.8.0 && pip install --no-deps torchrec==1.8.0 && pip install -e '.[torchrec]'` "
     "(for torch 2.13)"
 )
