@@ -1,8 +1,13 @@
 """Which files of a raw folder are days."""
 
+import gzip
+from pathlib import Path
+
+import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import IngestionError, find_day_files
+from criteo_dlrm.data.raw import IngestionError, find_day_files, find_scoring_input
+from tests.conftest import ingestion_report
 
 
 def test_missing_or_empty_folder_is_a_clear_error(tmp_path):
@@ -26,3 +31,18 @@ def test_two_files_for_one_day_are_refused(tmp_path, names):
     first, second = sorted(names)
     with pytest.raises(IngestionError, match=rf"{first} and {second} are both {first.split('.')[0]}"):
         find_day_files(tmp_path)
+
+
+def test_an_empty_day_to_score_is_refused_before_any_work_naming_it(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "day_0").write_text("1\t" + "\t" * 38 + "\n")
+    (raw / "day_1.gz").write_bytes(gzip.compress(b""))  # a valid gzip file of nothing
+    with pytest.raises(IngestionError, match=r"day_1.gz holds no rows: .* Move it out of scoring.input_dir"):
+        find_scoring_input(raw)
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    day = Path(ingestion_report(tmp_path / "days", days=1)["days"][0]["parquet"])
+    pq.write_table(pq.read_table(day).slice(0, 0), parquet / "day_0.parquet")
+    with pytest.raises(IngestionError, match=r"day_0.parquet holds no rows"):
+        find_scoring_input(parquet)

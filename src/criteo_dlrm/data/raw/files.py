@@ -170,20 +170,36 @@ def find_scoring_input(
     folder = Path(input_dir)
     parquet = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
     try:
-        return scan_raw_folder(folder, parameter, " or Parquet days (*.parquet)").days, []
+        days = scan_raw_folder(folder, parameter, " or Parquet days (*.parquet)").days
     except IngestionError:
         if not parquet:
             raise
+    else:
+        for path in days:
+            with open_raw(path)[1] as stream:
+                if not stream.read(1):
+                    raise _empty(path, parameter)
+        return days, []
     for path in parquet:
         try:
             check_parquet_schema(pq.read_schema(path), str(path), labelled=False)
+            rows = pq.read_metadata(path).num_rows
         except (OSError, pa.ArrowException, DataError) as error:
             raise DataError(
                 f"{path} is not a Parquet day this project can score ({str(error).split('. ')[0].split(': ', 1)[-1]}). "
                 f"{parameter} takes raw Criteo day files or Parquet days written by ingestion: point it at such a "
                 "folder, or move the file out of it."
             ) from error
+        if rows == 0:
+            raise _empty(path, parameter)
     return [], parquet
+
+
+def _empty(path: Path, parameter: str) -> IngestionError:
+    return IngestionError(
+        f"{path} holds no rows: there is nothing to score in it. Move it out of {parameter} (or point {parameter} "
+        "at the days to score)."
+    )
 
 
 def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
