@@ -106,10 +106,7 @@ class Trainer:
         try:
             state = load_checkpoint(self.resume_path, mmap=True)  # copied into the model, never held twice
         except DamagedFileError as error:
-            aside = Path(f"{self.resume_path}.damaged")
-            if self.is_main:
-                os.replace(self.resume_path, aside)
-                logger.warning("{} Moved to {}; this run starts afresh.", error, aside)
+            self._set_aside(error)
             return False
         if state.get("fingerprint") != self.fingerprint:
             logger.warning("{} belongs to other settings or data; starting afresh", self.resume_path)
@@ -123,7 +120,11 @@ class Trainer:
                 "{} has no best model beside it ({} is missing); starting afresh", self.resume_path, self.files.best
             )
             return False
-        self.mode.restore(state["model_state"], state["optimizer_state"])
+        try:
+            self.mode.restore_state(state, self.files)
+        except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
+            self._set_aside(error)
+            return False
         self.step, self.best_loss, self.best = state["step"], state["best_loss"], state["best"]
         self.bad_validations, self.history = state["bad_validations"], state["history"]
         torch.set_rng_state(state["torch_rng_state"])
@@ -137,24 +138,26 @@ class Trainer:
         )
         return True
 
+    def _set_aside(self, error: DamagedFileError) -> None:
+        aside = Path(f"{self.resume_path}.damaged")
+        if self.is_main:
+            os.replace(self.resume_path, aside)
+            logger.warning("{} Moved to {}; this run starts afresh.", error, aside)
+
     def _save_progress(self, improved: bool = False) -> None:
         """Write the in-progress checkpoint (resume on), and the best model when this step's validation
-        ``improved``: from the live tensors, one at a time (``mode.state``), no copy kept."""
+        ``improved``: from the live tensors (``mode.save_state``), no copy kept. Every process calls it."""
         if self.resume_path is None and not improved:
             return
-        state, optimizer_state = self.mode.state()  # every process takes part (a sharded run gathers)
-        if not self.is_main:
-            return
-        if not all(all_finite(t) for t in state.values() if t.is_floating_point()):
+        if not self.mode.weights_finite():  # the same answer in every process: all stop together
             raise TrainingDivergedError(
                 f"Training diverged: the weights are NaN or infinite at step {self.step:,} although every loss "
                 f"was finite.{self._kept()} Lower the learning rates or add warm-up."
             )
-        self.files.save(
+        self.mode.save_state(
+            self.files,
             {
                 "fingerprint": self.fingerprint,
-                "model_state": state,
-                "optimizer_state": optimizer_state,
                 "step": self.step,
                 "run_dir": str(self.run_dir),
                 "best_loss": self.best_loss,
@@ -357,17 +360,6 @@ class Trainer:
             if improved
             else f" (no improvement {self.bad_validations}/{self.config.early_stopping.patience})",
         )
-
-
-# Values per piece of the finiteness check of the weights: ``isfinite`` makes temporaries of about twice a
-# tensor's bytes, which for a table of gigabytes would be a second table in memory.
-_FINITE_PIECE = 1 << 22
-
-
-def all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every value of ``tensor`` is finite, checked piece by piece (no temporary the size of the tensor)."""
-    flat = tensor.detach().reshape(-1)
-    return all(bool(torch.isfinite(piece).all()) for piece in flat.split(_FINITE_PIECE))
 
 
 def _flat(values: dict, prefix: str = "") -> dict:

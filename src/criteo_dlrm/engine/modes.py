@@ -5,8 +5,8 @@
   (backward all-reduces their gradients in buckets as it runs); the sparse embedding gradients left out of
   DDP and all-gathered after backward (DDP's own sparse path is gloo-only and crashed once in our tests).
 - ``Sharded``: TorchRec shards the tables across the processes (``engine.sharding``); their fused optimiser
-  runs inside backward, the dense layers are data-parallel, state is gathered to rank 0 in the ``torch``
-  backend's layout when it is written.
+  runs inside backward, the dense layers are data-parallel; every process writes its own shards of the state
+  (``engine.sharded_checkpoint``), nothing is gathered.
 
 Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
@@ -31,6 +31,7 @@ from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
+from criteo_dlrm.engine.progress import ProgressFiles
 from criteo_dlrm.engine.scoring import predict
 from criteo_dlrm.engine.sharding import ShardedDLRM, log_plan, shard_model
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
@@ -138,6 +139,22 @@ class SingleProcess:
         return values
 
     # -- state ---------------------------------------------------------------------------------------
+    def weights_finite(self) -> bool:
+        """Whether every weight is finite (the same answer in every process)."""
+        return all(all_finite(t) for t in self.model.state_dict().values() if t.is_floating_point())
+
+    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
+        """Write the in-progress checkpoint (and the best model when ``improved``): ``values`` (the loop's
+        bookkeeping) with the model's and the optimisers' state. Every process calls it."""
+        model_state, optimizer_state = self.state()
+        if self.is_main:
+            files.save({**values, "model_state": model_state, "optimizer_state": optimizer_state}, improved)
+
+    def restore_state(self, values: dict, files: ProgressFiles) -> None:
+        """Put a checkpoint's state (as ``save_state`` wrote it, loaded from ``files``) into the model and the
+        optimisers."""
+        self.restore(values["model_state"], values["optimizer_state"])
+
     def state(self) -> tuple[dict | None, dict | None]:
         """The model's and the optimisers' state to write: the live tensors themselves, not copies (written at
         once, before the next step changes them). Every process calls it; only rank 0 gets the state (the
@@ -304,16 +321,46 @@ class Sharded(_ProcessGroup):
                 if parameter.grad is not None:
                     parameter.grad.mul_(self.world_size)
 
-    def state(self) -> tuple[dict | None, dict | None]:
-        optimizers = {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
-        model_state, fused = self.sharded.model_state(), self.sharded.optimizer_state()
-        return (model_state, {**optimizers, "fused_embeddings": fused}) if self.is_main else (None, None)
+    def weights_finite(self) -> bool:
+        finite = torch.tensor([float(super().weights_finite())])  # this process's shards and the dense layers
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite.item())
+
+    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
+        """Every process writes its own shards (``engine.sharded_checkpoint``): nothing is gathered."""
+        dense = self.optimizers["dense"].state_dict()
+        files.save_sharded({**values, "dense_param_groups": dense["param_groups"]}, self.sharded.tensors(dense),
+                           improved)  # fmt: skip
+
+    def restore_state(self, values: dict, files: ProgressFiles) -> None:
+        if "sharded_state" not in values:  # written gathered, before the state was sharded on disk
+            super().restore_state(values, files)
+            return
+        folder, digests = files.state_folder(values), values["sharded_state"]["digests"]
+        dense = self.sharded.read_tensors(folder, digests)
+        self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": values["dense_param_groups"]})
 
     def restore(self, model_state: dict, optimizer_state: dict) -> None:
         self.sharded.load_model_state(model_state)
         self.sharded.load_optimizer_state(optimizer_state["fused_embeddings"])
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(optimizer_state[name])
+
+
+# Values per piece of the finiteness check of the weights: ``isfinite`` makes temporaries of about twice a
+# tensor's bytes, which for a table of gigabytes would be a second table in memory.
+_FINITE_PIECE = 1 << 22
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` (this process's shards of a sharded one) is finite, checked piece by
+    piece (no temporary the size of the tensor)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if isinstance(tensor, ShardedTensor):
+        return all(all_finite(shard.tensor) for shard in tensor.local_shards())
+    flat = tensor.detach().reshape(-1)
+    return all(bool(torch.isfinite(piece).all()) for piece in flat.split(_FINITE_PIECE))
 
 
 def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:

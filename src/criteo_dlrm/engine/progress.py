@@ -8,6 +8,10 @@ has no links). Resume off, only the best file is written, at the validations tha
 
 Kept beside the in-progress checkpoint (``<folder>/best/<name>``) so a rerun that resumes finds both; removed
 with it once the finished run's checkpoint is stored (``recipe.finish_run``).
+
+A sharded run (TorchRec) writes its tensors from every process into a folder beside the file
+(``<name>.state-<step>/``, ``engine.sharded_checkpoint``); the file then holds the bookkeeping and names the
+folder with the digest of each of its files. The best model's folder is hard-linked file by file as well.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from criteo_dlrm.common.storage import DamagedFileError, remove_stale_partials, staging_path
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.result import TrainingResult
+from criteo_dlrm.engine.sharded_checkpoint import consolidate, write_state
 
 
 def best_path_for(in_progress: str | os.PathLike) -> Path:
@@ -60,11 +69,41 @@ class ProgressFiles:
         if improved:
             self.best.parent.mkdir(parents=True, exist_ok=True)
             staged = staging_path(self.best)
-            try:
-                os.link(self.latest, staged)
-            except OSError:  # a filesystem without hard links
-                shutil.copyfile(self.latest, staged)
+            _link_or_copy(self.latest, staged)
             os.replace(staged, self.best)
+
+    def save_sharded(self, values: dict[str, Any], tensors: dict[str, torch.Tensor], improved: bool) -> None:
+        """A sharded run's checkpoint: ``tensors`` written by every process into the folder beside the file,
+        ``values`` (with the folder's name and digests) by rank 0. Every process calls it."""
+        target = self.latest if self.latest is not None else self.best
+        folder = target.parent / f"{target.stem}.state-{values['step']}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digests = write_state(tensors, folder)
+        if digests is not None:  # rank 0
+            values = {**values, "sharded_state": {"folder": folder.name, "digests": digests}}
+            if self.latest is None:
+                self.save_best(values)
+            else:
+                self.save(values, improved=False)
+                if improved:
+                    self._link_best(folder, values)
+            for path in (self.latest, self.best):
+                if path is not None:
+                    _remove_unreferenced_folders(path)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # the files are in place before any process goes on (and may save again)
+
+    def _link_best(self, folder: Path, values: dict[str, Any]) -> None:
+        """The best model: the state folder's files hard-linked into ``best/`` (copied without links), then the
+        file naming it."""
+        linked = self.best.parent / folder.name
+        shutil.rmtree(linked, ignore_errors=True)
+        shutil.copytree(folder, linked, copy_function=_link_or_copy)
+        self.save_best(values)
+
+    def state_folder(self, values: dict[str, Any]) -> Path:
+        """The folder of a sharded run's tensors that ``values`` (loaded from the in-progress file) names."""
+        return self.latest.parent / values["sharded_state"]["folder"]
 
     def save_best(self, values: dict[str, Any]) -> None:
         """Write ``values`` as the best model alone (resume off, or an in-progress checkpoint of an earlier version
@@ -73,18 +112,50 @@ class ProgressFiles:
         save_atomically(values, self.best)
 
     def remove(self) -> None:
-        """Both files (a finished run whose checkpoint is stored)."""
+        """Both files and their state folders (a finished run whose checkpoint is stored)."""
         for path in (self.latest, self.best):
             if path is not None:
-                path.unlink(missing_ok=True)
+                remove_checkpoint(path)
 
 
-def load_best(result: TrainingResult) -> tuple[dict, dict]:
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(source, destination)
+
+
+def _state_folders(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.stem}.state-*"))
+
+
+def _remove_unreferenced_folders(path: Path) -> None:
+    """The state folders beside ``path`` that it does not name (earlier steps), and a killed save's staging."""
+    keep = None
+    if path.exists():
+        keep = (load_checkpoint(path).get("sharded_state") or {}).get("folder")
+    for folder in [*_state_folders(path), *path.parent.glob(f".{path.stem}.state-*.partial")]:
+        if folder.name != keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """An in-progress or best checkpoint file and its state folders."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    for folder in _state_folders(path):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def load_best(result: TrainingResult, torch_layout: Callable[[dict, list], tuple[dict, dict]] | None = None):
     """The best model's ``(model_state, optimizer_state)``, memory-mapped from ``result.best_checkpoint`` (pages
-    are read as they are used and can be dropped again: the file is not copied into memory).
+    are read as they are used and can be dropped again: the file is not copied into memory). A sharded run's
+    state is read whole in this process from its folder, and put in the torch backend's layout by
+    ``torch_layout(tensors, dense_param_groups)`` (``sharding.torch_layout``).
 
     Raises:
-        DamagedFileError: the file is damaged, or holds another step than the result's best, naming it.
+        DamagedFileError: the file or a file of its state folder is damaged, or it holds another step than the
+            result's best, naming it.
     """
     path = result.best_checkpoint
     values = load_checkpoint(path, mmap=True)
@@ -93,4 +164,9 @@ def load_best(result: TrainingResult) -> tuple[dict, dict]:
             f"{path} holds step {values.get('step')}, not the best step {result.best_step:,} of this run: it was "
             "replaced while the run trained. Delete it and its in-progress checkpoint; a rerun then starts afresh."
         )
+    if "sharded_state" in values:
+        if torch_layout is None:
+            raise ValueError(f"{path} holds a sharded state: give load_best the layout to put it in")
+        folder = Path(path).parent / values["sharded_state"]["folder"]
+        return torch_layout(consolidate(folder, values["sharded_state"]["digests"]), values["dense_param_groups"])
     return values["model_state"], values["optimizer_state"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +19,7 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.locks import exclusive
+from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
@@ -33,9 +33,9 @@ from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
-from criteo_dlrm.engine.progress import best_path_for, load_best
+from criteo_dlrm.engine.progress import best_path_for, load_best, remove_checkpoint
 from criteo_dlrm.engine.scoring import calibrated, predict
-from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
+from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec, torch_layout
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
@@ -102,9 +102,10 @@ def run_training(
             outcome = train_process(job)
     gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
     result = outcome.result
-    best_state = load_best(result)  # memory-mapped: read as it is written into the run's checkpoint
+    # Memory-mapped (a sharded run's: read whole here, once): read as it is written into the run's checkpoint.
+    best_state = load_best(result, torch_layout(model_config, SPARSE_COLUMNS))
     if job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
-        Path(result.best_checkpoint).unlink(missing_ok=True)
+        remove_checkpoint(result.best_checkpoint)
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     trained_with = {
         "version": metadata_version,
@@ -221,5 +222,5 @@ def finish_run(summary: dict) -> None:
     stored."""
     path = summary.get("in_progress_checkpoint")
     if path:
-        Path(path).unlink(missing_ok=True)
-        best_path_for(path).unlink(missing_ok=True)
+        remove_checkpoint(path)
+        remove_checkpoint(best_path_for(path))

@@ -4,13 +4,12 @@ TorchRec's planner places every table (table-wise, column-wise, row-wise on CUDA
 process's memory, ``DistributedModelParallel`` shards the ``TorchRecEmbeddings`` accordingly (an all-to-all
 brings each process the pooled embeddings of its own rows) and wraps the dense layers in DDP, and FBGEMM's
 fused optimiser updates the tables inside backward. ``ShardedDLRM`` is what the training loop needs from all
-that: the model to train, and checkpoint state gathered to (and restored from) the ``torch`` backend's layout
-(``engine.sharded_state``), so a sharded run's checkpoint is an ordinary one. Here too: the refusals before any
-process starts (TorchRec missing, an optimiser without a fused kernel on the device).
-
-Gathering puts every table in rank 0's CPU memory once per saved checkpoint: fine while the tables fit in
-one machine's RAM (Criteo 1TB's MLPerf tables at 128 dims: about 100 GB); beyond that, a sharded format
-(torch.distributed.checkpoint) is the next step.
+that: the model to train, its state as every process writes it (its own shards, ``engine.sharded_checkpoint``)
+and reads it back (resharded), and the conversion of a finished run's state to the ``torch`` backend's layout
+(``torch_layout``), so its checkpoint is an ordinary one. Here too: the refusals before any process starts
+(TorchRec missing, an optimiser without a fused kernel on the device). ``model_state``/``optimizer_state`` gather
+the tables to rank 0 (``engine.sharded_state``): a view for tests and one-process inspection, not how state is
+written.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from criteo_dlrm.common.commands import current_invocation, kedro_run
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.engine.memory import embedding_bytes
+from criteo_dlrm.engine.sharded_checkpoint import read_state
 from criteo_dlrm.engine.sharded_state import flat_state, gather_state, scatter_state
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import TorchRecEmbeddings, grouped_tables, split_tables, table_key
@@ -108,6 +108,28 @@ class ShardedDLRM:
         tables = {f: full.pop(table_key(name)) for f, name in enumerate(self.names)}
         return {**full, **grouped_tables(tables, config)}
 
+    # -- state on disk, sharded (engine.sharded_checkpoint) -----------------------------------------
+    def tensors(self, dense_optimizer: dict) -> dict[str, torch.Tensor]:
+        """What every process writes, its own shards: the model (``model/<key>``), the fused optimiser's state
+        (``fused/<table weight>/<state name>``) and the dense optimiser's (``dense/<index>/<name>``, the same in
+        every process: written once)."""
+        fused = flat_state(self.model.fused_optimizer.state_dict()["state"])
+        return {
+            **{f"model/{key}": value for key, value in self.model.state_dict().items()},
+            **{f"fused/{key}": value for key, value in fused.items()},
+            **{
+                f"dense/{index}/{name}": value
+                for index, values in dense_optimizer["state"].items()
+                for name, value in values.items()
+                if isinstance(value, torch.Tensor)
+            },
+        }
+
+    def read_tensors(self, folder, digests: dict[str, str]) -> dict[int, dict[str, torch.Tensor]]:
+        """Load ``tensors`` back in place from ``folder`` (resharded); returns the dense optimiser's state."""
+        dense = read_state(self.tensors({"state": {}}), folder, digests, allocate="dense/")
+        return _dense_state(dense)
+
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Copy a torch-layout state (a checkpoint's ``model_state``) into this process's shards."""
         state = dict(state)
@@ -132,6 +154,30 @@ class ShardedDLRM:
         for group in optimizer.param_groups:
             group["lr"] = rate
         optimizer.step()  # a fused optimiser's step only hands the rate to its kernels: the update ran in backward
+
+
+def torch_layout(config: DLRMConfig, names: list[str]):
+    """``(tensors, dense_param_groups) -> (model_state, optimizer_state)``: a sharded run's state, read whole
+    (``sharded_checkpoint.consolidate``), in the torch backend's layout, so its checkpoint is an ordinary one."""
+
+    def convert(tensors: dict[str, torch.Tensor], dense_param_groups: list) -> tuple[dict, dict]:
+        model = {key.removeprefix("model/"): value for key, value in tensors.items() if key.startswith("model/")}
+        tables = {f: model.pop(table_key(name)) for f, name in enumerate(names)}
+        model.update(grouped_tables(tables, config))
+        fused = {key.removeprefix("fused/"): value for key, value in tensors.items() if key.startswith("fused/")}
+        dense = _dense_state({key: value for key, value in tensors.items() if key.startswith("dense/")})
+        return model, {"dense": {"state": dense, "param_groups": dense_param_groups}, "fused_embeddings": fused}
+
+    return convert
+
+
+def _dense_state(tensors: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
+    """``{"dense/<index>/<name>": tensor}`` -> an optimiser's ``state`` (``{index: {name: tensor}}``)."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split("/", 2)
+        state.setdefault(int(index), {})[name] = value
+    return state
 
 
 def shard_model(

@@ -1,0 +1,181 @@
+"""A sharded run's state on disk with ``torch.distributed.checkpoint`` (DCP): every process writes its own
+shards, in parallel, and nothing is gathered; loading reshards, so a run written by N processes resumes in M.
+
+A state is a flat dict of tensors (``ShardedTensor`` for TorchRec's tables and their fused optimiser state; plain
+tensors, written once by the lowest rank, for what every process holds alike). Its folder is written under a
+staging name and renamed once every process has written and hashed its files, so a half-written folder is never
+read; the sha256 of every file is recorded (``write_state`` returns them) and checked before a load, so a damaged
+shard is refused with its name.
+
+DCP's own reader unpickles its ``.metadata`` file with plain ``pickle.load`` and loads non-tensor entries with
+``torch.load(weights_only=False)``: a planted folder could run code. Here ``.metadata`` is read by an unpickler
+that knows only DCP's metadata classes (no bytes entries), and states hold tensors only: nothing in a folder can
+run code when it is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+from criteo_dlrm.common.storage import DamagedFileError, file_digest, sync_folder
+
+METADATA = ".metadata"
+# What DCP's metadata pickles: its dataclasses, sizes, dtypes and layouts. No BytesStorageMetadata: a state of
+# tensors has no bytes entry, and a bytes entry is what DCP would load with torch.load(weights_only=False).
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+            "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
+        )
+    ),
+}  # fmt: skip
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, with ``.metadata`` read by ``_MetadataUnpickler`` (tensors are read with
+    ``weights_only=True`` by DCP itself)."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = Path(self.path) / METADATA
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError) as error:
+            raise DamagedFileError(
+                f"{path} is not the metadata of a checkpoint this project wrote ({error}): it was not loaded. "
+                "Delete its folder; a rerun then starts afresh."
+            ) from error
+        if not isinstance(metadata, Metadata):
+            raise DamagedFileError(f"{path} is not the metadata of a checkpoint this project wrote.")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _rank_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+def write_state(state: dict[str, torch.Tensor], folder: Path) -> dict[str, str] | None:
+    """Write ``state`` to ``folder`` from every process (each its own shards), then rename it into place.
+
+    Every process of the group calls it. Returns ``{file name: sha256}`` of the whole folder on rank 0 (None on
+    the others): each process hashes the files it wrote; rank 0 gathers the digests and renames the folder.
+    """
+    rank, world = _rank_world()
+    staging = folder.with_name(f".{folder.name}.partial")
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
+        staging.mkdir(parents=True)
+    if world > 1:
+        dist.barrier()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(staging, sync_files=True))
+    mine = {
+        path.name: file_digest(path)
+        for path in sorted(staging.iterdir())
+        if path.name.startswith(f"__{rank}_") or (rank == 0 and path.name == METADATA)
+    }
+    gathered = [None] * world if rank == 0 else None
+    if world > 1:
+        dist.gather_object(mine, gathered, dst=0)
+    else:
+        gathered = [mine]
+    digests = None
+    if rank == 0:
+        digests = {name: digest for part in gathered for name, digest in part.items()}
+        shutil.rmtree(folder, ignore_errors=True)  # the same step written again (a resumed run's last save)
+        os.replace(staging, folder)
+        sync_folder(folder.parent)
+    if world > 1:
+        dist.barrier()  # nobody reads or replaces the folder before it is in place
+    return digests
+
+
+def _first_problem(folder: Path, names: list[str], digests: dict[str, str]) -> str:
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if file_digest(path) != digests[name]:
+            return f"{path} is damaged: its content is not what was written"
+    return ""
+
+
+def check_state(folder: Path, digests: dict[str, str], shared: bool = True) -> None:
+    """Every file of ``folder`` against ``digests``; ``shared``: the processes of the group share the hashing
+    (every one must call it).
+
+    Raises:
+        DamagedFileError: in every process, naming the first file that is missing or damaged.
+    """
+    rank, world = _rank_world() if shared else (0, 1)
+    problem = _first_problem(folder, sorted(digests)[rank::world], digests)
+    if world > 1:
+        problems = [None] * world
+        dist.all_gather_object(problems, problem)
+        problem = next((p for p in problems if p), "")
+    if problem:
+        raise DamagedFileError(f"{problem}. It cannot be used; delete {folder} (a rerun then starts afresh).")
+
+
+def read_state(
+    state: dict[str, torch.Tensor], folder: Path, digests: dict[str, str], allocate: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Load ``folder`` into ``state``'s tensors in place (every process its own shards, resharded from however
+    many processes wrote it), after checking its files; the saved tensors whose key starts with ``allocate``
+    (state that does not exist before it is loaded, as an optimiser's) are made here, loaded and returned."""
+    check_state(folder, digests)
+    made = {}
+    if allocate is not None:
+        shapes = saved_shapes(folder)
+        made = {
+            key: torch.empty(size, dtype=dtype) for key, (size, dtype) in shapes.items() if key.startswith(allocate)
+        }
+    dcp.load({**state, **made}, storage_reader=SafeReader(folder))
+    return made
+
+
+def saved_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Every tensor of the state in ``folder``, by key: its whole size and dtype (from the metadata)."""
+    metadata = SafeReader(folder).read_metadata()
+    return {
+        key: (entry.size, entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def consolidate(folder: Path, digests: dict[str, str], prefix: str = "") -> dict[str, torch.Tensor]:
+    """The state's tensors whose key starts with ``prefix``, whole, in this process alone (no process group):
+    evaluation, scoring and the finished run's checkpoint read a sharded run's state this way."""
+    check_state(folder, digests, shared=False)
+    target = {
+        key: torch.empty(size, dtype=dtype)
+        for key, (size, dtype) in saved_shapes(folder).items()
+        if key.startswith(prefix)
+    }
+    dcp.load(target, storage_reader=SafeReader(folder), no_dist=True)
+    return target
