@@ -10,8 +10,8 @@
 
 Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
-(the live tensors to write, and restore) and how predictions over a validation set are gathered. ``mode_class`` is the one place
-the backend and the process count choose a mode.
+(written from the live tensors, and restored), and how predictions over a validation set are gathered and their
+metrics computed once. ``mode_class`` is the one place the backend and the process count choose a mode.
 """
 
 from __future__ import annotations

@@ -102,11 +102,7 @@ class ShardedDLRM:
         """The whole model's state, tables gathered, in the torch backend's layout on rank 0 (None on the
         others). Every process must call it."""
         full = gather_state(self.model.state_dict())
-        if full is None:
-            return None
-        config = self.module.config
-        tables = {f: full.pop(table_key(name)) for f, name in enumerate(self.names)}
-        return {**full, **grouped_tables(tables, config)}
+        return None if full is None else _grouped(full, self.module.config, self.names)
 
     # -- state on disk, sharded (engine.sharded_checkpoint) -----------------------------------------
     def tensors(self, dense_optimizer: dict) -> dict[str, torch.Tensor]:
@@ -162,13 +158,19 @@ def torch_layout(config: DLRMConfig, names: list[str]):
 
     def convert(tensors: dict[str, torch.Tensor], dense_param_groups: list) -> tuple[dict, dict]:
         model = {key.removeprefix("model/"): value for key, value in tensors.items() if key.startswith("model/")}
-        tables = {f: model.pop(table_key(name)) for f, name in enumerate(names)}
-        model.update(grouped_tables(tables, config))
+        model = _grouped(model, config, names)
         fused = {key.removeprefix("fused/"): value for key, value in tensors.items() if key.startswith("fused/")}
         dense = _dense_state({key: value for key, value in tensors.items() if key.startswith("dense/")})
         return model, {"dense": {"state": dense, "param_groups": dense_param_groups}, "fused_embeddings": fused}
 
     return convert
+
+
+def _grouped(state: dict[str, torch.Tensor], config: DLRMConfig, names: list[str]) -> dict[str, torch.Tensor]:
+    """A whole model's state with TorchRec's per-feature tables (``names``' order) -> the torch backend's layout."""
+    state = dict(state)
+    tables = {f: state.pop(table_key(name)) for f, name in enumerate(names)}
+    return {**state, **grouped_tables(tables, config)}
 
 
 def _dense_state(tensors: dict[str, torch.Tensor]) -> dict[int, dict[str, torch.Tensor]]:
