@@ -318,17 +318,17 @@ def test_two_processes_shards_load_into_one_process_exactly_as_they_were_written
 @pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_a_sharded_run_killed_in_n_processes_resumes_in_m(tiny_features, tmp_path, before, after):
-    """A resumed run may use another number of processes: the state is resharded. Its losses follow the
-    uninterrupted run's closely, not to the bit: from one state, one and two TorchRec processes train apart by
-    0.1% of the validation log loss in 4-14 steps and 0.4% in 50 (measured; the same state resumed in the same
-    number of processes agrees within rounding, above)."""
+    """A resumed run may use another number of processes: the state is resharded, and the run continues with
+    the losses of the uninterrupted one, within rounding. (The tables' gradients were half the global mean's in
+    two processes: TorchRec divides them by the number of processes, and each process's loss was already its
+    share of the global mean. 0.1% of the log loss apart in 4-14 steps, 0.4% in 50.)"""
     _, reference = _run(tiny_features, _resumable(tmp_path / "reference", before), "reference")
     _killed_after_a_save(tiny_features, _resumable(tmp_path / "run", before), tmp_path)
     _, resumed = _run(tiny_features, _resumable(tmp_path / "run", after), "resumed")
     assert resumed["processes"] == after
     assert [h["step"] for h in resumed["history"]] == [h["step"] for h in reference["history"]]
     for got, expected in zip(resumed["history"], reference["history"], strict=True):
-        assert got["log_loss"] == pytest.approx(expected["log_loss"], rel=1e-2), got["step"]
+        assert got["log_loss"] == pytest.approx(expected["log_loss"], rel=1e-5), got["step"]
 
 
 def test_a_damaged_shard_of_the_in_progress_state_is_named_and_the_run_starts_afresh(

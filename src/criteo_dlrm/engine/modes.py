@@ -312,14 +312,11 @@ class Sharded(_ProcessGroup):
         rates["embedding_learning_rate"] = self.sharded.model.fused_optimizer.param_groups[0]["lr"]
         return rates
 
-    def backward(self, loss: torch.Tensor) -> None:
-        # TorchRec's all-to-all backward sums the sharded tables' gradients over the processes, so the loss is
-        # the global mean as it is; DDP then averages the dense gradients, which are multiplied back.
-        loss.backward()
-        if self.world_size > 1:
-            for parameter in self.optimizers["dense"].param_groups[0]["params"]:
-                if parameter.grad is not None:
-                    parameter.grad.mul_(self.world_size)
+    def loss_weight(self, global_rows: int) -> float:
+        # Each process's loss is its own rows' mean: DDP averages the dense gradients over the processes and
+        # TorchRec's all-to-all backward divides the tables' (summed over the processes) by their number
+        # (``torchrec.distributed.comm_ops`` gradient division, on by default), so both are the global mean's.
+        return self.world_size / global_rows
 
     def weights_finite(self) -> bool:
         finite = torch.tensor([float(super().weights_finite())])  # this process's shards and the dense layers

@@ -195,7 +195,7 @@ def shard_model(
     """
     require_torchrec()
     import torchrec.optim as fused
-    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed import DistributedModelParallel, comm_ops
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -203,6 +203,9 @@ def shard_model(
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     check_fused_optimizer(config, device.type)
+    # The tables' gradients are averaged over the processes (their all-to-all backward divides by the number):
+    # with each process's loss its own rows' mean (``modes.Sharded.loss_weight``) that is the global batch's.
+    comm_ops.set_gradient_division(True)
     module = DLRM(model_config, embeddings=TorchRecEmbeddings(model_config, names, device="meta"))
     apply_optimizer_in_backward(
         getattr(fused, config.optimizer.fused),
