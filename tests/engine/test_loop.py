@@ -380,6 +380,6 @@ def test_prefetching_trains_on_the_same_batches_to_the_same_weights(tiny_feature
     torch.manual_seed(0)
     inline = _trainer(tiny_features, tmp_path / "inline", _config(num_epochs=2, prefetch_batches=0)).fit()
     assert [h["step"] for h in ahead.history] == [h["step"] for h in inline.history]
-    (ahead_state, _), (inline_state, _) = load_best(ahead), load_best(inline)
+    ahead_state, inline_state = load_best(ahead)["model_state"], load_best(inline)["model_state"]
     for name, tensor in inline_state.items():
         assert torch.equal(ahead_state[name], tensor), name

@@ -3,6 +3,7 @@
 import contextlib
 import copy
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -13,17 +14,20 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from kedro.io.core import Version
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
+from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.metadata import FeatureMetadata
-from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint
+from criteo_dlrm.datasets import TorchCheckpointDataset
+from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.progress import load_best
-from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.recipe import finish_run, run_training
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.sharded_checkpoint import consolidate
 from criteo_dlrm.engine.sharding import shard_model, torch_layout
@@ -118,8 +122,8 @@ def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, t
     assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
     layout = torch_layout(reference.mode.model.config, SPARSE_COLUMNS)
     (reference_model, reference_optimizers), (model, optimizers) = (
-        load_best(reference_result, layout),
-        load_best(result, layout),
+        _best(reference_result, layout),
+        _best(result, layout),
     )
     for name, tensor in reference_model.items():
         torch.testing.assert_close(model[name], tensor, rtol=0, atol=0, msg=name)
@@ -129,6 +133,13 @@ def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, t
         torch.testing.assert_close(optimizers["fused_embeddings"][key], state, msg=key)
     # Without the optimiser state the resumed run would differ: row-wise Adagrad's sums are not zero by then.
     assert any(state.abs().sum() > 0 for state in fused.values())
+
+
+def _best(result, layout) -> tuple[dict, dict]:
+    """A sharded run's best model and optimiser state, read whole, in the torch backend's layout."""
+    best = load_best(result)
+    sharded = best["sharded_state"]
+    return layout(consolidate(Path(sharded["path"]), sharded["digests"]), best["dense_param_groups"])
 
 
 def test_the_torch_backend_refuses_tables_over_the_memory_budget_and_names_torchrec(tiny_features, tmp_path):
@@ -200,19 +211,47 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     best, reference = summary["best_validation"], torch_summary["best_validation"]
     assert best["auc"] > 0.6 and abs(best["auc"] - reference["auc"]) < 0.02
     assert abs(best["log_loss"] - reference["log_loss"]) < 0.005
-    # The checkpoint is an ordinary one: the torch backend's layout, evaluated in this process.
-    assert set(checkpoint["model_state"]) == set(torch_run["model_state"])
+    # No process read the whole state to make the checkpoint: it names the best model's state folder, which the
+    # processes wrote, and holds no tensor. Read alone, it is a model in the torch backend's layout.
+    assert "model_state" not in checkpoint and "optimizer_state" not in checkpoint
+    assert not [value for value in checkpoint.values() if isinstance(value, torch.Tensor)]
+    folder = Path(checkpoint["sharded_state"]["path"])
+    assert sorted(
+        name.split("_")[2] for name in checkpoint["sharded_state"]["digests"] if name.endswith(".distcp")
+    ) == ["0", "1"]
+    assert set(model_from_checkpoint(checkpoint).state_dict()) == set(torch_run["model_state"])
     alone = _evaluate_alone(checkpoint, tiny_features)
     for name in ("log_loss", "auc", "calibration"):
         assert alone[name] == pytest.approx(best[name], abs=1e-6), name
+    expected = _probabilities(checkpoint, tiny_features)
     # Calibrated once after training, as any run: the validation rows' click rate on average.
     assert checkpoint["calibration"]["method"] == "platt" and checkpoint["calibration"]["rows"] == 1000
     state = checkpoint["calibration"]
     validation = tiny_features["validation"]
-    raw = _probabilities(checkpoint, tiny_features)
-    logits = np.log(raw) - np.log1p(-raw)
+    logits = np.log(expected) - np.log1p(-expected)
     calibrated = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"])))
     assert calibrated.mean() == pytest.approx(validation.labels.mean(), abs=1e-4)
+    # Stored by the catalog's dataset: the folder's files linked into the version (no bytes copied), read back
+    # to the same model; a damaged file of the stored state is refused, naming it.
+    stored = TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version(None, "v1"))
+    stored.save(checkpoint)
+    version = tmp_path / "dlrm_checkpoint.pt" / "v1"
+    for name in checkpoint["sharded_state"]["digests"]:
+        assert (version / "dlrm_checkpoint.state" / name).samefile(folder / name), name
+    loaded = TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version("v1", None)).load()
+    assert loaded["sharded_state"]["path"] == str(version / "dlrm_checkpoint.state")
+    np.testing.assert_array_equal(_probabilities(loaded, tiny_features), expected)
+    finish_run(summary)  # the run's own folders go; the stored checkpoint keeps its files
+    assert not folder.exists()
+    np.testing.assert_array_equal(_probabilities(loaded, tiny_features), expected)
+    shard = next((version / "dlrm_checkpoint.state").glob("__1_*.distcp"))
+    with shard.open("r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\x00" * 8)
+    with pytest.raises(DamagedFileError, match=re.escape(str(shard))):
+        Checkpoint(
+            TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version("v1", None)).load()
+        ).model()
 
 
 @pytest.mark.slow
@@ -232,7 +271,7 @@ def test_a_table_over_the_per_process_budget_is_sharded_across_processes(tiny_fe
     assert big["table"] == "SPARSE_0" and big["ranks"] == [0, 1], big
     assert sum(shard["sizes"][0] * shard["sizes"][1] for shard in big["shards"]) == 400_000 * 8
     assert max(summary["embeddings"]["bytes_per_rank"]) < 0.012e9
-    assert checkpoint["model_state"]["embeddings.0.weight.weight"].shape == (
+    assert model_from_checkpoint(checkpoint).state_dict()["embeddings.0.weight.weight"].shape == (
         sum(_table_sizes({"metadata": metadata})),
         8,
     )

@@ -216,6 +216,15 @@ def atomic_folder(path: str | os.PathLike, what: str | None = None) -> Iterator[
         shutil.rmtree(staged, ignore_errors=True)
 
 
+def link_or_copy(source: str | os.PathLike, destination: str | os.PathLike) -> None:
+    """A hard link (no bytes written; the file stays while either name does), a copy where the filesystem has
+    no links or the two are on different filesystems."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
 def staged_owner(path: Path) -> int | None:
     """The pid in a staging name made by ``staging_path`` (None for other names)."""
     match = _STAGED.match(path.name)

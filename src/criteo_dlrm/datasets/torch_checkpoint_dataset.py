@@ -1,25 +1,36 @@
-"""Versioned PyTorch checkpoints, written atomically with their digest and loaded with ``weights_only=True``."""
+"""Versioned PyTorch checkpoints, written atomically with their digest and loaded with ``weights_only=True``;
+a sharded run's checkpoint is a folder: the file and the state folder it names, one version of both."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from kedro.io.core import DatasetError, get_filepath_str
 
-from criteo_dlrm.common.storage import DamagedFileError, reading
-from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest
+from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, link_or_copy, reading
+from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest, with_state_path
 
 from .versioned_file import VersionedFileDataset
 
 # Checkpoints of this format on carry their content digest inside (format 2 and older: the file digest only).
 FIRST_FORMAT_WITH_DIGEST = 3
+STATE_SUFFIX = ".state"  # a sharded run's tensors: <version>/dlrm_checkpoint.state/ beside the file
 
 
 class TorchCheckpointDataset(VersionedFileDataset):
     """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU, after
     checking its digests (a damaged or truncated file is refused, naming it, instead of scoring garbage): the
     file's, beside it, and the content's, inside it (``engine.checkpoint.state_digest``), so an edited checkpoint
-    is refused even when its file digest was written again.
+    is refused even when its file digest was written again. On a local filesystem the tensors are memory-mapped
+    from the file, not read into memory (an optimiser state that nothing reads is never in memory).
+
+    A sharded run's checkpoint (format 4, ``sharded_state``) names the folder its processes wrote with
+    ``torch.distributed.checkpoint``: the save links that folder's files into the version
+    (``<version>/<name>.state/``; hard links, copies across filesystems) before the file naming them and their
+    sha256 is written; the model is read from it when it is used (``engine.checkpoint.model_from_checkpoint``,
+    every file checked first). Local filesystems only.
 
     The loaded dict gets ``catalog_version``: the version it was loaded from, so a report can name it.
 
@@ -35,6 +46,8 @@ class TorchCheckpointDataset(VersionedFileDataset):
         path = self._verified_path()
 
         def load() -> dict[str, Any]:
+            if self._protocol == "file":
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             with self._fs.open(path, "rb") as handle:
                 return torch.load(handle, map_location="cpu", weights_only=True)
 
@@ -49,9 +62,38 @@ class TorchCheckpointDataset(VersionedFileDataset):
                 f"{path} is damaged: its content is not what was written (a rewrite with a new file digest beside "
                 f"it is still found: the content digest inside no longer matches). {self._fix()}"
             )
+        if "sharded_state" in checkpoint:
+            self._local(path)
+            with_state_path(checkpoint, Path(path).parent)
         checkpoint["catalog_version"] = self.loaded_version()
         return checkpoint
 
     def save(self, data: dict[str, Any]) -> None:
         data = {key: value for key, value in data.items() if key != "catalog_version"}
+        if "sharded_state" in data:
+            data["sharded_state"] = self._store_state(data["sharded_state"])
         self._write_atomically(lambda handle: torch.save({**data, DIGEST_KEY: state_digest(data)}, handle))
+
+    def _store_state(self, sharded: dict[str, Any]) -> dict[str, Any]:
+        """Link the state folder's files (``sharded["path"]``) into this version, as one folder that appears
+        whole; returns the entry the stored file keeps (the folder's name beside it, not a path)."""
+        path = Path(get_filepath_str(self._get_save_path(), self._protocol))
+        self._local(str(path))
+        source, folder = Path(sharded["path"]), path.parent / f"{path.stem}{STATE_SUFFIX}"
+        with atomic_folder(folder, what=f"the checkpoint's state {folder}") as staged:
+            for name in sorted(sharded["digests"]):
+                if not (source / name).is_file():
+                    raise DamagedFileError(
+                        f"{source / name} is missing: the state of the run's best model is incomplete, so its "
+                        f"checkpoint cannot be stored. Delete {source.parent} and train again."
+                    )
+                link_or_copy(source / name, staged / name)
+        return {key: value for key, value in sharded.items() if key != "path"} | {"folder": folder.name}
+
+    def _local(self, path: str) -> None:
+        if self._protocol != "file":
+            raise DatasetError(
+                f"{path}: a sharded (TorchRec) run's checkpoint is a folder of files, stored on a local "
+                "filesystem only; set dlrm_checkpoint's filepath in conf/base/catalog_training.yml to a local path "
+                "(a shared filesystem mounted on every machine works)."
+            )

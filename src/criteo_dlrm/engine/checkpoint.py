@@ -17,9 +17,10 @@ import torch
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 from criteo_dlrm.engine.result import TrainingResult
 
-# 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's (dense_mlp, prediction_mlp);
-# 1: bottom_mlp, top_mlp and flat size names.
-CHECKPOINT_FORMAT = 3
+# 4: a sharded run's checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state``
+# and ``optimizer_state``; 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's
+# (dense_mlp, prediction_mlp); 1: bottom_mlp, top_mlp and flat size names.
+CHECKPOINT_FORMAT = 4
 _FORMER_MODULES = {"bottom_mlp.": "dense_mlp.", "top_mlp.": "prediction_mlp."}
 
 
@@ -77,7 +78,8 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     """Load on the CPU with ``weights_only=True`` (no code runs from the file), checking the content digest
-    ``save_atomically`` stored. ``mmap``: the tensors are mapped from the file, not read into memory.
+    ``save_atomically`` stored. ``mmap``: the tensors are mapped from the file, not read into memory. A file that
+    names a state folder gets its ``path`` (``sharded_state_path``).
 
     Raises:
         DamagedFileError: the file cannot be read or its content is not what was written, naming it.
@@ -91,7 +93,16 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         raise DamagedFileError(f"{path} has no content digest: it was not written by this project's save. {fix}")
     if state_digest(state) != expected:
         raise DamagedFileError(f"{path} is damaged: its content is not what was written. {fix}")
-    return state
+    return with_state_path(state, Path(path).parent)
+
+
+def with_state_path(checkpoint: dict[str, Any], parent: Path) -> dict[str, Any]:
+    """A checkpoint that names a state folder (``sharded_state``: its name beside the file, and digests), with the
+    folder's ``path`` added, for ``model_from_checkpoint``; others as they are."""
+    sharded = checkpoint.get("sharded_state")
+    if sharded is not None and "path" not in sharded:
+        checkpoint["sharded_state"] = {**sharded, "path": str(parent / sharded["folder"])}
+    return checkpoint
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
@@ -99,12 +110,32 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
     from criteo_dlrm.models import DLRM, DLRMConfig
 
     model = DLRM(DLRMConfig.from_dict(checkpoint["model_config"]))
+    if "sharded_state" in checkpoint:
+        _read_sharded_model(model, checkpoint["sharded_state"])
+        return model.eval()
     state = {}
     for key, value in checkpoint["model_state"].items():
         prefix = next((old for old in _FORMER_MODULES if key.startswith(old)), None)
         state[_FORMER_MODULES[prefix] + key.removeprefix(prefix) if prefix else key] = value
     model.load_state_dict(state)
     return model.eval()
+
+
+def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None:
+    """A sharded run's weights (``model/<key>`` in its state folder, one tensor per TorchRec table) read into
+    ``model``, each table straight into its rows of the torch backend's concatenated table: nothing but the model
+    is allocated, and the optimiser state in the folder is never read."""
+    from criteo_dlrm.common.schema import SPARSE_COLUMNS
+    from criteo_dlrm.engine.sharded_checkpoint import read_alone
+    from criteo_dlrm.models.torchrec_embeddings import split_tables, table_key
+
+    state = model.state_dict()
+    tables = split_tables(state, model.config)
+    grouped = {f"embeddings.{g}.weight.weight" for g in range(len(model.embeddings))}
+    target = {f"model/{key}": tensor for key, tensor in state.items() if key not in grouped}
+    names = sharded.get("tables", SPARSE_COLUMNS)
+    target.update({f"model/{table_key(name)}": tables[f] for f, name in enumerate(names)})
+    read_alone(target, Path(sharded["path"]), sharded["digests"])
 
 
 @dataclass(frozen=True)
@@ -184,7 +215,7 @@ class Checkpoint:
 
 def training_checkpoint(
     result: TrainingResult,
-    best_state: tuple[dict, dict],
+    best: dict[str, Any],
     model_config: dict,
     parameters: dict,
     metadata: dict,
@@ -195,7 +226,9 @@ def training_checkpoint(
 
     Args:
         result: what ``Trainer.fit`` returned.
-        best_state: the best model's ``(model_state, optimizer_state)`` (``engine.progress.load_best``).
+        best: the best model's entries (``engine.progress.load_best``): its ``model_state`` and
+            ``optimizer_state``, or a sharded run's state folder (``sharded_state``), whose files the catalog's
+            dataset links into the checkpoint's version.
         model_config: ``DLRMConfig.to_dict()``.
         parameters: the training parameters as run (overrides included).
         metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
@@ -204,8 +237,7 @@ def training_checkpoint(
     """
     return {
         "format": CHECKPOINT_FORMAT,
-        "model_state": best_state[0],
-        "optimizer_state": best_state[1],
+        **best,
         "step": result.best_step,
         "epoch": result.best_epoch,
         "model_config": model_config,

@@ -19,17 +19,16 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from criteo_dlrm.common.storage import DamagedFileError, remove_stale_partials, staging_path
+from criteo_dlrm.common.storage import DamagedFileError, link_or_copy, remove_stale_partials, staging_path
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.result import TrainingResult
-from criteo_dlrm.engine.sharded_checkpoint import consolidate, write_state
+from criteo_dlrm.engine.sharded_checkpoint import write_state
 
 
 def best_path_for(in_progress: str | os.PathLike) -> Path:
@@ -69,7 +68,7 @@ class ProgressFiles:
         if improved:
             self.best.parent.mkdir(parents=True, exist_ok=True)
             staged = staging_path(self.best)
-            _link_or_copy(self.latest, staged)
+            link_or_copy(self.latest, staged)
             os.replace(staged, self.best)
 
     def save_sharded(self, values: dict[str, Any], tensors: dict[str, torch.Tensor], improved: bool) -> None:
@@ -98,7 +97,7 @@ class ProgressFiles:
         file naming it."""
         linked = self.best.parent / folder.name
         shutil.rmtree(linked, ignore_errors=True)
-        shutil.copytree(folder, linked, copy_function=_link_or_copy)
+        shutil.copytree(folder, linked, copy_function=link_or_copy)
         self.save_best(values)
 
     def state_folder(self, values: dict[str, Any]) -> Path:
@@ -116,13 +115,6 @@ class ProgressFiles:
         for path in (self.latest, self.best):
             if path is not None:
                 remove_checkpoint(path)
-
-
-def _link_or_copy(source: str, destination: str) -> None:
-    try:
-        os.link(source, destination)
-    except OSError:  # a filesystem without hard links
-        shutil.copy2(source, destination)
 
 
 def _state_folders(path: Path) -> list[Path]:
@@ -147,26 +139,24 @@ def remove_checkpoint(path: str | os.PathLike) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def load_best(result: TrainingResult, torch_layout: Callable[[dict, list], tuple[dict, dict]] | None = None):
-    """The best model's ``(model_state, optimizer_state)``, memory-mapped from ``result.best_checkpoint`` (pages
-    are read as they are used and can be dropped again: the file is not copied into memory). A sharded run's
-    state is read whole in this process from its folder, and put in the torch backend's layout by
-    ``torch_layout(tensors, dense_param_groups)`` (``sharding.torch_layout``).
+def load_best(result: TrainingResult) -> dict[str, Any]:
+    """The best model's entries of the run's checkpoint (``checkpoint.training_checkpoint``): its
+    ``model_state`` and ``optimizer_state``, memory-mapped from ``result.best_checkpoint`` (pages are read as they
+    are used and can be dropped again: the file is not copied into memory); or, for a sharded run, its state
+    folder (``sharded_state``, with the absolute ``path``) and the dense optimiser's ``dense_param_groups``: not
+    read here, so no process ever holds a sharded run's whole state (the run's checkpoint links the folder's files).
 
     Raises:
         DamagedFileError: the file or a file of its state folder is damaged, or it holds another step than the
             result's best, naming it.
     """
-    path = result.best_checkpoint
+    path = Path(result.best_checkpoint)
     values = load_checkpoint(path, mmap=True)
     if values.get("step") != result.best_step:
         raise DamagedFileError(
             f"{path} holds step {values.get('step')}, not the best step {result.best_step:,} of this run: it was "
             "replaced while the run trained. Delete it and its in-progress checkpoint; a rerun then starts afresh."
         )
-    if "sharded_state" in values:
-        if torch_layout is None:
-            raise ValueError(f"{path} holds a sharded state: give load_best the layout to put it in")
-        folder = Path(path).parent / values["sharded_state"]["folder"]
-        return torch_layout(consolidate(folder, values["sharded_state"]["digests"]), values["dense_param_groups"])
-    return values["model_state"], values["optimizer_state"]
+    if "sharded_state" in values:  # its files are checked when the model is read (``checkpoint.model_from_checkpoint``)
+        return {"sharded_state": values["sharded_state"], "dense_param_groups": values["dense_param_groups"]}
+    return {"model_state": values["model_state"], "optimizer_state": values["optimizer_state"]}

@@ -35,7 +35,7 @@ from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.process import train_process
 from criteo_dlrm.engine.progress import best_path_for, load_best, remove_checkpoint
 from criteo_dlrm.engine.scoring import calibrated, predict
-from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec, torch_layout
+from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
@@ -102,9 +102,13 @@ def run_training(
             outcome = train_process(job)
     gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
     result = outcome.result
-    # Memory-mapped (a sharded run's: read whole here, once): read as it is written into the run's checkpoint.
-    best_state = load_best(result, torch_layout(model_config, SPARSE_COLUMNS))
-    if job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
+    # Memory-mapped, read as it is written into the run's checkpoint; a sharded run's folder is not read: the
+    # catalog's dataset links its files into the checkpoint's version.
+    best = load_best(result)
+    sharded = "sharded_state" in best
+    if sharded:
+        best["sharded_state"]["tables"] = list(SPARSE_COLUMNS)
+    elif job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
         remove_checkpoint(result.best_checkpoint)
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     trained_with = {
@@ -116,7 +120,7 @@ def run_training(
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
     in_progress = job.resume_path
     checkpoint = training_checkpoint(
-        result, best_state, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
+        result, best, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
     )
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
@@ -140,6 +144,8 @@ def run_training(
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
     }
+    if sharded and in_progress is None:  # its files are linked into the stored checkpoint, then removed
+        summary["best_checkpoint"] = str(result.best_checkpoint)
     return checkpoint, summary
 
 
@@ -224,3 +230,5 @@ def finish_run(summary: dict) -> None:
     if path:
         remove_checkpoint(path)
         remove_checkpoint(best_path_for(path))
+    if summary.get("best_checkpoint"):  # a sharded run without resume
+        remove_checkpoint(summary["best_checkpoint"])

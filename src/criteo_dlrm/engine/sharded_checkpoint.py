@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -168,14 +169,23 @@ def saved_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
     }
 
 
-def consolidate(folder: Path, digests: dict[str, str], prefix: str = "") -> dict[str, torch.Tensor]:
-    """The state's tensors whose key starts with ``prefix``, whole, in this process alone (no process group):
-    evaluation, scoring and the finished run's checkpoint read a sharded run's state this way."""
+def read_alone(state: dict[str, torch.Tensor], folder: Path, digests: dict[str, str]) -> None:
+    """Load the saved tensors ``state`` names into its tensors (views too), in this process alone (no process
+    group), after checking every file of ``folder``: how a finished sharded run's model is read for evaluation,
+    scoring and export (its tables straight into the torch backend's concatenated ones)."""
     check_state(folder, digests, shared=False)
+    with warnings.catch_warnings():  # DCP says it loads in one process, which is what no_dist asks of it
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)
+        dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
+
+
+def consolidate(folder: Path, digests: dict[str, str], prefix: str = "") -> dict[str, torch.Tensor]:
+    """The state's tensors whose key starts with ``prefix``, whole, in this process alone (tests, inspection)."""
     target = {
         key: torch.empty(size, dtype=dtype)
         for key, (size, dtype) in saved_shapes(folder).items()
         if key.startswith(prefix)
     }
-    dcp.load(target, storage_reader=SafeReader(folder), no_dist=True)
+    read_alone(target, folder, digests)
     return target

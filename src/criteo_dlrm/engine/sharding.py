@@ -14,6 +14,7 @@ written.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +204,9 @@ def shard_model(
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     check_fused_optimizer(config, device.type)
+    # TorchRec's tables are ShardedTensors, which torch says it deprecates whenever one's state is read (each
+    # in-progress checkpoint): TorchRec's choice, nothing a user of this project can act on.
+    warnings.filterwarnings("ignore", message="Please use DTensor instead and we are deprecating ShardedTensor")
     # The tables' gradients are averaged over the processes (their all-to-all backward divides by the number):
     # with each process's loss its own rows' mean (``modes.Sharded.loss_weight``) that is the global batch's.
     comm_ops.set_gradient_division(True)

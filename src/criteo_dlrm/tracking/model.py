@@ -53,6 +53,8 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
         from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint
 
         path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
+        if path.is_dir():  # a sharded run's checkpoint: the file and the state folder it names
+            [path] = path.glob("*.pt")
         # Mapped, not read: the optimiser state (twice the tables with Adagrad, three times with Adam) is never
         # in memory, and the weights only once, in the model.
         checkpoint = Checkpoint(load_checkpoint(path, mmap=True), named=str(path))
@@ -83,10 +85,13 @@ def example_rows(parquet: str | Path, rows: int = 5) -> pd.DataFrame:
 
 
 def log_checkpoint_model(checkpoint: str | Path, example: pd.DataFrame) -> str:
-    """Log ``checkpoint`` as the active run's model (``runs:/<run id>/model``), its signature inferred from
+    """Log ``checkpoint`` (with the state folder beside it, for a sharded run's) as the active run's model (``runs:/<run id>/model``), its signature inferred from
     ``example`` and the model's predictions for it; returns the model's URI."""
     import criteo_dlrm
 
+    checkpoint = Path(checkpoint)
+    if checkpoint.with_suffix(".state").is_dir():  # a sharded run's: the file and its state folder, together
+        checkpoint = checkpoint.parent
     info = mlflow.pyfunc.log_model(
         name=MODEL_NAME,
         python_model=str(Path(__file__).with_name("pyfunc_entry.py")),
