@@ -2,16 +2,19 @@
 the in-progress checkpoint's write and resume seconds per GB, and exact validation metrics' rows/s against
 numpy sorting the same float32 scores once.
 
-Each table size trains in a child process of its own (its peak memory is its own): 26 tables of 32 values,
-SparseAdam (twice the tables in state), resume on, two validations; ``base`` is the child's memory before the
-model exists (Python, torch, the rows).
+Each table size trains in child processes of its own (their peak memory is their own): 26 tables of 32 values,
+resume on, two validations, with the torch backend (SparseAdam: twice the tables in state; a replica in each
+process) and TorchRec (row-wise Adagrad, tables sharded table-wise), in 1 and 2 processes over gloo; ``base`` is a
+child's memory before the model exists (Python, torch, the rows).
 
-    python benchmarks/model_state.py [--table-gb 0.25 1 4] [--metric-rows 10000000 89137319]
+    python benchmarks/model_state.py [--table-gb 0.25 1 4] [--runs torch:1 torch:2 torchrec:1 torchrec:2]
+                                     [--metric-rows 10000000 89137319]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import subprocess
@@ -22,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine import progress
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
@@ -41,9 +44,15 @@ def _rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def child(table_gb: float, folder: Path) -> dict:
+OPTIMIZER = {"torch": "sparse_adam", "torchrec": "rowwise_adagrad"}  # each backend's usual on the CPU
+
+
+def child(table_gb: float, folder: Path, backend: str = "torch", rank: int = 0, world: int = 1) -> dict:
     """Train tables of ``table_gb`` for 16 steps with a validation every 8, then resume the run in a new
-    Trainer: peak memory, seconds per in-progress write and for the resume."""
+    Trainer: this process's peak memory, seconds per in-progress write and for the resume, per GB it wrote.
+    ``world`` > 1 (or TorchRec): one of ``world`` processes in a gloo group through a file in ``folder``."""
+    if world > 1 or backend == "torchrec":
+        dist.init_process_group("gloo", init_method=f"file://{folder}/group", rank=rank, world_size=world)
     rows = max(int(table_gb * 1e9 / (26 * DIM * 4)), 16)
     train, validation = synthetic_arrays(8192, [rows] * 26), synthetic_arrays(4096, [rows] * 26, seed=1)
     config = TrainingConfig.from_dict(
@@ -56,49 +65,90 @@ def child(table_gb: float, folder: Path) -> dict:
             "validate_every_steps": 8,
             "prefetch_batches": 0,
             "in_progress_dir": str(folder),
+            "embedding_backend": backend,
+            "embedding_optimizer": OPTIMIZER[backend],
+            **({"sharding": {"type": "table_wise"}} if backend == "torchrec" else {}),
         }
     )
     model_config = config.model_config([rows] * 26, 0.25)
     writes = []
-    save = progress.ProgressFiles.save
-
-    def timed(self, values, improved):
-        start = time.perf_counter()
-        save(self, values, improved)
-        writes.append(time.perf_counter() - start)
-
-    progress.ProgressFiles.save = timed
     base = _rss()
 
     def trainer() -> Trainer:
         torch.manual_seed(0)
         mode = build_mode(model_config, config, torch.device("cpu"))
-        return Trainer(
-            mode,
-            config,
-            BatchLoader(train, 512, shuffle=True, seed=0),
-            BatchLoader(validation, 4096),
-            folder / "run",
-            resume_path=folder / "dlrm_x.pt",
-            fingerprint="x",
-        )
+        save = mode.save_state
 
-    trainer().fit()
+        def timed(files, values, improved):
+            start = time.perf_counter()
+            save(files, values, improved)
+            writes.append(time.perf_counter() - start)
+
+        mode.save_state = timed
+        loader = BatchLoader(train, 512, shuffle=True, seed=0, rank=rank, world_size=world)
+        return Trainer(mode, config, loader, BatchLoader(validation, 4096), folder / "run",
+                       resume_path=folder / "dlrm_x.pt", fingerprint="x")  # fmt: skip
+
+    first = trainer()
+    first.fit()
+    if backend == "torchrec":
+        state = first.mode.sharded.bytes_per_rank[rank]
+        tables = state * DIM * 4 / (DIM * 4 + 4)  # row-wise Adagrad: one value a row
+        [shards] = folder.glob("dlrm_x.state-*")
+        written = sum(path.stat().st_size for path in shards.glob(f"__{rank}_*.distcp"))
+    else:
+        state = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, "sparse_adam")
+        tables = state / 3
+        written = (folder / "dlrm_x.pt").stat().st_size if rank == 0 else 0
+    del first
     peak = _rss()
+    if world > 1:
+        dist.barrier()
     start = time.perf_counter()
     resumed = trainer()
     resume = time.perf_counter() - start
     assert resumed.step == 16
-    state = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, "sparse_adam")
-    file_gb = (folder / "dlrm_x.pt").stat().st_size / 1e9
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return {
-        "tables": state / 3,
+        "tables": tables,
         "state": state,
         "base": base,
         "peak": peak,
-        "write_s_per_gb": max(writes[1:]) / file_gb,  # a validation's write (the first is of the untrained state)
-        "resume_s_per_gb": resume / file_gb,
+        "write_s": max(writes[1:]),  # a validation's write (the first is of the untrained state)
+        "resume_s": resume,
+        "written": written,
     }
+
+
+def run_children(table_gb: float, backend: str, processes: int) -> list[dict]:
+    """``processes`` children training together; each one's figures."""
+    with tempfile.TemporaryDirectory() as folder:
+        children = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(table_gb),
+                    "--folder",
+                    folder,
+                    "--backend",
+                    backend,
+                    "--rank",
+                    str(rank),
+                    "--world",
+                    str(processes),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for rank in range(processes)
+        ]
+        outputs = [child.communicate()[0] for child in children]
+        if any(child.returncode for child in children):
+            raise SystemExit(f"a {backend} child with {table_gb} GB of tables in {processes} process(es) failed")
+    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
 
 def metrics_rate(rows: int, repeats: int = 3) -> dict:
@@ -121,29 +171,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table-gb", type=float, nargs="+", default=[0.25, 1.0, 4.0])
     parser.add_argument("--metric-rows", type=int, nargs="+", default=[10_000_000, 89_137_319])
+    parser.add_argument("--runs", nargs="+", default=["torch:1", "torch:2", "torchrec:1", "torchrec:2"],
+                        help="backend:processes (default: both backends in 1 and 2 processes)")  # fmt: skip
+    parser.add_argument("--max-replica-gb", type=float, default=8.0,
+                        help="skip the torch backend's 2-process runs over this many GB of tables + state per "
+                        "process (each holds a replica)")  # fmt: skip
     parser.add_argument("--child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, Path(args.folder))))
+        print(json.dumps(child(args.child, Path(args.folder), args.backend, args.rank, args.world)))
         return
     print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     fp32, bf16 = matmul_gflops(), matmul_gflops(dtype=torch.bfloat16)
     print(f"matmul 2048x2048: fp32 {fp32:,.0f} GFLOP/s, bf16 {bf16:,.0f} GFLOP/s\n")
-    print("| tables GB | tables + SparseAdam state GB | peak over base GB | peak / state | write s/GB | resume s/GB |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for gb in args.table_gb:
-        with tempfile.TemporaryDirectory() as folder:
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(gb), "--folder", folder],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-        m = json.loads(out.stdout.strip().splitlines()[-1])
-        grown = (m["peak"] - m["base"]) / 1e9
-        print(
-            f"| {m['tables'] / 1e9:.2f} | {m['state'] / 1e9:.2f} | {grown:.2f} | {grown / (m['state'] / 1e9):.2f} "
-            f"| {m['write_s_per_gb']:.2f} | {m['resume_s_per_gb']:.2f} |"
-        )
+    print("Per process (the largest of the processes): tables, tables + optimiser state (torch: SparseAdam, a")
+    print("replica in each process; TorchRec: row-wise Adagrad, its own tables), peak memory over the process's")
+    print("memory before the model, and the in-progress checkpoint's write and resume seconds per GB the process")
+    print("wrote (torch: rank 0 writes the one file; TorchRec: each process its own shards).\n")
+    print("| backend | processes | tables GB | tables + state GB | peak over base GB | peak / state | write s/GB "
+          "| resume s/GB |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for run in args.runs:
+        backend, processes = run.split(":")[0], int(run.split(":")[1])
+        if backend == "torchrec" and importlib.util.find_spec("torchrec") is None:
+            print(f"| {backend} | {processes} | not run: the torchrec extra is not installed (docs/torchrec.md) |")
+            continue
+        for gb in args.table_gb:
+            if backend == "torch" and processes > 1 and 3 * gb > args.max_replica_gb:
+                continue
+            ranks = run_children(gb, backend, processes)
+            grown = max((m["peak"] - m["base"]) / 1e9 for m in ranks)
+            state = max(m["state"] for m in ranks) / 1e9
+            writers = [m for m in ranks if m["written"]]
+            write = max(m["write_s"] / (m["written"] / 1e9) for m in writers)
+            resume = max(m["resume_s"] / (m["written"] / 1e9) for m in writers)
+            print(
+                f"| {backend} | {processes} | {max(m['tables'] for m in ranks) / 1e9:.2f} | {state:.2f} | {grown:.2f} "
+                f"| {grown / state:.2f} | {write:.2f} | {resume:.2f} |",
+                flush=True,
+            )
     print("\n| rows | numpy sort of the float32 scores s | exact metrics s | rows/s | ratio to the sort |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for rows in args.metric_rows:

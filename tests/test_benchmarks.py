@@ -24,7 +24,7 @@ SMALLEST = {
     "training": ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"],
     "threads": ["--steps", "5", "--repeats", "1"],
     "spark": ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"],
-    "model_state": ["--table-gb", "0.01", "--metric-rows", "100000"],
+    "model_state": ["--table-gb", "0.01", "--runs", "torch:1", "torchrec:2", "--metric-rows", "100000"],
     "gpu": ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"],
 }  # fmt: skip
 # Not here: quality.py, which trains to convergence on 100,000 rows at least (minutes on 2 cores); it builds its

@@ -12,6 +12,7 @@ from criteo_dlrm.common.memory import MemoryRoom
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine import memory
 from criteo_dlrm.engine.memory import RUN_OVERHEAD_BYTES, check_table_memory, embedding_bytes, run_memory_bytes
+from criteo_dlrm.models.dlrm import DLRM
 from tests.common.test_memory import _own_v1_group
 from tests.conftest import copy_project
 
@@ -65,3 +66,31 @@ def test_inside_a_memory_cgroup_a_run_that_cannot_fit_is_refused_before_any_work
     trained = _in_group(3_500_000_000, project, tables)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "training finished at step 20" in trained.stdout + trained.stderr
+
+
+def test_on_a_gpu_the_count_is_the_tables_the_dense_layers_and_a_batch_s_work(monkeypatch):
+    """Tables that fit a GPU's free memory alone are refused when the dense layers and the batches' work do not
+    fit beside them (the count was the tables alone), each part named with its size."""
+    config = TrainingConfig.from_dict({"batch_size": {"train": 4096, "validation": 65536}})
+    model_config = config.model_config(SIZES)
+    tables = embedding_bytes(SIZES, [32] * 26, "sparse_adam")
+    parts = memory.gpu_memory_bytes(config, model_config, tables)
+    dense = sum(p.numel() for name, p in DLRM(model_config).named_parameters() if not name.startswith("embeddings."))
+    assert parts["dense layers (weights, gradients, Adam's moments)"] == 16 * dense
+    bigger = memory.gpu_memory_bytes(
+        TrainingConfig.from_dict({"batch_size": {"train": 8192, "validation": 131072}}), model_config, tables
+    )
+    for name in ("a training batch (activations, their gradients, the tables' gradients)",
+                 "a validation batch's activations"):  # fmt: skip
+        assert parts[name] > 0 and bigger[name] == pytest.approx(2 * parts[name], rel=1e-6), name
+    needed = sum(parts.values())
+    assert needed > tables + 100_000_000  # the validation batch alone: 65,536 rows of activations
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (tables + 50_000_000, 150_000_000_000))
+    with pytest.raises(ConfigError) as refused:
+        check_table_memory(config, SIZES, torch.device("cuda", 0))
+    message = str(refused.value)
+    assert f"{needed / 1e9:,.1f} GB on each GPU" in message and "NVIDIA H200's free memory" in message
+    assert "a validation batch's activations" in message and "dense layers" in message
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed + 1, 150_000_000_000))
+    check_table_memory(config, SIZES, torch.device("cuda", 0))

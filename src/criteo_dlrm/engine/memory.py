@@ -7,6 +7,8 @@ accounting per shard (``engine.sharding``) from the same per-value and per-row s
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from criteo_dlrm.common.errors import ConfigError
@@ -53,11 +55,43 @@ def run_memory_bytes(config: TrainingConfig, table_bytes: int) -> int:
     return processes * table_bytes + RUN_OVERHEAD_BYTES + (processes - 1) * PROCESS_OVERHEAD_BYTES
 
 
+def gpu_memory_bytes(config: TrainingConfig, model_config: DLRMConfig, tables: int) -> dict[str, int]:
+    """What a torch-backend training process holds on its GPU, by part: the tables and their optimiser state; the
+    dense layers' weights, gradients and Adam's two moments (four copies); a training batch's activations and
+    their gradients, and the tables' sparse gradients (values and the optimiser's coalesced copy) for the batch;
+    a validation batch's activations. The dense layers and the activations (every module's output, per row) are
+    counted on a copy of the model with tables of two rows, which costs nothing."""
+    from criteo_dlrm.models.dlrm import DLRM
+
+    small = DLRM(dataclasses.replace(model_config, table_sizes=[2] * len(model_config.table_sizes)))
+    embedding = {id(p) for p in small.embedding_parameters()}
+    dense = sum(p.numel() for p in small.parameters() if id(p) not in embedding)
+    outputs = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in small.modules()]
+    rows = 2
+    with torch.no_grad():
+        small(torch.zeros(rows, 13), torch.zeros(rows, len(model_config.table_sizes), dtype=torch.long))
+    for hook in hooks:
+        hook.remove()
+    per_row = sum(o.numel() for out in outputs for o in (out if isinstance(out, list | tuple) else [out])) / rows
+    lookups = sum(model_config.sparse_embedding_sizes)  # one looked-up row per table and row
+    batch = config.batch_size
+    return {
+        "tables and their optimiser state": tables,
+        "dense layers (weights, gradients, Adam's moments)": 4 * 4 * dense,
+        "a training batch (activations, their gradients, the tables' gradients)": int(
+            4 * batch.train * (2 * per_row + 2 * lookups)
+        ),
+        "a validation batch's activations": int(4 * batch.validation * per_row),
+    }
+
+
 def check_table_memory(
     config: TrainingConfig, table_sizes: list[int], device: torch.device, settings: str = TABLE_SETTINGS
 ) -> None:
     """Refuse, before encoding or training, a run whose tables (and their optimiser state) cannot fit: in the
-    set budget, or else in the GPU's free memory, or on the CPU in the room this process has (the smallest of its
+    set budget, or else in the GPU's free memory (``gpu_memory_bytes``: the tables, the dense layers, a batch's
+    work), or on the CPU in the room this process has (the smallest of its
     memory cgroup's, its ancestors' and the machine's: a batch job's limit, not the node's), counting every
     process's replica and what a run holds besides (``run_memory_bytes``). ``settings``: what shrinks them."""
     model_config = config.model_config(table_sizes)
@@ -67,9 +101,14 @@ def check_table_memory(
     tables = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     processes = config.distributed.nproc_per_node
     if device.type == "cuda":
-        needed, available = tables, torch.cuda.mem_get_info(device)[0]
+        parts = gpu_memory_bytes(config, model_config, tables)
+        needed, available = sum(parts.values()), torch.cuda.mem_get_info(device)[0]
         where = f"{torch.cuda.get_device_name(device)}'s free memory"
-        counted = f"{tables / 1e9:,.1f} GB in each GPU's process"
+        counted = (
+            f"{needed / 1e9:,.1f} GB on each GPU ("
+            + ", ".join(f"{name} {size / 1e9:,.2f} GB" for name, size in parts.items())
+            + ")"
+        )
     else:
         needed, room = run_memory_bytes(config, tables), memory_room()
         available, where = room.available, room.where
