@@ -932,3 +932,39 @@ def test_a_modulus_hash_size_without_the_modulus_hash_is_refused_not_ignored():
     with pytest.raises(ConfigError, match=r"modulus_hash_size is 200,000,000 but metadata.use_modulus_hash is false"):
         MetadataConfig.from_dict({"modulus_hash_size": 200_000_000}, "metadata.")
     MetadataConfig.from_dict({"modulus_hash_size": 1000, "use_modulus_hash": True}, "metadata.")
+
+
+def test_predictions_that_cannot_fit_are_refused_before_the_export_runs(tmp_path, monkeypatch):
+    """A full predictions folder was found only when the predictions were written, after the ONNX export."""
+    import shutil as real_shutil
+
+    from kedro.io import DataCatalog
+
+    from criteo_dlrm.common import storage
+    from criteo_dlrm.datasets import BinaryFileDataset
+
+    raw = tmp_path / "to_score"
+    raw.mkdir()
+    line = "\t".join(["1", *["5"] * 13, *["68fd1e64"] * 26]) + "\n"
+    (raw / "day_0").write_text(line * 2000)  # 2,000 lines of 262 bytes: at least 524 rows counted, 4 bytes each
+    predictions = tmp_path / "full_disk" / "predictions.parquet"
+    usage = real_shutil.disk_usage
+
+    def full(path):
+        found = usage(path)
+        return found._replace(free=1000) if "full_disk" in str(path) else found
+
+    monkeypatch.setattr(storage.shutil, "disk_usage", full)
+    catalog = DataCatalog({"predictions": BinaryFileDataset(str(predictions), version=Version(None, None))})
+    from criteo_dlrm.config import parse_parameters
+    from criteo_dlrm.pipeline_registry import _pipeline
+    from criteo_dlrm.preflight import check_before_run
+
+    monkeypatch.chdir(tmp_path)
+    configs = parse_parameters({"scoring": {"input_dir": str(raw), "parquet_dir": str(tmp_path / "staged")}})
+    with pytest.raises(DiskFullError) as refused:
+        check_before_run(configs, _pipeline("scoring"), catalog)
+    message = str(refused.value)
+    assert f"No space left on {predictions} while writing the predictions of 524 rows or more" in message
+    assert "(1.0 kB free; it needs 2.1 kB)" in message
+    check_before_run(configs, _pipeline("scoring"), DataCatalog())  # the staging folder has room

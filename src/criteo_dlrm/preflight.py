@@ -17,7 +17,7 @@ from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
-from criteo_dlrm.common.storage import check_writable, process_alive
+from criteo_dlrm.common.storage import check_free_space, check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.metadata import FeatureMetadata, MismatchedVersionsError
@@ -88,7 +88,32 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
     if {score_new_days, export_model} & nodes:
         resolve_device(configs["scoring"].device, "scoring.device")
     if score_new_days in nodes:
-        find_scoring_input(configs["scoring"].input_dir)
+        _check_scoring_space(configs["scoring"], *find_scoring_input(configs["scoring"].input_dir), catalog)
+
+
+# Lower bounds, so that no run that fits is refused: a scored row's prediction takes at least its float32
+# probability, and a raw Criteo line at most 1 kB (they are 150-300 bytes; compressed files are counted as they are).
+PREDICTION_BYTES_AT_LEAST = 4
+RAW_LINE_BYTES_AT_MOST = 1000
+
+
+def _check_scoring_space(config, raw_days: list[Path], parquet_days: list[Path], catalog) -> None:
+    """Refuse a scoring run whose predictions cannot fit where they are staged (``scoring.parquet_dir``) or
+    stored (the ``predictions`` dataset's folder), before the export or any scoring runs."""
+    import pyarrow.parquet as pq
+
+    if parquet_days:
+        rows = sum(pq.read_metadata(path).num_rows for path in parquet_days)
+    else:
+        rows = sum(path.stat().st_size for path in raw_days) // RAW_LINE_BYTES_AT_MOST
+    needed = rows * PREDICTION_BYTES_AT_LEAST
+    what = f"the predictions of {rows:,} rows or more"
+    folders = {Path(config.parquet_dir): f"{what} (staged there by scoring.parquet_dir)"}
+    dataset = _dataset(catalog, "predictions")
+    if isinstance(dataset, VersionedFileDataset) and (folder := dataset.local_folder()) is not None:
+        folders.setdefault(folder, what)
+    for folder, described in folders.items():
+        check_free_space(folder, needed, described)
 
 
 def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, ingests: bool, catalog) -> None:
