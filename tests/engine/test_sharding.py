@@ -217,7 +217,7 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     assert not [value for value in checkpoint.values() if isinstance(value, torch.Tensor)]
     folder = Path(checkpoint["sharded_state"]["path"])
     assert sorted(
-        name.split("_")[2] for name in checkpoint["sharded_state"]["digests"] if name.endswith(".distcp")
+        {name.split("_")[2] for name in checkpoint["sharded_state"]["digests"] if name.endswith(".distcp")}
     ) == ["0", "1"]
     assert set(model_from_checkpoint(checkpoint).state_dict()) == set(torch_run["model_state"])
     alone = _evaluate_alone(checkpoint, tiny_features)
@@ -244,7 +244,7 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     finish_run(summary)  # the run's own folders go; the stored checkpoint keeps its files
     assert not folder.exists()
     np.testing.assert_array_equal(_probabilities(loaded, tiny_features), expected)
-    shard = next((version / "dlrm_checkpoint.state").glob("__1_*.distcp"))
+    shard = next((version / "dlrm_checkpoint.state").glob("part-*/__1_*.distcp"))
     with shard.open("r+b") as handle:
         handle.seek(100)
         handle.write(b"\x00" * 8)
@@ -317,7 +317,7 @@ def test_a_killed_sharded_run_resumes_from_its_own_shards_to_the_uninterrupted_r
     _killed_after_a_save(tiny_features, config, tmp_path)
     progress = Path(config.in_progress_dir)
     [state] = progress.glob("dlrm_*.state-*")
-    written = sorted(path.name.split("_")[2] for path in state.glob("__*_*.distcp"))
+    written = sorted({path.name.split("_")[2] for path in state.glob("part-*/__*_*.distcp")})
     assert written == [str(rank) for rank in range(processes)], "each process wrote its own shards"
     _, resumed = _run(tiny_features, config, "resumed")
     assert [h["step"] for h in resumed["history"]] == [h["step"] for h in reference["history"]]
@@ -376,7 +376,7 @@ def test_a_damaged_shard_of_the_in_progress_state_is_named_and_the_run_starts_af
     config = _config(tmp_path, num_epochs=1)
     resume_path = tmp_path / "progress" / "dlrm_x.pt"
     _trainer(tiny_features, config, tmp_path / "first", resume_path).fit()
-    [shard] = resume_path.parent.glob("dlrm_x.state-*/__0_*.distcp")
+    shard = next(resume_path.parent.glob("dlrm_x.state-*/part-*/__0_*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 1
     shard.write_bytes(bytes(data))

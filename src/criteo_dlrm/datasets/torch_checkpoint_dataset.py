@@ -87,6 +87,7 @@ class TorchCheckpointDataset(VersionedFileDataset):
                         f"{source / name} is missing: the state of the run's best model is incomplete, so its "
                         f"checkpoint cannot be stored. Delete {source.parent} and train again."
                     )
+                (staged / name).parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(source / name, staged / name)
         return {key: value for key, value in sharded.items() if key != "path"} | {"folder": folder.name}
 

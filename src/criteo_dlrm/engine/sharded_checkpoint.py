@@ -16,6 +16,7 @@ run code when it is loaded.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import shutil
@@ -80,11 +81,37 @@ def _rank_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
+# A state is written as parts of about this many bytes (whole tensors, in key order), one ``dcp.save`` each:
+# DCP's file writer keeps every tensor it wrote to a file until the file is done, as a copy where the tensor is a
+# view (TorchRec's tables are views of one buffer per kernel), so one part at a time bounds that copy by a part,
+# or the largest table, instead of the whole state (measured: +1.0x the tables and their state at every write).
+PART_BYTES = 256 * 2**20
+PART = "part-{:04d}"
+
+
+def _parts(state: dict[str, torch.Tensor]) -> list[list[str]]:
+    """``state``'s keys in parts of about ``PART_BYTES`` (the tensors' whole sizes: the same in every process)."""
+    parts, current, size = [], [], 0
+    for key in sorted(state):
+        tensor = state[key]
+        current.append(key)
+        size += math.prod(tensor.size()) * torch.empty(0, dtype=tensor.dtype).element_size()  # a ShardedTensor's too
+        if size >= PART_BYTES:
+            parts.append(current)
+            current, size = [], 0
+    return [*parts, current] if current or not parts else parts
+
+
+def _part_folders(folder: Path) -> list[Path]:
+    """The parts of a state folder, in order (a folder written in one part by an earlier version: itself)."""
+    return [folder] if (folder / METADATA).exists() else sorted(folder.glob("part-*"))
+
+
 def write_state(state: dict[str, torch.Tensor], folder: Path) -> dict[str, str] | None:
     """Write ``state`` to ``folder`` from every process (each its own shards), then rename it into place.
 
-    Every process of the group calls it. Returns ``{file name: sha256}`` of the whole folder on rank 0 (None on
-    the others): each process hashes the files it wrote; rank 0 gathers the digests and renames the folder.
+    Every process of the group calls it. Returns ``{file path in the folder: sha256}`` on rank 0 (None on the
+    others): each process hashes the files it wrote; rank 0 gathers the digests and renames the folder.
     """
     rank, world = _rank_world()
     staging = folder.with_name(f".{folder.name}.partial")
@@ -93,12 +120,17 @@ def write_state(state: dict[str, torch.Tensor], folder: Path) -> dict[str, str] 
         staging.mkdir(parents=True)
     if world > 1:
         dist.barrier()
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(staging, sync_files=True))
-    mine = {
-        path.name: file_digest(path)
-        for path in sorted(staging.iterdir())
-        if path.name.startswith(f"__{rank}_") or (rank == 0 and path.name == METADATA)
-    }
+    mine = {}
+    for index, keys in enumerate(_parts(state)):
+        part = staging / PART.format(index)
+        dcp.save({key: state[key] for key in keys}, storage_writer=dcp.FileSystemWriter(part, sync_files=True))
+        mine.update(
+            {
+                f"{part.name}/{path.name}": file_digest(path)
+                for path in sorted(part.iterdir())
+                if path.name.startswith(f"__{rank}_") or (rank == 0 and path.name == METADATA)
+            }
+        )
     gathered = [None] * world if rank == 0 else None
     if world > 1:
         dist.gather_object(mine, gathered, dst=0)
@@ -150,23 +182,27 @@ def read_state(
     (state that does not exist before it is loaded, as an optimiser's) are made here, loaded and returned."""
     check_state(folder, digests)
     made = {}
-    if allocate is not None:
-        shapes = saved_shapes(folder)
-        made = {
-            key: torch.empty(size, dtype=dtype) for key, (size, dtype) in shapes.items() if key.startswith(allocate)
-        }
-    dcp.load({**state, **made}, storage_reader=SafeReader(folder))
+    for part in _part_folders(folder):
+        shapes = _shapes(part)
+        mine = {key: torch.empty(size, dtype=dtype) for key, (size, dtype) in shapes.items()
+                if allocate is not None and key.startswith(allocate)}  # fmt: skip
+        dcp.load({**{key: state[key] for key in shapes if key in state}, **mine}, storage_reader=SafeReader(part))
+        made.update(mine)
     return made
 
 
-def saved_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Every tensor of the state in ``folder``, by key: its whole size and dtype (from the metadata)."""
-    metadata = SafeReader(folder).read_metadata()
+def _shapes(part: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    metadata = SafeReader(part).read_metadata()
     return {
         key: (entry.size, entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
         if isinstance(entry, TensorStorageMetadata)
     }
+
+
+def saved_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Every tensor of the state in ``folder``, by key: its whole size and dtype (from the metadata)."""
+    return {key: shape for part in _part_folders(folder) for key, shape in _shapes(part).items()}
 
 
 def read_alone(state: dict[str, torch.Tensor], folder: Path, digests: dict[str, str]) -> None:
@@ -177,7 +213,10 @@ def read_alone(state: dict[str, torch.Tensor], folder: Path, digests: dict[str, 
     with warnings.catch_warnings():  # DCP says it loads in one process, which is what no_dist asks of it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)
-        dcp.load(state, storage_reader=SafeReader(folder), no_dist=True)
+        for part in _part_folders(folder):
+            wanted = {key: state[key] for key in _shapes(part) if key in state}
+            if wanted:
+                dcp.load(wanted, storage_reader=SafeReader(part), no_dist=True)
 
 
 def consolidate(folder: Path, digests: dict[str, str], prefix: str = "") -> dict[str, torch.Tensor]:
