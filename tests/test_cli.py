@@ -133,3 +133,42 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     newest = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1]
     checkpoint = torch.load(newest / "dlrm_checkpoint.pt", weights_only=True)
     assert checkpoint["model_config"]["dense_mlp"]["hidden_layer_sizes"] == [32, 8]
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(tmp_path):
+    """Ctrl-C, then the same `kedro run`, threw the training away: the metadata was counted again into a new
+    version, so the rows were encoded again and the resume fingerprint changed; the run said only "Aborted!"."""
+    import signal
+    import time
+
+    from tests.engine.test_distributed import _saved_step
+
+    project = copy_project(tmp_path / "project")
+    params = ("--params=training.num_epochs=100,training.max_steps=1500,training.checkpoint_every_steps=20,"
+              "training.early_stopping.patience=1000")  # fmt: skip
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off"}
+    run = subprocess.Popen([sys.executable, "-m", "kedro", "run", params], cwd=project, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    in_progress = project / "data/06_models/in_progress"
+    deadline = time.monotonic() + 300
+    while _saved_step(in_progress) < 20:  # a checkpoint past the first (step 0)
+        assert run.poll() is None and time.monotonic() < deadline, "training ended before a checkpoint"
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the whole foreground group
+    interrupted = run.communicate(timeout=120)[0]
+    assert run.returncode != 0
+    [state] = in_progress.glob("dlrm_*.pt")
+    assert "training interrupted: its state as of the last in-progress checkpoint" in interrupted
+    assert f"is in {state.relative_to(project)}" in interrupted or f"is in {state}" in interrupted
+    assert f"Run the same command to continue from it: `kedro run {params}`" in interrupted
+
+    again = _kedro(project, params, tracking=False)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-3000:]
+    assert "feature metadata: reused version" in output
+    assert "already encoded from the same metadata version and days; reused" in output
+    resumed = re.search(r"resumed from .*dlrm_\w+\.pt at step (\d+)", output)
+    assert resumed and int(resumed.group(1)) >= 20, output[-3000:]
+    assert "training finished at step 1,500" in output or "training finished at step 1500" in output
+    assert not list(in_progress.rglob("*.pt")) and not list(in_progress.glob(".*.lock")), "nothing left behind"

@@ -301,6 +301,28 @@ def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refu
     assert "'day 5.gz': looks like a day file but its name is not one" in message
 
 
+def test_no_lock_file_is_left_behind_and_stale_ones_go_unless_held(tmp_path):
+    """A run left a zero-byte lock file per in-progress checkpoint; those an earlier version left are removed at
+    the next run, except one a running process holds."""
+    from filelock import FileLock
+
+    from criteo_dlrm.common.locks import remove_stale_locks
+
+    with exclusive(tmp_path / "dlrm_a.pt", "the in-progress checkpoint"):
+        assert (tmp_path / ".dlrm_a.pt.lock").exists()
+    assert not list(tmp_path.glob(".*.lock*")), "nothing left once released"
+    (tmp_path / ".dlrm_old.pt.lock").write_bytes(b"")  # left by an earlier version
+    held = FileLock(tmp_path / ".dlrm_running.pt.lock", timeout=0)
+    held.acquire()
+    try:
+        remove_stale_locks(tmp_path)
+        assert sorted(path.name for path in tmp_path.glob(".*.lock")) == [".dlrm_running.pt.lock"]
+    finally:
+        held.release()
+    with exclusive(tmp_path / "dlrm_running.pt", "the in-progress checkpoint"):
+        pass  # taken again after its holder let go
+
+
 def test_a_line_longer_than_a_block_names_the_line_and_the_setting(tmp_path):
     source = tmp_path / "day_0"
     write_day(source, 100, day=0, model=ClickModel(seed=2))

@@ -57,14 +57,12 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
                 f"{entry} is {kind}, where this project keeps the lock on {what} ({path}); it was not followed. "
                 f"Remove it (rm -r '{entry}') and run the same command again."
             )
-    lock = FileLock(lock_path, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
+    lock = _acquire(lock_path)
+    if lock is None:
         raise LockedError(
             f"{what} ({path}) is being written by {_owner(lock_path)}. Two runs in one project would overwrite "
             "each other's files: wait for that run to finish (or stop it), then run this command again."
-        ) from None
+        )
     try:
         record = {
             "pid": os.getpid(),
@@ -79,4 +77,40 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
         yield
     finally:
         owner.unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)  # while held: no lock file is left behind (``_acquire`` sees it go)
         lock.release()
+
+
+def _acquire(lock_path: Path) -> FileLock | None:
+    """The lock on ``lock_path``, or None when another process holds it. A lock taken on a file its holder
+    removed before releasing it (the name now free for a new file) is let go and taken again on the name."""
+    for _ in range(100):
+        lock = FileLock(lock_path, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            return None
+        try:
+            same = os.fstat(lock._context.lock_file_fd).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return lock
+        lock.release()
+    raise LockError(f"{lock_path} was replaced 100 times while this process took the lock: something else uses it")
+
+
+def remove_stale_locks(folder: str | os.PathLike) -> None:
+    """Lock files in ``folder`` that no process holds, left by an earlier version of this project (its locks
+    stayed after their run), each removed while held so that no run is taking it at the time."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for lock_path in folder.glob(".*.lock"):
+        if lock_path.is_symlink() or not lock_path.is_file():
+            continue
+        lock = _acquire(lock_path)
+        if lock is not None:
+            lock_path.unlink(missing_ok=True)
+            Path(f"{lock_path}.owner").unlink(missing_ok=True)
+            lock.release()

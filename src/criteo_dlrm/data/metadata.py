@@ -231,6 +231,12 @@ class FeatureMetadata:
         """The days (and row ranges) it split into training, validation and test (None: made before splits)."""
         return self.values.get("source_days")
 
+    def counted_in(self, version: str | None) -> str | None:
+        """The version that counted this content: ``version`` (the one it was loaded from), or the earlier one a
+        rerun reused it from unchanged. Rows encoded from it and runs trained on it carry this one, so a rerun
+        of the same command reuses and resumes them."""
+        return self.values.get("counted_in") or version
+
 
 class MismatchedVersionsError(DataError):
     """Two inputs that must come from one run (metadata and its vocabularies) come from two."""

@@ -5,6 +5,7 @@ from .encoded_arrays_dataset import EncodedArraysDataset
 from .feature_vocabularies_dataset import FeatureVocabulariesDataset
 from .figure_dataset import FigureDataset
 from .json_dataset import JSONDataset
+from .previous_version_dataset import Previous, PreviousVersionDataset
 from .torch_checkpoint_dataset import TorchCheckpointDataset
 
 __all__ = [
@@ -13,5 +14,7 @@ __all__ = [
     "FeatureVocabulariesDataset",
     "FigureDataset",
     "JSONDataset",
+    "Previous",
+    "PreviousVersionDataset",
     "TorchCheckpointDataset",
 ]

@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.common.locks import exclusive
+from criteo_dlrm.common.locks import exclusive, remove_stale_locks
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
@@ -95,11 +97,17 @@ def run_training(
         initial_ctr=initial_ctr,
     )
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
+    if job.resume_path is not None:
+        remove_stale_locks(job.resume_path.parent)
     with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():
-        if config.launches_processes and not dist.is_initialized():
-            outcome = launch(job, config.distributed)
-        else:
-            outcome = train_process(job)
+        try:
+            if config.launches_processes and not dist.is_initialized():
+                outcome = launch(job, config.distributed)
+            else:
+                outcome = train_process(job)
+        except KeyboardInterrupt:
+            _say_how_to_resume(job.resume_path)
+            raise
     gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
     result = outcome.result
     # Memory-mapped, read as it is written into the run's checkpoint; a sharded run's folder is not read: the
@@ -147,6 +155,23 @@ def run_training(
     if sharded and in_progress is None:  # its files are linked into the stored checkpoint, then removed
         summary["best_checkpoint"] = str(result.best_checkpoint)
     return checkpoint, summary
+
+
+def _say_how_to_resume(resume_path: Path | None) -> None:
+    """What an interrupted run leaves and the command that continues it (Ctrl-C ends ``kedro run`` with click's
+    bare "Aborted!")."""
+    if resume_path is None:
+        logger.warning("training interrupted; training.resume is off, so a rerun starts afresh")
+    elif resume_path.exists():
+        logger.warning(
+            "training interrupted: its state as of the last in-progress checkpoint (written at each validation and "
+            "every training.checkpoint_every_steps steps) is in {}. Run the same command to continue from it: `{}` "
+            "(what was already made is reused).",
+            resume_path,
+            kedro_run(),
+        )
+    else:
+        logger.warning("training interrupted before its first in-progress checkpoint: the same command starts afresh")
 
 
 # Click rates this many times apart (either way), far beyond chance, are not one dataset's drift between days

@@ -46,3 +46,17 @@ def test_an_empty_day_to_score_is_refused_before_any_work_naming_it(tmp_path):
     pq.write_table(pq.read_table(day).slice(0, 0), parquet / "day_0.parquet")
     with pytest.raises(IngestionError, match=r"day_0.parquet holds no rows"):
         find_scoring_input(parquet)
+
+
+def test_entries_not_used_are_said_once_though_the_folder_is_scanned_twice(tmp_path, logged):
+    """The check before the run and the ingestion node both scan the raw folder: it was said twice."""
+    from criteo_dlrm.data.raw import scan_raw_folder
+
+    (tmp_path / "day_0").write_text("1\t" + "\t" * 38 + "\n")
+    (tmp_path / "notes.md").write_text("")
+    scan_raw_folder(tmp_path)
+    scan_raw_folder(tmp_path)
+    said = [line for line in logged if "not used" in line]
+    assert len(said) == 1 and said[0].startswith(f"{tmp_path}: not used (") and said[0].strip().endswith("notes.md"), (
+        said
+    )

@@ -42,6 +42,10 @@ class RawFolder:
     ignored: dict[str, str] = field(default_factory=dict)
 
 
+# What this process already said of the entries a raw folder does not use.
+_SAID: set[str] = set()
+
+
 def day_name(path: Path) -> str:
     """``day_3.gz`` -> ``day_3``; ``train.txt`` -> ``train``."""
     name = path.name.removesuffix(".gz")
@@ -131,7 +135,10 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
     for name, reason in ignored.items():
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
-        logger.info("{}: not used ({}): {}", folder, reason, ", ".join(names))
+        line = f"{folder}: not used ({reason}): {', '.join(names)}"
+        if line not in _SAID:  # the check before the run and the node scan the same folder: said once
+            _SAID.add(line)
+            logger.info(line)
     days = sorted(days, key=lambda p: day_sort_key(day_name(p)))
     names = [day_name(path) for path in days]
     numbered = [name for name in names if day_sort_key(name)[0] < 1 << 30]

@@ -5,18 +5,37 @@ from __future__ import annotations
 from loguru import logger
 
 from criteo_dlrm.config import MetadataConfig, PreprocessingConfig
-from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, compute_feature_metadata
+from criteo_dlrm.data.metadata import (
+    FeatureMetadata,
+    FeatureVocabularies,
+    MismatchedVersionsError,
+    check_vocabularies,
+    compute_feature_metadata,
+)
 from criteo_dlrm.data.splits import split_days
+from criteo_dlrm.datasets import Previous
 
 
-def compute_metadata(ingestion_report: dict, metadata: dict, preprocessing: dict) -> tuple[dict, FeatureVocabularies]:
+def compute_metadata(
+    ingestion_report: dict,
+    metadata: dict,
+    preprocessing: dict,
+    previous_feature_metadata: Previous | None = None,
+    previous_feature_vocabularies: Previous | None = None,
+) -> tuple[dict, FeatureVocabularies]:
     """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days (on Spark with
-    ``preprocessing.engine: spark``: the same results)."""
+    ``preprocessing.engine: spark``: the same results), unless the latest versions were counted from the same
+    days (by content) with the same parameters: those are reused, nothing is counted, and the copy names the
+    version that counted them (``counted_in``), so rows encoded from them and a run trained on them are reused
+    and resumed as theirs."""
     config = MetadataConfig.from_dict(metadata, "metadata.")
     engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
     train, validation, test = split_days(ingestion_report["days"], config)
     # test: what evaluation reports on, never used to choose or calibrate the model (empty: the validation rows).
     source_days = {"train": train, "validation": validation, "test": test}
+    reused = _reusable(previous_feature_metadata, previous_feature_vocabularies, source_days, config)
+    if reused is not None:
+        return reused
     if engine == "spark":
         from criteo_dlrm.spark.metadata import count_on_spark as compute
     else:
@@ -35,3 +54,31 @@ def compute_metadata(ingestion_report: dict, metadata: dict, preprocessing: dict
         max(tables),
     )
     return feature_metadata, FeatureVocabularies(vocabularies)
+
+
+def _reusable(
+    metadata: Previous | None, vocabularies: Previous | None, source_days: dict, config: MetadataConfig
+) -> tuple[dict, FeatureVocabularies] | None:
+    """The latest metadata and vocabularies, when they belong together and were counted from ``source_days``
+    with ``config``'s parameters; else None (said in the log when there was a version to compare)."""
+    if metadata is None or vocabularies is None:
+        return None
+    stored = metadata.value
+    if stored.get("source_days") != source_days or stored.get("parameters") != config.to_dict():
+        logger.info(
+            "feature metadata: counting afresh (version {} was counted from other days or parameters)",
+            metadata.version,
+        )
+        return None
+    try:
+        check_vocabularies(FeatureMetadata(stored), vocabularies.value)
+    except MismatchedVersionsError:
+        logger.info("feature metadata: counting afresh (version {}'s vocabularies are not its own)", metadata.version)
+        return None
+    counted_in = stored.get("counted_in") or metadata.version
+    logger.info(
+        "feature metadata: reused version {} (counted in {} from the same days and parameters); nothing counted",
+        metadata.version,
+        counted_in,
+    )
+    return {**stored, "counted_in": counted_in}, FeatureVocabularies(vocabularies.value.arrays)

@@ -8,7 +8,13 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(
                 compute_metadata,
-                inputs=["ingestion_report", "params:metadata", "params:preprocessing"],
+                inputs=[
+                    "ingestion_report",
+                    "params:metadata",
+                    "params:preprocessing",
+                    "previous_feature_metadata",
+                    "previous_feature_vocabularies",
+                ],
                 outputs=["feature_metadata", "feature_vocabularies"],
                 name="compute_feature_metadata",
                 tags=["metadata"],

@@ -45,7 +45,7 @@ def encode_features(
         EncodedDays(
             encoder,
             [recorded_rows(day) for day in days[split]],
-            encoded_lineage(metadata, feature_vocabularies.version, days[split]),
+            encoded_lineage(metadata, metadata.counted_in(feature_vocabularies.version), days[split]),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
             run=runner(engine),
@@ -93,7 +93,7 @@ def train_dlrm(
     metadata = FeatureMetadata(feature_metadata)
     days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
-        expected = encoded_lineage(metadata, feature_vocabularies.version, days[split])
+        expected = encoded_lineage(metadata, metadata.counted_in(feature_vocabularies.version), days[split])
         _check_encoded(features, expected, f"{split}_features")
     return run_training(
         config,
