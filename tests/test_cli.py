@@ -172,3 +172,9 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
     assert resumed and int(resumed.group(1)) >= 20, output[-3000:]
     assert "training finished at step 1,500" in output or "training finished at step 1500" in output
     assert not list(in_progress.rglob("*.pt")) and not list(in_progress.glob(".*.lock")), "nothing left behind"
+    block = again.stdout[again.stdout.rindex("\nRun ") + 1 :].splitlines()  # the summary says what was reused
+    assert block[1].startswith("  ingestion   3 days (reused), 60,000 rows"), block
+    assert block[3].startswith(
+        f"  metadata    reused version {sorted(os.listdir(project / 'data/04_feature/feature_metadata.json'))[0]}: "
+    )
+    assert block[4].startswith(f"  training    resumed at step {int(resumed.group(1)):,}, 1,500 steps"), block

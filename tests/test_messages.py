@@ -150,7 +150,7 @@ def test_one_big_file_names_the_rows_per_day_that_split_it_and_keeps_the_user_s_
     suggestion = _suggested(message)
     _keeps(suggestion, *command)
     output = _succeeds(fresh, *suggestion)
-    assert "ingestion   7 days, 40,000 rows" in output, "the user's file, split as the message says"
+    assert "ingestion   7 days (converted), 40,000 rows" in output, "the user's file, split as the message says"
 
 
 def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(ran):

@@ -27,6 +27,17 @@ class RunRecord:
     split: str | None = None
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def _made_or_reused(reused: int, total: int) -> str:
+    """``reused``, ``converted`` or ``2 reused, 1 converted``: what a rerun did not have to make again."""
+    if reused == total:
+        return "reused"
+    return "converted" if not reused else f"{reused:,} reused, {total - reused:,} converted"
+
+
 def _listed(names: list[str]) -> str:
     return ", ".join(names) if len(names) <= 4 else f"{names[0]}, {names[1]}, ... {names[-1]} ({len(names)} days)"
 
@@ -71,21 +82,24 @@ def render(record: RunRecord) -> str:
     if report := saved.get("ingestion_report"):
         days = report["days"]
         lines.append(
-            f"ingestion   {len(days)} days, {sum(d['rows'] for d in days):,} rows, "
-            f"{sum(d['rejected'] for d in days):,} rejected"
+            f"ingestion   {_count(len(days), 'day')} ({_made_or_reused(sum(bool(d.get('reused')) for d in days), len(days))}), "
+            f"{sum(d['rows'] for d in days):,} rows, {sum(d['rejected'] for d in days):,} rejected"
         )
         if record.split:
             lines.append(f"            {record.split}")
     if stored := saved.get("feature_metadata"):
         metadata = FeatureMetadata(stored)
+        reused = f"reused version {stored['counted_in']}" if stored.get("counted_in") else "counted"
         lines.append(
-            f"metadata    {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
+            f"metadata    {reused}: {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
             f"{sum(metadata.table_sizes):,} embedding rows"
         )
     if summary := saved.get("training_summary"):
         stop = "stopped early" if summary["stopped_early"] else "ran every step"
+        resumed = summary.get("resumed_from_step")
+        start = f"resumed at step {resumed:,}, " if resumed else ""
         lines.append(
-            f"training    {summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
+            f"training    {start}{summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"
         )
         for warning in summary.get("warnings") or ():  # wrapped: the block's lines stay short

@@ -90,6 +90,7 @@ class Trainer:
         self.history: list[dict] = []
         self.samples_seen, self.train_seconds = 0, 0.0
         resumed = self._maybe_resume()
+        self.resumed_from_step = self.step if resumed else None
         self._owns_logger = metric_logger is None and tensorboard and self.is_main
         if self._owns_logger:
             metric_logger = TensorBoardLogger(self.run_dir, purge_step=self.step + 1 if self.step else None)
@@ -198,6 +199,7 @@ class Trainer:
             steps=self.step,
             stopped_early=stopped_early,
             samples_per_second=self.samples_seen / max(self.train_seconds, 1e-9),
+            resumed_from_step=self.resumed_from_step,
         )
         result.files = self.files  # a temporary best folder lives as long as the result
         return result

@@ -140,6 +140,7 @@ def run_training(
         "processes": outcome.processes,
         "embeddings": outcome.embeddings,
         "steps": result.steps,
+        "resumed_from_step": result.resumed_from_step,
         "best_step": result.best_step,
         "stopped_early": result.stopped_early,
         "samples_per_second": result.samples_per_second,

@@ -23,3 +23,4 @@ class TrainingResult:
     steps: int
     stopped_early: bool
     samples_per_second: float
+    resumed_from_step: int | None = None  # the in-progress checkpoint's step this run continued from

@@ -47,6 +47,7 @@ class DayReport:
     rejects_file: str | None
     input_bytes: int
     seconds: float
+    reused: bool = False  # an intact conversion of the same raw file was there: nothing converted
 
     def as_dict(self) -> dict:
         return asdict(self)

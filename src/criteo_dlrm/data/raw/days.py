@@ -82,6 +82,7 @@ def convert_or_reuse(
             rejects_file=str(rejects) if rejects.exists() else None,
             input_bytes=source.stat().st_size,
             seconds=0.0,
+            reused=True,
         )
         logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
         return report
@@ -111,7 +112,7 @@ def split_or_reuse(
         rejects = output_dir / f"{name}.rejects.tsv"
         return [
             DayReport(str(source), str(part), count, _count_rejects(rejects) if index == 0 else 0,
-                      str(rejects) if index == 0 and rejects.exists() else None, 0, 0.0)
+                      str(rejects) if index == 0 and rejects.exists() else None, 0, 0.0, reused=True)
             for index, (part, count) in enumerate(zip(parts, rows, strict=True))
         ]  # fmt: skip
     return split_day(source, output_dir, rows_per_day, **options)

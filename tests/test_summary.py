@@ -1,0 +1,38 @@
+"""The summary block ``kedro run`` ends with: what each stage made, and what a rerun reused instead."""
+
+from criteo_dlrm.summary import RunRecord, render
+
+
+def _day(name: str, reused: bool) -> dict:
+    return {"day": name, "rows": 20_000, "rejected": 0, "reused": reused}
+
+
+def _metadata(**extra) -> dict:
+    sparse = {f"SPARSE_{i}": {"table_size": 10} for i in range(26)}
+    return {"label": {"rows": 40_000, "ctr": 0.25}, "sparse": sparse, **extra}
+
+
+def _training(resumed: int | None) -> dict:
+    validation = {"auc": 0.7, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0}
+    return {"steps": 300, "stopped_early": False, "best_step": 200, "samples_per_second": 1000.0,
+            "resumed_from_step": resumed, "best_validation": validation}  # fmt: skip
+
+
+def test_each_stage_says_whether_it_made_or_reused_its_output():
+    days = [_day("day_0", True), _day("day_1", True)]
+    reused = render(RunRecord("v", {"ingestion_report": {"days": days}, "feature_metadata": _metadata(counted_in="v0"),
+                                    "training_summary": _training(120)}))  # fmt: skip
+    lines = reused.splitlines()
+    assert lines[1] == "  ingestion   2 days (reused), 40,000 rows, 0 rejected"
+    assert lines[2] == "  metadata    reused version v0: 40,000 training rows, CTR 0.2500, 260 embedding rows"
+    assert lines[3].startswith("  training    resumed at step 120, 300 steps (ran every step)")
+    made = render(RunRecord("v", {"ingestion_report": {"days": [_day("day_0", False)]}, "feature_metadata": _metadata(),
+                                  "training_summary": _training(None)}))  # fmt: skip
+    lines = made.splitlines()
+    assert lines[1] == "  ingestion   1 day (converted), 20,000 rows, 0 rejected", "one day, not '1 days'"
+    assert lines[2].startswith("  metadata    counted: 40,000 training rows")
+    assert lines[3].startswith("  training    300 steps")
+    mixed = render(RunRecord("v", {"ingestion_report": {"days": [_day("day_0", True), _day("day_1", False)]}}))
+    assert "2 days (1 reused, 1 converted)" in mixed
+    older = render(RunRecord("v", {"ingestion_report": {"days": [{"day": "day_0", "rows": 5, "rejected": 0}]}}))
+    assert "1 day (converted)" in older, "a report written before days said whether they were reused"
