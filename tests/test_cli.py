@@ -135,6 +135,17 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert checkpoint["model_config"]["dense_mlp"]["hidden_layer_sizes"] == [32, 8]
 
 
+def test_a_catalog_file_with_a_python_tag_is_refused_in_a_few_lines_naming_it(tmp_path):
+    """A !!python/name tag in conf/local/catalog.yml ended in a traceback of 170 lines that did not name it."""
+    project = copy_project(tmp_path / "project")
+    (project / "conf/local/catalog.yml").write_text("foo: !!python/name:os.system\n")
+    result = _kedro(project, tracking=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and len(output.strip().splitlines()) < 10, output[-3000:]
+    assert "conf/local/catalog.yml, line 1, column 6: could not determine a constructor" in output
+    assert "Traceback" not in output
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(tmp_path):
     """Ctrl-C, then the same `kedro run`, threw the training away: the metadata was counted again into a new

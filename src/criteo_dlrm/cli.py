@@ -43,12 +43,20 @@ def check_pipelines(names: list[str]) -> None:
         raise ConfigError(f"No pipeline named {', '.join(unknown)}. The pipelines: {', '.join(PIPELINES)}.")
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+# OmegaConf's limit on the nodes aliases expand to (its default ``max_yaml_expanded_nodes``).
+EXPANDED_NODES_AT_MOST = 10_000
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (where YAML keeps the last silently)."""
+    """YAML's safe loader, refusing a key given twice in one mapping (where YAML keeps the last silently); merge
+    keys (``<<: *base``) work as in YAML, a key of the mapping itself overriding a merged one."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -56,6 +64,41 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
+
+
+def _expanded_nodes(value, limit: int) -> int:
+    """How many nodes ``value`` has with every alias expanded, counting up to ``limit`` + 1 at most."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def yaml_problem(path: Path, text: str) -> str | None:
+    """What makes ``text`` (the file ``path``) unreadable as this project's YAML, with its line and column; None
+    when it reads: a syntax error, a tag that would construct a Python object, a key given twice, aliases that
+    expand beyond what OmegaConf reads."""
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        if "could not determine a constructor for the tag" in problem:
+            problem += " (configuration holds plain values: strings, numbers, lists and mappings; tags are not read)"
+        return f"{path}{where}: {problem}"
+    if _expanded_nodes(value, EXPANDED_NODES_AT_MOST) > EXPANDED_NODES_AT_MOST:
+        return (
+            f"{path}: its aliases (*name) expand to more than {EXPANDED_NODES_AT_MOST:,} values, more than Kedro's "
+            "configuration loader (OmegaConf) reads; write the values out, or use fewer levels of aliases"
+        )
+    return None
 
 
 def check_conf_files(conf_source: Path, env: str | None) -> None:
@@ -73,12 +116,8 @@ def check_conf_files(conf_source: Path, env: str | None) -> None:
                     f"{path}, line {line}: byte 0x{data[error.start]:02x} is not UTF-8; save the file as UTF-8"
                 )
                 continue
-            try:
-                yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
-            except yaml.YAMLError as error:
-                mark = getattr(error, "problem_mark", None)
-                where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-                problems.append(f"{path}{where}: {getattr(error, 'problem', None) or error}")
+            if problem := yaml_problem(path, text):
+                problems.append(problem)
     if problems:
         raise ConfigError(
             "Configuration files Kedro cannot read:\n  "
@@ -92,7 +131,11 @@ def versioned_datasets(conf_source: Path = Path("conf")) -> dict[str, str]:
     ``conf/*/catalog*.yml``."""
     found = {}
     for path in sorted(conf_source.glob("*/catalog*.yml")):
-        for name, entry in (yaml.safe_load(path.read_text()) or {}).items():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if problem := yaml_problem(path, text):  # the run's own check names it with the others
+            raise UserErrorExit(ConfigError(f"A configuration file Kedro cannot read: {problem}. Fix it and run "
+                                            "the same command again."))  # fmt: skip
+        for name, entry in (yaml.load(text, Loader=_UniqueKeyLoader) or {}).items():  # noqa: S506 - a safe loader
             if isinstance(entry, dict) and entry.get("versioned"):
                 found[name] = str(entry.get("filepath", name))
     return dict(sorted(found.items()))
