@@ -203,12 +203,13 @@ class _ProcessGroup(SingleProcess):
         arrays = loader.arrays
         batch_size = loader.batch_size * self.world_size
         mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
-        local = torch.from_numpy(predict(self.model, mine, self.device, self.config.precision))
-        gather_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        pieces = gather_rows_to_main(self.world_size, self.rank, local.to(gather_device))
+        # NCCL gathers on the GPU: the probabilities stay there, and rank 0 computes the metrics where they are.
+        on_device = dist.get_backend() == "nccl"
+        local = predict(self.model, mine, self.device, self.config.precision, on_device=on_device)
+        pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
         if pieces is None:
             return None
-        return _row_order([p.cpu().numpy() for p in pieces], len(arrays), batch_size)
+        return _row_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
         if self.world_size == 1:
@@ -391,8 +392,9 @@ def gather_rows_to_main(world_size: int, rank: int, tensor: torch.Tensor) -> lis
     return [part[: int(n)] for part, n in zip(parts, counts, strict=True)]
 
 
-def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarray:
-    """Undo ``BatchLoader``'s split: ``shares[r]`` holds rank r's part (``np.array_split``) of each batch in turn."""
+def _row_order(shares: list, rows: int, batch_size: int):
+    """Undo ``BatchLoader``'s split: ``shares[r]`` holds rank r's part (``np.array_split``) of each batch in turn
+    (numpy arrays, or tensors, put in order where they are)."""
     parts, cursors = [], [0] * len(shares)
     for begin in range(0, rows, batch_size):
         size = min(batch_size, rows - begin)
@@ -400,7 +402,7 @@ def _row_order(shares: list[np.ndarray], rows: int, batch_size: int) -> np.ndarr
             count = size // len(shares) + (rank < size % len(shares))
             parts.append(share[cursors[rank] : cursors[rank] + count])
             cursors[rank] += count
-    return np.concatenate(parts)
+    return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else np.concatenate(parts)
 
 
 def mode_class(config: TrainingConfig) -> type[SingleProcess]:
