@@ -95,7 +95,7 @@ def child(table_gb: float, folder: Path, backend: str = "torch", rank: int = 0, 
         state = first.mode.sharded.bytes_per_rank[rank]
         tables = state * DIM * 4 / (DIM * 4 + 4)  # row-wise Adagrad: one value a row
         [shards] = folder.glob("dlrm_x.state-*")
-        written = sum(path.stat().st_size for path in shards.glob(f"__{rank}_*.distcp"))
+        written = sum(path.stat().st_size for path in shards.glob(f"part-*/__{rank}_*.distcp"))
     else:
         state = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, "sparse_adam")
         tables = state / 3

@@ -301,6 +301,30 @@ def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refu
     assert "'day 5.gz': looks like a day file but its name is not one" in message
 
 
+def test_a_run_that_finds_the_lock_of_a_killed_run_says_how_that_run_ended(tmp_path, logged):
+    """Issue 50 item 3: the next run said nothing of the run a kill -9 (or the OOM killer) ended."""
+    target = tmp_path / "train_features"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time; from criteo_dlrm.common.locks import exclusive\n"
+            f"with exclusive({str(target)!r}, 'the encoded rows'):\n    print('held', flush=True); time.sleep(60)"
+        )],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    with exclusive(target, "the encoded rows"):
+        pass
+    said = "".join(logged)
+    assert f"the encoded rows ({target}): the run that wrote it last, process {holder.pid} on" in said
+    assert "ended without finishing: its process was killed" in said
+    logged.clear()
+    with exclusive(target, "the encoded rows"):
+        pass
+    assert not logged, "a run that finished leaves nothing to say"
+
+
 def test_no_lock_file_is_left_behind_and_stale_ones_go_unless_held(tmp_path):
     """A run left a zero-byte lock file per in-progress checkpoint; those an earlier version left are removed at
     the next run, except one a running process holds."""

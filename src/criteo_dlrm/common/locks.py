@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from loguru import logger
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.storage import atomic_file
@@ -63,6 +64,13 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
             f"{what} ({path}) is being written by {_owner(lock_path)}. Two runs in one project would overwrite "
             "each other's files: wait for that run to finish (or stop it), then run this command again."
         )
+    if owner.is_file():  # a holder that finished removed its record: this one's process died holding the lock
+        logger.warning(
+            "{} ({}): the run that wrote it last, {}, ended without finishing: its process was killed (by a signal, "
+            "the out-of-memory killer, or the machine stopping; the job's log or `dmesg` says which). What it left "
+            "half-done is not used: this run makes it again, or resumes from its last in-progress checkpoint.",
+            what, path, _owner(lock_path),
+        )  # fmt: skip
     try:
         record = {
             "pid": os.getpid(),
@@ -100,14 +108,17 @@ def _acquire(lock_path: Path) -> FileLock | None:
     raise LockError(f"{lock_path} was replaced 100 times while this process took the lock: something else uses it")
 
 
-def remove_stale_locks(folder: str | os.PathLike) -> None:
-    """Lock files in ``folder`` that no process holds, left by an earlier version of this project (its locks
-    stayed after their run), each removed while held so that no run is taking it at the time."""
+def remove_stale_locks(folder: str | os.PathLike, keep: str | os.PathLike | None = None) -> None:
+    """Lock files in ``folder`` that no process holds (left by an earlier version of this project, whose locks
+    stayed after their run, or by a killed run), each removed while held so that no run is taking it at the
+    time; except the lock of ``keep``, which this run takes next (and says how its last holder ended)."""
     folder = Path(folder)
     if not folder.is_dir():
         return
     for lock_path in folder.glob(".*.lock"):
         if lock_path.is_symlink() or not lock_path.is_file():
+            continue
+        if keep is not None and lock_path.name == f".{Path(keep).name}.lock":
             continue
         lock = _acquire(lock_path)
         if lock is not None:

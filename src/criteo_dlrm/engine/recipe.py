@@ -98,7 +98,7 @@ def run_training(
     )
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
     if job.resume_path is not None:
-        remove_stale_locks(job.resume_path.parent)
+        remove_stale_locks(job.resume_path.parent, keep=job.resume_path)
     with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():
         try:
             if config.launches_processes and not dist.is_initialized():
