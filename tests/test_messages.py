@@ -152,6 +152,21 @@ def test_one_big_file_names_the_rows_per_day_that_split_it_and_keeps_the_user_s_
     output = _succeeds(fresh, *suggestion)
     assert "ingestion   7 days (converted), 40,000 rows" in output, "the user's file, split as the message says"
 
+    # A split day removed: the restore command a pinned evaluation suggests splits the file as it was split (it
+    # left rows_per_day out, converting one unsplit day, and with it added the 6 remaining parts were "reused"
+    # as a 6-day split), and the evaluation then passes.
+    checkpoint = sorted((fresh / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1].name
+    [last] = fresh.glob("data/02_intermediate/kaggle-*/train_0006.parquet")
+    last.unlink()
+    pinned = ("--pipelines=evaluation", f"--load-versions=dlrm_checkpoint:{checkpoint}")
+    message = _fails(fresh, *pinned)
+    assert "train_0006: " in message and "no longer exists" in message
+    restore = _suggested(message)
+    assert restore[0] == "--pipelines=ingestion" and "ingestion.rows_per_day=5715" in " ".join(restore), restore
+    restored = _succeeds(fresh, *restore)
+    assert "ingestion   7 days (converted), 40,000 rows" in restored, "the split made again, not 6 days reused"
+    _succeeds(fresh, *pinned)
+
 
 def test_a_pinned_metadata_version_without_its_vocabularies_names_the_pair_to_pin(ran):
     first = sorted((ran / "data/04_feature/feature_metadata.json").iterdir())[0].name

@@ -64,11 +64,14 @@ def raw_source(parquet: str | Path) -> dict | None:
     stored = {key.decode(): value.decode() for key, value in metadata.items() if key.startswith(b"criteo_dlrm.")}
     if "criteo_dlrm.source" not in stored:
         return None
-    return {
+    source = {
         "path": stored["criteo_dlrm.source"],
         "size": int(stored["criteo_dlrm.source_size"]),
         "mtime_ns": int(stored["criteo_dlrm.source_mtime_ns"]),
     }
+    if "criteo_dlrm.rows_per_day" in stored:  # one of the days a big file was split into
+        source["rows_per_day"] = int(stored["criteo_dlrm.rows_per_day"])
+    return source
 
 
 def made_from(parquet: Path, source: Path) -> bool:
@@ -78,7 +81,11 @@ def made_from(parquet: Path, source: Path) -> bool:
     except (OSError, ValueError):
         return False
     stat = source.stat()
-    return recorded == {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return recorded is not None and (recorded["path"], recorded["size"], recorded["mtime_ns"]) == (
+        str(source.resolve()),
+        stat.st_size,
+        stat.st_mtime_ns,
+    )
 
 
 def day_lineage(day: str, parquet: str | Path) -> dict:
@@ -125,6 +132,17 @@ def _only_time_changed(source: dict) -> bool:
     return stat.st_size == source["size"] and stat.st_mtime_ns != source["mtime_ns"]
 
 
+def _split_setting(day: dict, days: list[dict]) -> dict:
+    """``{"ingestion.rows_per_day": R}`` when ``day`` is one of the days a big raw file was split into (recorded
+    in its lineage, or, for lineage recorded before that, the largest of the recorded days of the same file),
+    so that the restore command splits the file as it was split; else nothing."""
+    source = day.get("source") or {}
+    if source.get("rows_per_day"):
+        return {"ingestion.rows_per_day": source["rows_per_day"]}
+    siblings = [other["rows"] for other in days if (other.get("source") or {}).get("path") == source.get("path")]
+    return {"ingestion.rows_per_day": max(siblings)} if len(siblings) > 1 else {}
+
+
 def check_days(days: list[dict], artifact: str) -> None:
     """Raise ``LineageError`` unless every recorded day is on disk exactly as ``artifact`` recorded it.
 
@@ -161,7 +179,7 @@ def check_days(days: list[dict], artifact: str) -> None:
             folder = Path(day["source"]["path"]).parent
             fix = (
                 f" Restore it from its unchanged raw file with "
-                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder})}`."
+                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder, **_split_setting(day, days)})}`."
             )
         problems.append(f"{day['day']}: {change}.{fix}")
     if problems:

@@ -8,6 +8,7 @@ the tolerated share of bad lines: parts are staged under unique names and rename
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -23,7 +24,14 @@ from loguru import logger
 from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
-from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full, staging_path, sync_folder
+from criteo_dlrm.common.storage import (
+    create_exclusive,
+    disk_full_error,
+    is_disk_full,
+    staging_path,
+    sync_folder,
+    write_bytes_atomically,
+)
 from criteo_dlrm.data.lineage import source_metadata
 from criteo_dlrm.data.parquet import WRITE_OPTIONS, fingerprint_path, seal_day
 from criteo_dlrm.data.raw.files import day_name, open_raw
@@ -82,8 +90,11 @@ class PartWriter:
     with the schema to use it as a context manager.
     """
 
-    def __init__(self, path_of: Callable[[int], Path], rows_per_file: int | None = None):
+    def __init__(
+        self, path_of: Callable[[int], Path], rows_per_file: int | None = None, metadata: dict[str, str] | None = None
+    ):
         self.path_of, self.rows_per_file = path_of, rows_per_file or float("inf")
+        self.metadata = dict(metadata or {})  # added to every file's key-value metadata
         self.schema: pa.Schema | None = None
         self.parts: list[Path] = []  # destinations
         self.staged: list[Path] = []
@@ -92,7 +103,7 @@ class PartWriter:
         self._handle = None
 
     def __call__(self, schema: pa.Schema) -> PartWriter:
-        self.schema = schema
+        self.schema = schema.with_metadata({**(schema.metadata or {}), **self.metadata}) if self.metadata else schema
         return self
 
     def write_table(self, table: pa.Table) -> None:
@@ -290,6 +301,14 @@ def _convert(
     return rows, rejects
 
 
+ROWS_PER_DAY_KEY = "criteo_dlrm.rows_per_day"  # in each split part's Parquet metadata: the split's setting
+
+
+def split_manifest_path(output_dir: Path, name: str) -> Path:
+    """``<name>.split.json``: the raw file a split came from, its setting and every part, written last."""
+    return output_dir / f"{name}.split.json"
+
+
 def split_day(source: Path, output_dir: Path, rows_per_day: int, **options) -> list[DayReport]:
     """Convert one big raw file (Kaggle's ``train.txt``) into Parquet days of ``rows_per_day`` rows each,
     ``<name>_0000.parquet``, ``<name>_0001.parquet``, ..., in one streaming pass, rows in file order.
@@ -301,11 +320,19 @@ def split_day(source: Path, output_dir: Path, rows_per_day: int, **options) -> l
     output_dir.mkdir(parents=True, exist_ok=True)
     name = day_name(source)
     rejects_path = output_dir / f"{name}.rejects.tsv"
-    writer = PartWriter(lambda k: output_dir / f"{name}_{k:04d}.parquet", rows_per_day)
+    manifest = split_manifest_path(output_dir, name)
+    manifest.unlink(missing_ok=True)  # written again once every part is in place
+    writer = PartWriter(lambda k: output_dir / f"{name}_{k:04d}.parquet", rows_per_day,
+                        metadata={ROWS_PER_DAY_KEY: str(rows_per_day)})  # fmt: skip
     rows, rejects = _convert(source, writer, rejects_path, TRAINING_LAYOUT, ConversionOptions(**options))
     for stale in set(output_dir.glob(f"{name}_[0-9][0-9][0-9][0-9].parquet")) - set(writer.parts):
         stale.unlink()  # days of an earlier split with another rows_per_day
         fingerprint_path(stale).unlink(missing_ok=True)
+    stat = source.stat()
+    write_bytes_atomically(manifest, json.dumps({
+        "source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+        "rows_per_day": rows_per_day, "rows": rows, "parts": [path.name for path in writer.parts],
+    }).encode())  # fmt: skip
     seconds = round(time.perf_counter() - started, 3)
     reports = []
     for index, (part, part_rows) in enumerate(zip(writer.parts, writer.rows, strict=True)):

@@ -8,6 +8,7 @@ the day, about 0.1 s per million rows); a damaged or outdated day is converted a
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,7 @@ from criteo_dlrm.data.raw.convert import (
     convert_day,
     rejects_path_of,
     split_day,
+    split_manifest_path,
 )
 from criteo_dlrm.data.raw.files import day_name
 
@@ -104,6 +106,7 @@ def split_or_reuse(
     if (
         not force
         and parts
+        and _split_recorded(output_dir, name, source, rows_per_day, [part.name for part in parts])
         and all(count == rows_per_day for count in rows[:-1])
         and 0 < rows[-1] <= rows_per_day
         and all(_intact(part, source) for part in parts)
@@ -116,6 +119,25 @@ def split_or_reuse(
             for index, (part, count) in enumerate(zip(parts, rows, strict=True))
         ]  # fmt: skip
     return split_day(source, output_dir, rows_per_day, **options)
+
+
+def _split_recorded(output_dir: Path, name: str, source: Path, rows_per_day: int, parts: list[str]) -> bool:
+    """Whether the split's manifest names exactly ``parts``, made from ``source`` as it is now with
+    ``rows_per_day``: a part removed since (the last one too, whose absence row counts cannot show) is made
+    again, never taken for a split into fewer days."""
+    try:
+        manifest = json.loads(split_manifest_path(output_dir, name).read_text())
+        stat = source.stat()
+    except (OSError, ValueError):
+        return False
+    recorded = (manifest.get("source"), manifest.get("size"), manifest.get("mtime_ns"), manifest.get("rows_per_day"))
+    if recorded != (str(source.resolve()), stat.st_size, stat.st_mtime_ns, rows_per_day):
+        return False
+    if manifest.get("parts") != parts:
+        missing = sorted(set(manifest.get("parts") or ()) - set(parts))
+        logger.warning("{}: the split's days {} are missing; splitting {} again", output_dir, missing, source.name)
+        return False
+    return True
 
 
 def convert_days(
