@@ -1036,3 +1036,28 @@ def test_predictions_that_cannot_fit_are_refused_before_the_export_runs(tmp_path
     assert f"No space left on {predictions} while writing the predictions of 524 rows or more" in message
     assert "(1.0 kB free; it needs 2.1 kB)" in message
     check_before_run(configs, _pipeline("scoring"), DataCatalog())  # the staging folder has room
+
+
+def test_a_run_reads_its_own_outputs_and_the_inputs_that_were_newest_when_it_began(tmp_path):
+    """Issue 46 item 1: a second run started while the first trained saved a newer checkpoint, which the first
+    then evaluated and reported as its own."""
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Node, Pipeline
+
+    from criteo_dlrm.preflight import pin_versions
+
+    def versioned(name: str, save: str | None) -> JSONDataset:
+        return JSONDataset(str(tmp_path / name), version=Version(None, save))
+
+    versioned("inputs.json", "2026-01-01T00.00.00.000Z").save({"made_by": "an earlier run"})
+    run = "2026-01-02T00.00.00.000Z"
+    catalog = DataCatalog({"inputs": versioned("inputs.json", run), "outputs": versioned("outputs.json", run)})
+    pipeline = Pipeline([Node(lambda inputs: inputs, "inputs", "outputs", name="make"),
+                         Node(lambda outputs: None, "outputs", None, name="read")])  # fmt: skip
+    pin_versions(catalog, pipeline, run, {})
+    # Another run, begun later, completes both while this one runs.
+    versioned("inputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
+    versioned("outputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
+    assert catalog.load("inputs") == {"made_by": "an earlier run"}
+    catalog.save("outputs", {"made_by": "this run"})
+    assert catalog.load("outputs") == {"made_by": "this run"}

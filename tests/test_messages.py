@@ -248,3 +248,21 @@ def test_from_a_folder_inside_the_project_a_run_and_its_suggested_command_use_th
     assert day.exists(), "restored where the project keeps it"
     _succeeds(inside, "--pipelines=evaluation")
     assert not (inside / "data").exists(), "no second copy of the data in the folder the command ran from"
+
+
+def test_a_run_evaluates_the_checkpoint_it_trained_whatever_the_other_versions_are_dated(ran):
+    """Issue 46 item 1: with a checkpoint version dated later than now (a clock set back, or versions copied from
+    a machine whose clock is ahead), `--pipelines=training,evaluation` trained a new model and evaluated the old
+    one, exit 0; evaluating alone read the misdated one as the newest without a word."""
+    folder = ran / "data/06_models/dlrm_checkpoint.pt"
+    [trained] = folder.iterdir()
+    future = "2099-01-01T00.00.00.000Z"
+    trained.rename(folder / future)
+    output = _succeeds(ran, "--pipelines=training,evaluation", FAST)
+    run = re.search(r"^Run (\S+):$", output, re.MULTILINE).group(1)
+    assert f"evaluation  checkpoint {run}, " in output, "the checkpoint this run trained"
+    message = _fails(ran, "--pipelines=evaluation")
+    assert f"dlrm_checkpoint's newest version, {future}, is dated after this run began" in message
+    suggestion = _suggested(message)
+    assert f"--load-versions=dlrm_checkpoint:{future}" in suggestion
+    assert f"evaluation  checkpoint {future}, " in _succeeds(ran, *suggestion)

@@ -30,7 +30,7 @@ from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.logs import prepare_console
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
-from criteo_dlrm.preflight import check_before_run, preprocesses, report_incomplete_versions
+from criteo_dlrm.preflight import check_before_run, pin_versions, preprocesses, report_incomplete_versions
 from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
 
 RUN_VERSION = "run_version"
@@ -96,6 +96,11 @@ class ParameterHooks:
 class PreflightHooks:
     def __init__(self, parameters: ParameterHooks) -> None:
         self.parameters = parameters
+        self._version: str | None = None
+
+    @hook_impl
+    def after_catalog_created(self, catalog, save_version: str) -> None:
+        self._version = save_version
 
     # First of every plugin's: a run refused here never opened an MLflow run (kedro-mlflow opens one in its own
     # before_pipeline_run, and Kedro calls on_pipeline_error, which would close it, only for a failing node).
@@ -115,6 +120,8 @@ class PreflightHooks:
             )
         check_before_run(self.parameters.configs, pipeline, catalog)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))
+        if self._version is not None:
+            pin_versions(catalog, pipeline, self._version, run_params.get("load_versions") or {})
 
 
 class OutputVersionHooks:

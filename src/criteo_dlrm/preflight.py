@@ -12,10 +12,12 @@ import os
 import socket
 from pathlib import Path
 
+from kedro.io.core import Version
 from kedro.pipeline import Pipeline
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import check_free_space, check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
@@ -197,3 +199,39 @@ def report_incomplete_versions(catalog, names: list[str]) -> None:
             "rm -r {}",
             len(stale), ", ".join(stale), " ".join(f"'{Path(folder)}'" for folder in stale),
         )  # fmt: skip
+
+
+class FutureVersionError(UserError, LookupError):
+    """The newest version of an input is dated after this run began: not this run's, and not one it can order."""
+
+
+def pin_versions(catalog, pipeline: Pipeline, run_version: str, pinned: dict[str, str]) -> None:
+    """Fix, once the run has begun, which version each versioned dataset is read at: an output of this run at the
+    version this run writes (a later node never reads another run's, saved meanwhile or dated later), an input at
+    the newest version now (one another run completes while this one runs is not read).
+
+    Raises:
+        FutureVersionError: an input's newest version is dated after this run began (a clock set back, or
+            versions copied from a machine whose clock is ahead): naming it and the pin that reads it anyway.
+    """
+    outputs = pipeline.all_outputs()
+    for name in sorted(outputs | pipeline.inputs()):
+        dataset = _dataset(catalog, name)
+        if not isinstance(dataset, VersionedFileDataset) or not dataset._version:
+            continue
+        save = dataset._version.save
+        if name in outputs:
+            dataset._version = Version(dataset.resolve_save_version(), save)
+            continue
+        if name in pinned:
+            continue
+        latest = dataset.loaded_version()
+        if latest is None:
+            continue
+        if latest > run_version:
+            raise FutureVersionError(
+                f"{name}'s newest version, {latest}, is dated after this run began ({run_version}): the clock was "
+                "set back, or the version was copied from a machine whose clock is ahead, so which version is the "
+                f"newest cannot be told by its name. Pin the version to read: `{kedro_run(load_versions={name: latest})}`."
+            )
+        dataset._version = Version(latest, save)
