@@ -834,7 +834,6 @@ def test_more_training_processes_than_cores_on_the_cpu_are_refused(tmp_path, mon
 
 
 def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_folder(tmp_path, monkeypatch):
-    import fsspec.implementations.local
 
     from criteo_dlrm.engine import scoring
 
@@ -843,8 +842,10 @@ def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_fo
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    from criteo_dlrm.common import storage
+
     with monkeypatch.context() as patched:
-        patched.setattr(fsspec.implementations.local.LocalFileSystem, "_open", full)
+        patched.setattr(storage, "create_exclusive", full)
         with pytest.raises(DiskFullError, match=r"No space left on .*metrics.json.*while writing the marker"):
             dataset.mark_incomplete("2026-01-01T00.00.00.000Z", {"run": "r"})
     destination = tmp_path / "predictions.parquet"

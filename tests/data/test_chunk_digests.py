@@ -101,3 +101,36 @@ def test_folders_with_one_digest_per_file_are_still_checked_whole_on_opening(tmp
     _damage_row(tmp_path, "labels", 9_999)
     with pytest.raises(DamagedFileError, match="labels.npy is damaged"):
         open_digests(tmp_path)
+
+
+def test_the_damage_record_replaces_a_link_planted_at_its_name_and_writes_nothing_through_it(tmp_path):
+    """Issue 46 item 3: damaged.txt planted as a link to a file outside the project: the record was written
+    through it."""
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    _stored(folder)
+    outside = tmp_path / "outside.txt"  # not there: the link dangles, so no earlier record is seen
+    (folder / DAMAGED).symlink_to(outside)
+    _damage_row(folder, "dense", 10)
+    with pytest.raises(DamagedFileError):
+        for _ in BatchLoader(open_encoded(folder), 500).batches():
+            pass
+    assert not outside.exists(), "nothing written through the link"
+    assert not (folder / DAMAGED).is_symlink() and "is damaged" in (folder / DAMAGED).read_text()
+
+
+def test_no_marker_or_report_is_written_through_a_link_planted_at_its_name(tmp_path):
+    """Every file written into a folder that exists goes through a staged file renamed over the name."""
+    from kedro.io.core import Version
+
+    from criteo_dlrm.datasets import JSONDataset
+    from criteo_dlrm.datasets.versioned_file import INCOMPLETE
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the project's\n")
+    version = "2026-01-01T00.00.00.000Z"
+    marker = tmp_path / "metrics.json" / version / INCOMPLETE
+    marker.parent.mkdir(parents=True)
+    marker.symlink_to(outside)
+    JSONDataset(str(tmp_path / "metrics.json"), version=Version(None, version)).mark_incomplete(version, {"run": "r"})
+    assert outside.read_text() == "not the project's\n" and not marker.is_symlink()

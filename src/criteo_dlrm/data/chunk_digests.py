@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.storage import DamagedFileError, check_digest, file_digest, reading
+from criteo_dlrm.common.storage import DamagedFileError, check_digest, file_digest, reading, write_bytes_atomically
 
 DIGESTS = "digests.json"
 CHUNK_DIGESTS = "chunk_digests.npy"
@@ -90,7 +90,7 @@ def write_digests(folder: Path, chunk_rows: int = DIGEST_CHUNK_ROWS, threads: in
         if path.is_file() and path.name not in (DIGESTS, DAMAGED, *CHUNKED)
     }
     record = {"format": DIGESTS_FORMAT, "chunk_rows": chunk_rows, "chunked": list(CHUNKED), "files": files}
-    (folder / DIGESTS).write_text(json.dumps(record, indent=1))
+    write_bytes_atomically(folder / DIGESTS, json.dumps(record, indent=1).encode())
 
 
 class ChunkDigests:
@@ -133,7 +133,7 @@ class ChunkDigests:
 
     def _record_damage(self, message: str) -> None:
         try:  # best effort: the run stops anyway; the record only keeps the next save from reusing these rows
-            (self.folder / DAMAGED).write_text(message + "\n")
+            write_bytes_atomically(self.folder / DAMAGED, (message + "\n").encode())
         except OSError:
             pass
 

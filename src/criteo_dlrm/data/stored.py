@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
-from criteo_dlrm.common.storage import DamagedFileError, check_free_space, disk_full_error, reading, reserve
+from criteo_dlrm.common.storage import (
+    DamagedFileError,
+    check_free_space,
+    disk_full_error,
+    reading,
+    reserve,
+    write_bytes_atomically,
+)
 from criteo_dlrm.data.chunk_digests import ChunkDigests, open_digests, reencode, write_digests
 
 
@@ -138,7 +145,7 @@ def create_stored(into: Path, rows: int, table_sizes: list[int], row_order: str)
     into.mkdir(parents=True, exist_ok=True)
     widths = index_widths(table_sizes)
     layout = {"format": STORED_FORMAT, "sparse_widths": widths, "row_order": row_order}
-    (into / LAYOUT).write_text(json.dumps(layout))
+    write_bytes_atomically(into / LAYOUT, json.dumps(layout).encode())
     shapes = {
         "labels": ((rows,), np.uint8),
         "dense": ((rows, NUM_DENSE), np.float32),
@@ -209,7 +216,7 @@ def open_encoded(
 
 
 def write_index_maxima(folder: Path, maxima: list[int]) -> None:
-    (folder / INDEX_MAXIMA).write_text(json.dumps([int(value) for value in maxima]))
+    write_bytes_atomically(folder / INDEX_MAXIMA, json.dumps([int(value) for value in maxima]).encode())
 
 
 def index_maxima(rows: EncodedArrays) -> list[int]:

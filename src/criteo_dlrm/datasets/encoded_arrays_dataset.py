@@ -10,7 +10,7 @@ from kedro.io import AbstractDataset
 from loguru import logger
 
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials
+from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials, write_bytes_atomically
 from criteo_dlrm.data.chunk_digests import write_digests
 from criteo_dlrm.data.encoding import EncodedDays
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range, open_encoded, write_encoded
@@ -73,12 +73,12 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
                     written = data.write(staging)
                     del written  # close the memory maps before the folder moves
                     if data.lineage is not None:
-                        (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
+                        write_bytes_atomically(staging / LINEAGE, json.dumps(data.lineage, indent=1).encode())
                     write_digests(staging)
                 else:
                     if data.lineage is not None:
                         staging.mkdir(parents=True, exist_ok=True)
-                        (staging / LINEAGE).write_text(json.dumps(data.lineage, indent=1))
+                        write_bytes_atomically(staging / LINEAGE, json.dumps(data.lineage, indent=1).encode())
                     write_encoded(data, staging)
         logger.info("{}: {:,} encoded rows written", self._path, len(open_encoded(self._path, verify=False)))
 

@@ -25,7 +25,13 @@ from typing import IO, Any
 import fsspec
 from kedro.io.core import AbstractVersionedDataset, DatasetError, Version, get_filepath_str, get_protocol_and_path
 
-from criteo_dlrm.common.storage import DamagedFileError, atomic_file, disk_full_error, is_disk_full, staging_path
+from criteo_dlrm.common.storage import (
+    DamagedFileError,
+    atomic_file,
+    disk_full_error,
+    is_disk_full,
+    staging_path,
+)
 
 DIGEST_SUFFIX = ".sha256"
 INCOMPLETE = ".incomplete"
@@ -183,8 +189,14 @@ class VersionedFileDataset(AbstractVersionedDataset):
         folder = self.version_folder(version)
         try:
             self._fs.makedirs(folder, exist_ok=True)
-            with self._fs.open(f"{folder}/{INCOMPLETE}", "wb") as handle:
-                handle.write(json.dumps({**owner, "token": RUN_TOKEN}).encode())
+            record = json.dumps({**owner, "token": RUN_TOKEN}).encode()
+            if self._protocol == "file":  # staged and renamed over the name: a link planted there is not followed
+                what = f"the marker of the version this run begins ({folder}/{INCOMPLETE})"
+                with atomic_file(f"{folder}/{INCOMPLETE}", what=what) as handle:
+                    handle.write(record)
+            else:
+                with self._fs.open(f"{folder}/{INCOMPLETE}", "wb") as handle:
+                    handle.write(record)
         except OSError as error:
             if is_disk_full(error):
                 raise disk_full_error(

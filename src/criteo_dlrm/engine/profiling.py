@@ -13,6 +13,7 @@ import torch
 from loguru import logger
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from criteo_dlrm.common.storage import write_bytes_atomically
 from criteo_dlrm.config.training import ProfilerConfig
 
 TOP_OPS_REPORT = "profile_top_ops.txt"
@@ -97,5 +98,5 @@ def profiler(config: ProfilerConfig, run_dir: Path, device: torch.device) -> Ite
     except (AssertionError, RuntimeError) as error:  # no profiled step (the run was shorter than wait + warmup)
         logger.warning("profiler recorded no step ({}); increase the run or lower profiler.wait", error)
         return
-    (run_dir / TOP_OPS_REPORT).write_text(TOP_OPS_HEADER.format(sort_by=sort_by) + table)
+    write_bytes_atomically(run_dir / TOP_OPS_REPORT, (TOP_OPS_HEADER.format(sort_by=sort_by) + table).encode())
     logger.info("profiler: traces and {} written to {}", TOP_OPS_REPORT, run_dir)
