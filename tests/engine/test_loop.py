@@ -383,3 +383,30 @@ def test_prefetching_trains_on_the_same_batches_to_the_same_weights(tiny_feature
     ahead_state, inline_state = load_best(ahead)["model_state"], load_best(inline)["model_state"]
     for name, tensor in inline_state.items():
         assert torch.equal(ahead_state[name], tensor), name
+
+
+def test_a_non_finite_loss_from_rows_damaged_after_their_first_check_names_the_file_not_the_learning_rate(
+    tiny_features, tmp_path
+):
+    """Issue 46 item 2: bytes overwritten after their chunk was first verified were read again in a later epoch,
+    the loss went NaN, and the run blamed the learning rate."""
+    from criteo_dlrm.common.storage import DamagedFileError
+    from criteo_dlrm.data.chunk_digests import write_digests
+    from criteo_dlrm.data.stored import open_encoded, write_encoded
+
+    folder = tmp_path / "train_features"
+    write_encoded(tiny_features["train"], folder)
+    write_digests(folder)
+    stored = open_encoded(folder)
+    config = TrainingConfig.from_dict({**TINY_MODEL, "batch_size": {"train": 64, "validation": 300}})
+    trainer = tiny_trainer(tiny_features, config, tmp_path / "run", train=stored)
+    stored.check_rows(0, len(stored))  # every chunk verified once, as the first epoch does
+    with pytest.raises(TrainingDivergedError, match="The rows it read were verified again, whole, and are intact"):
+        trainer._check_finite([torch.tensor(float("nan"))])
+    dense = np.load(folder / "dense.npy", mmap_mode="r")
+    with open(folder / "dense.npy", "r+b") as handle:  # 256 bytes overwritten while the run goes on
+        handle.seek(dense.offset + 100 * dense.strides[0])
+        handle.write(b"\xff" * 256)
+    with pytest.raises(DamagedFileError, match=r"dense.npy is damaged: rows 0-.*kedro run --pipelines=training"):
+        trainer._check_finite([torch.tensor(float("nan"))])
+    assert (folder / "damaged.txt").exists(), "recorded, so the next run encodes the rows again"

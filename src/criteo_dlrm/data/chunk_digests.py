@@ -131,6 +131,13 @@ class ChunkDigests:
     def check_all(self, name: str) -> None:
         self.check(name, 0, self._layouts[f"{name}.npy"][2])
 
+    def check_again(self) -> None:
+        """Verify every chunk of every file again, those verified before too (damage done since their first read:
+        what a diverging run checks before blaming its learning rate)."""
+        self._checked[:] = False
+        for name in CHUNKED:
+            self.check_all(name.removesuffix(".npy"))
+
     def _record_damage(self, message: str) -> None:
         try:  # best effort: the run stops anyway; the record only keeps the next save from reusing these rows
             write_bytes_atomically(self.folder / DAMAGED, (message + "\n").encode())

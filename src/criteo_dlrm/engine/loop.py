@@ -153,7 +153,7 @@ class Trainer:
         if not self.mode.weights_finite():  # the same answer in every process: all stop together
             raise TrainingDivergedError(
                 f"Training diverged: the weights are NaN or infinite at step {self.step:,} although every loss "
-                f"was finite.{self._kept()} Lower the learning rates or add warm-up."
+                f"was finite.{self._rows_verified()}{self._kept()} Lower the learning rates or add warm-up."
             )
         self.mode.save_state(
             self.files,
@@ -268,6 +268,25 @@ class Trainer:
         every = -(-self.steps_per_epoch // self.config.validations_per_epoch)
         return (self.step - epoch * self.steps_per_epoch) % every == 0
 
+    def _rows_verified(self) -> str:
+        """Before a run is called diverged: its rows verified again, whole (each chunk is verified on its first
+        read only, so damage done since, read again in a later epoch, would look like a learning rate too high).
+
+        Raises:
+            DamagedFileError: the rows are damaged (naming the file, its rows and the fix), instead of divergence.
+        """
+        loaders = [
+            loader for loader in (self.train_loader, self.validation_loader) if loader.arrays.digests is not None
+        ]
+        if not loaders:
+            return ""
+        logger.info(
+            "the loss is not finite: verifying the training and validation rows again before calling it divergence"
+        )
+        for loader in loaders:
+            loader.arrays.check_all_again()
+        return " The rows it read were verified again, whole, and are intact."
+
     def _kept(self) -> str:
         if self.resume_path and Path(self.resume_path).exists():
             return f" The last good in-progress checkpoint is {self.resume_path}."
@@ -282,8 +301,8 @@ class Trainer:
             bad_step = self.step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
             raise TrainingDivergedError(
                 f"Training diverged: the loss is {values[~torch.isfinite(values)][0].item()} at step {bad_step:,}."
-                f"{self._kept()} Lower learning_rate / embedding_learning_rate, or add warm-up "
-                "(warmup_steps)."
+                f"{self._rows_verified()}{self._kept()} Lower learning_rate / embedding_learning_rate, or add "
+                "warm-up (warmup_steps)."
             )
         return values
 
