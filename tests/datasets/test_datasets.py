@@ -129,3 +129,34 @@ def test_previews_carry_kedro_viz_s_type_names_without_kedro_datasets_private_mo
     names = {str(inspect.signature(cls.preview).return_annotation) for cls in (JSONDataset, FigureDataset)}
     assert names == {"JSONPreview", "ImagePreview"}, "the names kedro-viz renders by"
     assert not [p for p in (PROJECT_ROOT / "src").rglob("*.py") if "from kedro_datasets._" in p.read_text()]
+
+
+def test_vocabularies_holding_a_pickled_object_are_refused_naming_the_file_even_with_a_recomputed_digest(tmp_path):
+    """Issue 46 item 7: a code-running feature_vocabularies.npz with its sidecar recomputed ended in a raw
+    DatasetError."""
+    import hashlib
+    import os
+
+    import numpy as np
+    from kedro.io.core import Version
+
+    from criteo_dlrm.common.storage import DamagedFileError
+    from criteo_dlrm.datasets import FeatureVocabulariesDataset
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.mkdir, (str(tmp_path / "ran"),)
+
+    path = tmp_path / "feature_vocabularies.npz"
+    FeatureVocabulariesDataset(str(path), version=Version(None, "v1")).save({"SPARSE_0": np.arange(3)})
+    file = path / "v1" / "feature_vocabularies.npz"
+    with file.open("wb") as handle:
+        np.savez(handle, SPARSE_0=np.array([RunsCode()], dtype=object), allow_pickle=True)
+    (file.parent / (file.name + ".sha256")).write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    from criteo_dlrm.cli import user_error
+
+    with pytest.raises(Exception) as caught:  # Kedro wraps it; `kedro run` says the project's message
+        FeatureVocabulariesDataset(str(path), version=Version("v1", None)).load()
+    found = user_error(caught.value)
+    assert isinstance(found, DamagedFileError) and f"{file} is not vocabularies this project wrote" in str(found)
+    assert not (tmp_path / "ran").exists()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 
+from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.metadata import FeatureVocabularies
 
 from .versioned_file import VersionedFileDataset
@@ -21,9 +24,24 @@ class FeatureVocabulariesDataset(VersionedFileDataset):
     """
 
     def load(self) -> FeatureVocabularies:
+        path = self._load_path()
+
         def read(handle) -> dict[str, np.ndarray]:
-            with np.load(handle, allow_pickle=False) as arrays:
-                return {name: arrays[name] for name in arrays.files}
+            try:
+                with np.load(handle, allow_pickle=False) as arrays:
+                    loaded = {name: arrays[name] for name in arrays.files}
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+                # Object arrays need pickle, which could run code: never loaded (numpy refuses them here).
+                raise DamagedFileError(
+                    f"{path} is not vocabularies this project wrote ({error}): it was not loaded. {self._fix()}"
+                ) from error
+            wrong = [name for name, values in loaded.items() if values.dtype != np.int64 or values.ndim != 1]
+            if wrong:
+                raise DamagedFileError(
+                    f"{path} holds {', '.join(wrong[:3])} as other than one int64 array each: not vocabularies "
+                    f"this project wrote. {self._fix()}"
+                )
+            return loaded
 
         return FeatureVocabularies(arrays=self._read(read), version=self.loaded_version())
 
