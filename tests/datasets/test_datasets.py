@@ -160,3 +160,29 @@ def test_vocabularies_holding_a_pickled_object_are_refused_naming_the_file_even_
     found = user_error(caught.value)
     assert isinstance(found, DamagedFileError) and f"{file} is not vocabularies this project wrote" in str(found)
     assert not (tmp_path / "ran").exists()
+
+
+def test_metadata_edited_with_its_file_digest_written_again_is_refused(tmp_path):
+    """Issue 46 item 4: feature_metadata.json with one statistic changed and its .sha256 recomputed trained a
+    different model without a word (checkpoints carry a content digest inside; metadata did not)."""
+    import hashlib
+    import json
+
+    from criteo_dlrm.cli import user_error
+    from criteo_dlrm.common.storage import DamagedFileError
+    from criteo_dlrm.datasets import JSONDataset
+
+    path = tmp_path / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "v1"), content_digest=True).save({"label": {"ctr": 0.25}})
+    file = path / "v1" / "feature_metadata.json"
+    stored = json.loads(file.read_text())
+    assert JSONDataset(str(path), version=Version("v1", None), content_digest=True).load() == {"label": {"ctr": 0.25}}
+    stored["label"]["ctr"] = 0.5
+    file.write_text(json.dumps(stored, indent=1) + "\n")
+    (file.parent / (file.name + ".sha256")).write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    with pytest.raises(Exception) as caught:
+        JSONDataset(str(path), version=Version("v1", None), content_digest=True).load()
+    found = user_error(caught.value)
+    assert isinstance(found, DamagedFileError) and f"{file} is damaged: its content is not what was written" in str(
+        found
+    )

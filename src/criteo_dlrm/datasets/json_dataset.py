@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
+from criteo_dlrm.common.storage import DamagedFileError
+
 from .previews import JSONPreview
 from .versioned_file import VersionedFileDataset
+
+CONTENT_KEY = "content_sha256"
+
+
+def content_sha256(data: dict) -> str:
+    """sha256 of a mapping's content (its ``content_sha256`` aside), keys sorted: the same however it is laid out."""
+    rest = {key: value for key, value in data.items() if key != CONTENT_KEY}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, allow_nan=True).encode()).hexdigest()
 
 
 class JSONDataset(VersionedFileDataset):
@@ -21,10 +32,26 @@ class JSONDataset(VersionedFileDataset):
           versioned: true
     """
 
+    def __init__(self, *args, content_digest: bool = False, **kwargs):
+        """``content_digest``: a mapping is stored with the sha256 of its content inside (``content_sha256``),
+        checked when it is loaded, so an edit is found even when the file's ``.sha256`` was written again."""
+        super().__init__(*args, **kwargs)
+        self._content_digest = content_digest
+
     def load(self) -> Any:
-        return self._read(lambda handle: json.loads(handle.read()))
+        data = self._read(lambda handle: json.loads(handle.read()))
+        if self._content_digest and isinstance(data, dict) and CONTENT_KEY in data:
+            recorded = data.pop(CONTENT_KEY)
+            if recorded != content_sha256(data):
+                raise DamagedFileError(
+                    f"{self._load_path()} is damaged: its content is not what was written (an edit with a new file "
+                    f"digest beside it is still found: the content digest inside no longer matches). {self._fix()}"
+                )
+        return data
 
     def save(self, data: Any) -> None:
+        if self._content_digest and isinstance(data, dict):
+            data = {**{k: v for k, v in data.items() if k != CONTENT_KEY}, CONTENT_KEY: content_sha256(data)}
         text = json.dumps(data, indent=1, allow_nan=True) + "\n"
         self._write_atomically(lambda handle: handle.write(text.encode()))
 
