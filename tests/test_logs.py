@@ -81,7 +81,7 @@ def test_the_kedro_init_entry_point_prepares_the_console_in_this_project_only(tm
         assert result.returncode == 0, (where, result.stderr[-2000:])
         last[where] = result.stdout.strip().splitlines()[-1]
     assert last[ours].startswith("changed") and "ConsoleHandler" in last[ours], last[ours]
-    assert "register_new_resolver" in last[ours] and "_UnactionableMlflowWarning" in last[ours], last[ours]
+    assert "register_new_resolver" in last[ours] and "UnactionableWarnings" in last[ours], last[ours]
     assert last[ours / "conf"].startswith("changed"), "from a folder inside the project too"
     assert last[other].startswith("unchanged"), "another Kedro project's console is left alone"
     assert last[tmp_path].startswith("unchanged"), "outside any project"

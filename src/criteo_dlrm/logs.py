@@ -29,6 +29,8 @@ import yaml
 from kedro.framework.session import KedroSession
 from loguru import logger
 
+from criteo_dlrm.log_filters import UnactionableWarnings, quiet_child_processes
+
 
 class _PropagateHandler(logging.Handler):
     """Hands loguru records to the standard logger of the same module name, which Kedro configures."""
@@ -94,22 +96,15 @@ def configure_console() -> None:
 
 
 def quiet_known_warnings() -> None:
-    """Filter the warnings no user of this project can act on: Kedro 1.7 calls OmegaConf's deprecated
-    ``register_new_resolver`` (three per command); kedro-mlflow's own pyfunc class (for ``pipeline_ml_factory``,
-    unused here) has no type hints, which MLflow says at every import with raw terminal colour codes, under a
-    warnings filter of its own (ours never applies), through the ``py.warnings`` logger Kedro's logging
-    captures warnings into. PySpark warns that it does not fully support pandas 3 whenever it checks pandas, also
-    where no pandas is used (the Spark engine exchanges Arrow batches only)."""
+    """Filter the warnings no user of this project can act on (``log_filters.UNACTIONABLE``): as warnings here,
+    and on the ``py.warnings`` logger Kedro's logging captures them into (MLflow's is issued under a warnings
+    filter of its own, so only the logger's filter drops it; ``conf/logging.yml`` sets the same filter for every
+    process that takes the project's logging configuration)."""
     warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     captured = logging.getLogger("py.warnings")
-    if not any(isinstance(f, _UnactionableMlflowWarning) for f in captured.filters):
-        captured.addFilter(_UnactionableMlflowWarning())
-
-
-class _UnactionableMlflowWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Add type hints to the `predict` method" not in record.getMessage()
+    if not any(isinstance(f, UnactionableWarnings) for f in captured.filters):
+        captured.addFilter(UnactionableWarnings())
 
 
 def prepare_console() -> None:
@@ -143,6 +138,7 @@ def on_kedro_command() -> None:
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return  # not a readable project: Kedro itself says so
     if package == PACKAGE:
+        quiet_child_processes(os.environ)  # kedro viz's server, a process of its own, is never prepared here
         moved = Path.cwd().resolve() != root.resolve()
         if moved:
             os.chdir(root)

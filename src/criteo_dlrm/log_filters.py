@@ -1,0 +1,43 @@
+"""The third-party warnings no user of this project can act on: a ``logging`` filter for the ``py.warnings``
+logger (where Kedro's logging captures warnings) in the processes this project prepares (``logs``), and the
+same as ``PYTHONWARNINGS`` filters for the processes a command starts, kedro viz's server included, which none
+of this project's code prepares. MLflow issues its warning under a warnings filter of its own, so in kedro viz's
+server (a plain ``KedroSession``, whose plugin hooks import kedro-mlflow) it still shows: Kedro's logging
+configuration accepts neither a filter of ours nor a handler class outside ``logging`` and ``kedro.logging``."""
+
+from __future__ import annotations
+
+import logging
+
+UNACTIONABLE = (
+    # Kedro 1.7 calls OmegaConf's deprecated register_new_resolver (three per command).
+    "register_new_resolver() is deprecated",
+    # kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here) has no type hints, which MLflow says
+    # at every import, with raw terminal colour codes, under a warnings filter of its own.
+    "Add type hints to the `predict` method",
+    # kedro-viz's use of a FastAPI response class FastAPI deprecates.
+    "ORJSONResponse is deprecated",
+    # PySpark checks pandas also where no pandas is used (the Spark engine exchanges Arrow batches only).
+    "PySpark does not yet fully support pandas",
+)
+
+
+class UnactionableWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in UNACTIONABLE)
+
+
+# The same, for the processes a command starts (kedro viz's server, worker pools): ``-W`` filters, which Python
+# reads from ``PYTHONWARNINGS`` when it starts (a message there matches from its start; no commas or colons).
+CHILD_FILTERS = (
+    "ignore:register_new_resolver() is deprecated:UserWarning",
+    "ignore:ORJSONResponse is deprecated:Warning",
+    "ignore:PySpark does not yet fully support pandas:FutureWarning",
+)
+
+
+def quiet_child_processes(environ) -> None:
+    """Add ``CHILD_FILTERS`` to ``environ["PYTHONWARNINGS"]`` (once), for the processes started from here on."""
+    present = [part for part in environ.get("PYTHONWARNINGS", "").split(",") if part]
+    environ["PYTHONWARNINGS"] = ",".join([*present, *(f for f in CHILD_FILTERS if f not in present)])
