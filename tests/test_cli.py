@@ -189,3 +189,15 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
         f"  metadata    reused version {sorted(os.listdir(project / 'data/04_feature/feature_metadata.json'))[0]}: "
     )
     assert block[4].startswith(f"  training    resumed at step {int(resumed.group(1)):,}, 1,500 steps"), block
+
+
+def test_kedro_run_help_ends_with_the_project_s_pipelines_and_where_its_parameters_are(tmp_path):
+    """Issue 45 item 6: `kedro run --help` listed no pipeline or parameter."""
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    result = subprocess.run([sys.executable, "-m", "kedro", "run", "--help"], cwd=PROJECT_ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "This project's pipelines: ingestion, metadata, training, evaluation, scoring;" in result.stdout
+    assert "docs/parameters.md" in result.stdout and "--load-versions=dlrm_checkpoint:<version>" in result.stdout
+    for page in ("docs/parameters.md", "docs/scoring.md"):
+        assert (PROJECT_ROOT / page).is_file(), page

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from criteo_dlrm.common.commands import Invocation, dotted, invoked
 from criteo_dlrm.common.errors import ConfigError, UserError, user_error
-from criteo_dlrm.pipeline_registry import PIPELINES
+from criteo_dlrm.pipeline_registry import PIPELINE_ORDER, PIPELINES
 from criteo_dlrm.summary import render
 
 
@@ -239,7 +239,16 @@ def _summary_hooks():
     return next(hook for hook in HOOKS if isinstance(hook, SummaryHooks))
 
 
-@cli.command(name="run", params=_options(), help=kedro_run.help)
+EPILOG = (
+    f"\b\nThis project's pipelines: {', '.join(PIPELINES)}; none named: {', '.join(PIPELINE_ORDER)}, the whole job "
+    "(--pipelines=scoring scores new days with the newest checkpoint: docs/scoring.md).\n"
+    'Parameters: --params="training.num_epochs=5,training.seed=3"; every one, with its default and range, in '
+    "conf/base/parameters_*.yml and docs/parameters.md.\n"
+    "Versions: --load-versions=dlrm_checkpoint:<version> (ls data/06_models/dlrm_checkpoint.pt)."
+)
+
+
+@cli.command(name="run", params=_options(), help=kedro_run.help, epilog=EPILOG)
 @click.pass_context
 def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
     try:

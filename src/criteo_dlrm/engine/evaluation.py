@@ -132,7 +132,7 @@ def evaluation_figures(
     if metrics["calibration_method"] != "none":
         calibration_curves[f"calibrated ({metrics['calibration_method']})"] = probabilities
     return (
-        roc_figure(labels, curves, aucs, metrics["rows_evaluated"]),
+        roc_figure(labels, curves, aucs, figure_title("ROC curve", metrics)),
         calibration_figure(labels, calibration_curves, figure_title("Calibration", metrics)),
-        score_histogram_figure(labels, probabilities),
+        score_histogram_figure(labels, probabilities, figure_title("Predicted CTR by label", metrics)),
     )

@@ -11,9 +11,11 @@ from criteo_dlrm.engine.metrics import CALIBRATION_BINS, calibration_report, rel
 # (a notebook importing the project keeps its inline plots), and nothing is left open.
 
 
-def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float], rows: str = "test") -> Figure:
-    """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend; ``rows``: which
-    rows they are on (test or validation), for the title."""
+def roc_figure(
+    labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str, float], title: str = "ROC curve"
+) -> Figure:
+    """One ROC curve per scorer (e.g. the model and the oracle), with its AUC in the legend; ``title`` names the
+    checkpoint and the rows."""
     figure = Figure(figsize=(6, 6))
     axes = figure.subplots()
     for name, scores in curves.items():
@@ -23,10 +25,11 @@ def roc_figure(labels: np.ndarray, curves: dict[str, np.ndarray], aucs: dict[str
     axes.set(
         xlabel="false positive rate",
         ylabel="true positive rate",
-        title=f"ROC curve on the {rows} rows",
+        title=title,
         xlim=(0, 1),
         ylim=(0, 1),
     )
+    axes.title.set_fontsize(10)
     axes.legend(loc="lower right")
     axes.grid(alpha=0.3)
     figure.tight_layout()
@@ -66,7 +69,9 @@ def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], title:
     return figure
 
 
-def score_histogram_figure(labels: np.ndarray, probabilities: np.ndarray) -> Figure:
+def score_histogram_figure(
+    labels: np.ndarray, probabilities: np.ndarray, title: str = "Predicted CTR by label"
+) -> Figure:
     """Distributions of predicted CTR for clicked and not-clicked rows."""
     figure = Figure(figsize=(7, 4.5))
     axes = figure.subplots()
@@ -74,7 +79,8 @@ def score_histogram_figure(labels: np.ndarray, probabilities: np.ndarray) -> Fig
     labels = labels.astype(bool)
     axes.hist(probabilities[~labels], bins=bins, alpha=0.6, density=True, label=f"no click ({(~labels).sum():,} rows)")
     axes.hist(probabilities[labels], bins=bins, alpha=0.6, density=True, label=f"click ({labels.sum():,} rows)")
-    axes.set(xlabel="predicted click probability", ylabel="density", title="Predicted CTR by label")
+    axes.set(xlabel="predicted click probability", ylabel="density", title=title)
+    axes.title.set_fontsize(10)
     axes.legend()
     figure.tight_layout()
     return figure

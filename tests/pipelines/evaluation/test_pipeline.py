@@ -50,12 +50,13 @@ def test_pipeline_writes_readable_non_empty_plots(checkpoint, tmp_path):
 def test_the_calibration_plot_uses_the_report_s_bins_with_intervals_and_names_its_checkpoint_and_rows(checkpoint):
     from matplotlib.container import ErrorbarContainer
 
-    metrics, _, calibration, _ = evaluate_checkpoint(
+    metrics, roc, calibration, histogram = evaluate_checkpoint(
         {**checkpoint, "catalog_version": "2026-01-01T00.00.00.000Z"}, PARAMS
     )
+    for figure in (roc, calibration, histogram):  # the ROC curve and the histogram said neither (issue 45 item 6)
+        title = figure.axes[0].get_title()
+        assert "checkpoint 2026-01-01T00.00.00.000Z" in title and f"{metrics['model']['rows']:,} " in title, title
     [axes] = calibration.axes
-    title = axes.get_title()
-    assert "checkpoint 2026-01-01T00.00.00.000Z" in title and f"{metrics['model']['rows']:,} " in title
     curves = [c for c in axes.containers if isinstance(c, ErrorbarContainer)]
     assert len(curves) == 2, "the raw output and the calibrated probabilities"
     for curve, name in zip(curves, ("raw", "calibrated"), strict=True):
