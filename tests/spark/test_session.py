@@ -70,3 +70,21 @@ def test_spark_yml_settings_go_over_the_defaults_as_spark_properties():
     assert local["spark.pyspark.python"] == sys.executable  # the executors run this environment's Python
     remote = _with_defaults({"spark.remote": "sc://connect:15002"})
     assert "spark.pyspark.python" not in remote  # a Spark Connect server runs its own
+
+
+def test_spark_s_console_progress_bar_is_off_where_the_output_is_not_a_terminal(monkeypatch):
+    """Issue 45 item 6: off a terminal Spark's bar was one carriage-return line that swallowed the next log line."""
+    import io
+
+    from criteo_dlrm.spark.session import _with_defaults
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert _with_defaults({})["spark.ui.showConsoleProgress"] == "false"
+    assert _with_defaults({"spark.ui.showConsoleProgress": True})["spark.ui.showConsoleProgress"] == "true", "yours"
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert "spark.ui.showConsoleProgress" not in _with_defaults({})

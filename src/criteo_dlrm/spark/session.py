@@ -33,6 +33,10 @@ DEFAULT_SETTINGS = {
 
 def _with_defaults(settings: Mapping | None) -> dict[str, str]:
     merged = {**DEFAULT_SETTINGS, **{str(key): value for key, value in (settings or {}).items()}}
+    if not sys.stderr.isatty():
+        # Spark's console progress bar is carriage returns: in a log file or a pipe one line swallowing the next
+        # log line. Progress there comes from the project's own lines.
+        merged.setdefault("spark.ui.showConsoleProgress", "false")
     if "spark.remote" not in merged:  # a Spark Connect server runs its own Python
         merged.setdefault("spark.pyspark.python", sys.executable)
         merged.setdefault("spark.pyspark.driver.python", sys.executable)
