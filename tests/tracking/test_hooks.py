@@ -37,7 +37,13 @@ def test_the_bundled_run_is_tracked_with_parameters_history_metrics_artifacts_an
     summary = json.loads(summary_file.read_text())
     metrics_file = next((ran_project / "data/08_reporting/evaluation_metrics.json").glob("*/*.json"))
     evaluation = json.loads(metrics_file.read_text())
-    assert run.info.status == "FINISHED" and run.info.run_name == version, "named after the run's version"
+    assert run.info.status == "FINISHED", run.info.status
+    # Named after the run's version and what it ran (issue 45 item 6: MLflow's list named runs by time alone).
+    assert run.info.run_name == f"{version} ingestion+metadata+training+evaluation", run.info.run_name
+    assert run.data.tags["pipelines"] == "ingestion+metadata+training+evaluation"
+    # The tracking page's snippet finds the newest training run (the newest run may have scored only).
+    trained = client.search_runs([run.info.experiment_id], filter_string="tags.pipelines LIKE '%training%'")
+    assert [r.info.run_id for r in trained] == [run.info.run_id]
     # Every parameter a node read, flattened as --params names it.
     params = run.data.params
     assert params["training.batch_size.train"] == "256" and params["training.num_epochs"] == "1"

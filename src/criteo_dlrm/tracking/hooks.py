@@ -45,6 +45,15 @@ class TrackingServerError(UserError, ConnectionError):
     """The MLflow tracking server named in mlflow.yml does not answer."""
 
 
+def run_name_pipelines(names: list[str] | None) -> str:
+    """What a run ran, for its MLflow name and ``pipelines`` tag: ``ingestion+metadata+training+evaluation`` for
+    the whole job (none named), else the names given."""
+    from criteo_dlrm.pipeline_registry import PIPELINE_ORDER
+
+    chosen = [name for name in names or () if name != "__default__"] or list(PIPELINE_ORDER)
+    return "+".join(chosen)
+
+
 def tracking_enabled() -> bool:
     """False when ``CRITEO_DLRM_TRACKING`` is ``off`` (or ``0``, ``false``, ``no``)."""
     return os.environ.get(SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
@@ -161,10 +170,11 @@ class TrackingHooks:
             return
         mlflow.set_tag("kedro_run_version", self._version)
         # kedro-mlflow names a run after its pipelines (mlflow.yml run.name null): the run version names every
-        # versioned output of the run and heads its summary, so it names the MLflow run too.
+        # versioned output of the run and heads its summary, so it names the MLflow run too, with what it ran.
         pipelines = "+".join(run_params.get("pipeline_names") or ["__default__"])
+        mlflow.set_tag("pipelines", run_name_pipelines(run_params.get("pipeline_names")))
         if run.info.run_name == pipelines:
-            mlflow.set_tag("mlflow.runName", self._version)
+            mlflow.set_tag("mlflow.runName", f"{self._version} {run_name_pipelines(run_params.get('pipeline_names'))}")
 
     @hook_impl(trylast=True)  # after kedro-mlflow's, which ends the run
     def after_pipeline_run(self) -> None:
