@@ -36,3 +36,16 @@ def test_each_stage_says_whether_it_made_or_reused_its_output():
     assert "2 days (1 reused, 1 converted)" in mixed
     older = render(RunRecord("v", {"ingestion_report": {"days": [{"day": "day_0", "rows": 5, "rejected": 0}]}}))
     assert "1 day (converted)" in older, "a report written before days said whether they were reused"
+
+
+def test_one_unsplit_file_is_not_said_to_train_and_validate():
+    """Issue 45 item 6: one unsplit file's summary read `train; train validate (first 50%) and test`."""
+    from criteo_dlrm.config import MetadataConfig
+    from criteo_dlrm.summary import split_line
+
+    config = MetadataConfig.from_dict({})
+    line = split_line(config.split(["train"]), config.test_share, ["train"])
+    assert line == "train: one day, which would validate with none left to train (split it into days)"
+    assert split_line(config.split(["day_0", "day_1"]), 0.5, ["day_0", "day_1"]).startswith(
+        "day_0 train; day_1 validate"
+    )

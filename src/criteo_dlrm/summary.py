@@ -45,6 +45,8 @@ def _listed(names: list[str]) -> str:
 def split_line(split, test_share: float, names: list[str]) -> str:
     """``day_0, day_1 train; day_2 validates (first 50%) and tests (last 50%)``: which ingested day does what,
     in day order (``split``: the metadata settings' ``DaySplit`` of ``names``)."""
+    if not split.train:  # one unsplit file: metadata refuses it, naming ingestion.rows_per_day
+        return f"{_listed(names)}: one day, which would validate with none left to train (split it into days)"
     parts = [f"{_listed(split.train)} train"]
     if split.test:
         parts += [f"{_listed(split.validation)} validate", f"{_listed(split.test)} test"]
