@@ -109,6 +109,9 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "register_new_resolver" not in output and "No typed parameter" not in output
+    # Paths in log lines are the project's, as the user types them (the encoded rows' lines were absolute).
+    assert "data/05_model_input/train_features: 40,000 encoded rows written" in output
+    assert f"{project}/data/05_model_input" not in output
     block = result.stdout[result.stdout.rindex("\nRun ") + 1 :].rstrip().splitlines()
     assert [line.split()[0] for line in block[1:6]] == ["ingestion", "day_0,", "metadata", "training", "evaluation"]
     assert block[2] == "              day_0, day_1 train; day_2 validate (first 50%) and test (last 50%)"

@@ -42,6 +42,14 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         """The folder of the rows."""
         return self._path
 
+    @property
+    def _shown(self) -> Path:
+        """The folder as log lines name paths: relative to the project (the working folder) when inside it."""
+        try:
+            return self._path.resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            return self._path
+
     def load(self) -> EncodedArrays:
         return open_encoded(self._path, lineage=self._stored_lineage())
 
@@ -66,7 +74,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         with exclusive(self._path, f"the encoded rows {self._path.name}"):
             remove_stale_partials(self._path.parent)
             if self._reusable(data):
-                logger.info("{}: already encoded from the same metadata version and days; reused", self._path)
+                logger.info("{}: already encoded from the same metadata version and days; reused", self._shown)
                 return
             with atomic_folder(self._path, f"the encoded rows {self._path.name}") as staging:
                 if isinstance(data, EncodedDays):
@@ -80,7 +88,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
                         staging.mkdir(parents=True, exist_ok=True)
                         write_bytes_atomically(staging / LINEAGE, json.dumps(data.lineage, indent=1).encode())
                     write_encoded(data, staging)
-        logger.info("{}: {:,} encoded rows written", self._path, len(open_encoded(self._path, verify=False)))
+        logger.info("{}: {:,} encoded rows written", self._shown, len(open_encoded(self._path, verify=False)))
 
     def _exists(self) -> bool:
         return self._path.is_dir() and all((self._path / f"{name}.npy").exists() for name in ("labels", "dense"))
