@@ -31,6 +31,8 @@ def test_exploration_notebook_executes_from_its_own_folder_on_the_bundled_sample
         str(o.get("data", {}).get("text/plain", "")) + o.get("text", "") for cell in outputs.values() for o in cell
     )
     assert "training rows 40,000" in text
+    # The first screen says what the project says (issue 45 item 5): no tqdm widget warning, the project's logging.
+    assert "IProgress not found" not in text and "No typed parameter requirements" not in text, text[:3000]
     assert "SPARSE_25" in text and "auc" in text
     images = sum("image/png" in o.get("data", {}) for cell in outputs.values() for o in cell)
     assert images >= 3, "metadata, training curve and comparison plots"

@@ -19,6 +19,8 @@ UNACTIONABLE = (
     "ORJSONResponse is deprecated",
     # PySpark checks pandas also where no pandas is used (the Spark engine exchanges Arrow batches only).
     "PySpark does not yet fully support pandas",
+    # tqdm.auto, imported by a library in a notebook's kernel without ipywidgets (this project draws no widget).
+    "IProgress not found",
 )
 
 

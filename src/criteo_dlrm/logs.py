@@ -102,6 +102,7 @@ def quiet_known_warnings() -> None:
     process that takes the project's logging configuration)."""
     warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="IProgress not found", category=Warning)
     captured = logging.getLogger("py.warnings")
     if not any(isinstance(f, UnactionableWarnings) for f in captured.filters):
         captured.addFilter(UnactionableWarnings())
@@ -148,12 +149,12 @@ def on_kedro_command() -> None:
             logger.info("working in the project's folder {} (relative paths are the project's)", root)
 
 
-def _project_logging() -> None:
-    """The project's ``conf/logging.yml``, which Kedro looked for in the folder the command started in (unless
-    ``KEDRO_LOGGING_CONFIG`` names a file)."""
+def _project_logging(root: Path = Path()) -> None:
+    """The project's ``conf/logging.yml`` (``root``: the project's folder), which Kedro looked for in the folder
+    the command or the notebook's kernel started in (unless ``KEDRO_LOGGING_CONFIG`` names a file)."""
     from kedro.framework.project import configure_logging
 
-    path = Path("conf/logging.yml")
+    path = Path(root) / "conf" / "logging.yml"
     if "KEDRO_LOGGING_CONFIG" not in os.environ and path.is_file():
         configure_logging(yaml.safe_load(path.read_text(encoding="utf-8")))
 
@@ -164,5 +165,8 @@ class ConsoleSession(KedroSession):
 
     @classmethod
     def create(cls, *args, **kwargs) -> KedroSession:
+        root = kwargs.get("project_path") or (args[0] if args else None)
+        if root is not None and Path(root).resolve() != Path.cwd().resolve():
+            _project_logging(Path(root))  # a notebook's kernel in notebooks/: the project's logging, not Kedro's
         prepare_console()
         return super().create(*args, **kwargs)
