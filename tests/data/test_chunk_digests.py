@@ -134,3 +134,24 @@ def test_no_marker_or_report_is_written_through_a_link_planted_at_its_name(tmp_p
     marker.symlink_to(outside)
     JSONDataset(str(tmp_path / "metrics.json"), version=Version(None, version)).mark_incomplete(version, {"run": "r"})
     assert outside.read_text() == "not the project's\n" and not marker.is_symlink()
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_file_truncated_while_the_run_reads_it_is_named_with_the_fix_and_recorded(tmp_path, shuffle):
+    """Issue 46 item 2: a file truncated mid-run, its chunks verified already, ended the run in a bare OSError
+    (shuffled reads) or killed it with a memory map's SIGBUS (sequential reads)."""
+    _stored(tmp_path)
+    rows = open_encoded(tmp_path)
+    rows.check_rows(0, len(rows))  # every chunk verified already (an earlier epoch read them)
+    loader = BatchLoader(rows, 500, shuffle=shuffle, seed=0, chunk_rows=CHUNK, window_chunks=1)  # a read a window
+    batches = loader.batches()
+    next(batches)  # the run is reading
+    dense = tmp_path / "dense.npy"
+    with dense.open("r+b") as handle:
+        handle.truncate(dense.stat().st_size // 3)
+    with pytest.raises(DamagedFileError) as caught:
+        for _ in batches:
+            pass
+    message = str(caught.value)
+    assert str(dense) in message and "truncated" in message and "kedro run --pipelines=training" in message
+    assert "truncated" in (tmp_path / DAMAGED).read_text(), "recorded: the next run encodes the rows again"

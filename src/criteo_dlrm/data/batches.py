@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from criteo_dlrm.common.storage import DamagedFileError
+from criteo_dlrm.data.chunk_digests import reencode
 from criteo_dlrm.data.stored import EncodedArrays, PackedIndices
 
 
@@ -140,13 +142,8 @@ class BatchLoader:
             if self.world_size > 1:
                 take = np.array_split(take, self.world_size)[self.rank]
             self.arrays.check_rows(begin, end)
-            batch = Batch(
-                torch.from_numpy(self.arrays.labels[take].astype(np.float32, copy=False)),
-                torch.from_numpy(self.arrays.dense[take]),
-                torch.from_numpy(self.arrays.sparse[take].astype(np.int64)),
-                global_rows=end - begin,
-            )
-            yield batch.pin_memory() if self.pin else batch
+            low, high = (int(take[0]), int(take[-1]) + 1) if len(take) else (begin, begin)  # a contiguous range
+            yield self._gather([tuple(self._read(source, low, high) for source in self.arrays.stored())], end - begin)
 
     def _chunk_size(self, chunk: int) -> int:
         return min(self.chunk_rows, len(self.arrays) - chunk * self.chunk_rows)
@@ -185,7 +182,7 @@ class BatchLoader:
             self.arrays.check_rows(begin, begin + size)
             permutation = np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
             for out, source in zip(rows, sources, strict=True):
-                np.take(_read(source, begin, begin + size), permutation, axis=0, out=out[at : at + size])
+                np.take(self._read(source, begin, begin + size), permutation, axis=0, out=out[at : at + size])
         return _Window(start, sizes, owned, first, rows)
 
     def _gather(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], global_rows: int) -> Batch:
@@ -205,6 +202,21 @@ class BatchLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
+
+    def _read(self, source: np.ndarray, begin: int, end: int) -> np.ndarray:
+        """``_read``, with a file shorter than it was written (truncated while the run reads it) refused naming
+        it and the fix, and recorded as damage, as a digest mismatch is (never a memory map's SIGBUS).
+
+        Raises:
+            DamagedFileError: the file could not give the rows.
+        """
+        try:
+            return _read(source, begin, end)
+        except OSError as error:
+            message = f"{error}: the file is not what was written (shorter: truncated while this run read it?)"
+            if self.arrays.digests is not None:
+                self.arrays.digests.record_damage(message)
+            raise DamagedFileError(f"{message}. It was not used. {reencode()}") from error
 
 
 def _read(source: np.ndarray, begin: int, end: int) -> np.ndarray:

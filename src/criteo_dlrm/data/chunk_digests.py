@@ -124,7 +124,7 @@ class ChunkDigests:
                 rows = self._layouts[CHUNKED[index]][2]
                 where = f"rows {chunk * self.chunk_rows:,}-{min((chunk + 1) * self.chunk_rows, rows) - 1:,}"
                 message = f"{path} is damaged: {where} are not what was written (chunk {chunk} of its digests)"
-                self._record_damage(message)
+                self.record_damage(message)
                 raise DamagedFileError(f"{message}. It was not used. {reencode()}")
             self._checked[index, chunk] = True
 
@@ -138,7 +138,7 @@ class ChunkDigests:
         for name in CHUNKED:
             self.check_all(name.removesuffix(".npy"))
 
-    def _record_damage(self, message: str) -> None:
+    def record_damage(self, message: str) -> None:
         try:  # best effort: the run stops anyway; the record only keeps the next save from reusing these rows
             write_bytes_atomically(self.folder / DAMAGED, (message + "\n").encode())
         except OSError:
