@@ -88,3 +88,27 @@ def test_spark_s_console_progress_bar_is_off_where_the_output_is_not_a_terminal(
 
     monkeypatch.setattr(sys, "stderr", Terminal())
     assert "spark.ui.showConsoleProgress" not in _with_defaults({})
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"spark.master": "nonsense[x"}, r"spark.master 'nonsense\[x' is not a Spark master URL"),
+        ({"spark.master": "spark://127.0.0.1:1"}, r"nothing answers at spark.master spark://127.0.0.1:1"),
+        ({"spark.driver.memory": "1k"}, r"spark.driver.memory '1k' is too small: Spark needs at least 450 MB"),
+        ({"spark.executor.memory": "lots"}, r"spark.executor.memory 'lots' is not a size"),
+    ],
+)
+def test_spark_settings_spark_would_fail_on_are_refused_in_seconds_naming_the_key(settings, problem):
+    """Issue 46 item 6: an unreachable master ended in a Java stack trace after 214 s, an invalid one in 256 lines
+    ending JAVA_GATEWAY_EXITED, a 1k driver in 244 lines; none named spark.yml or the key."""
+    import time
+
+    from criteo_dlrm.spark.session import check_spark_settings
+
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=problem) as refused:
+        check_spark_settings(settings, timeout=2.0)
+    assert time.monotonic() - started < 5
+    assert "conf/base/spark.yml" in str(refused.value) and "preprocessing.engine=local" in str(refused.value)
+    check_spark_settings({"spark.master": "local[2]", "spark.driver.memory": "2g", "spark.executor.memory": 4096})

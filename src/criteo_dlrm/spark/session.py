@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -90,10 +91,56 @@ def require_spark(settings: Mapping | None = None) -> None:
         )
 
 
+SPARK_YML = "conf/base/spark.yml (conf/local/spark.yml or --env's overrides it)"
+_MASTER = re.compile(
+    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://[^/]+|yarn|k8s://\S+|mesos://\S+"
+)
+_SIZE = re.compile(r"(\d+)\s*([kmgtp]?)b?", re.IGNORECASE)
+# Spark refuses a driver (or an executor) with less memory than this: 450 MB of reserved memory and some room.
+MEMORY_AT_LEAST = 471_859_200
+
+
+def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None:
+    """Refuse, in seconds and naming spark.yml's key and the fix, the settings Spark would fail on after minutes of
+    JVM output: a master that is not a master URL, a standalone master nothing answers at, a driver or executor
+    memory too small or not a size."""
+    merged = _with_defaults(settings)
+    back = f"or preprocess on this machine's engine: `{kedro_run(params={'preprocessing.engine': 'local'})}`"
+    if "spark.remote" in merged:
+        return
+    master = merged["spark.master"]
+    if not _MASTER.fullmatch(master):
+        raise ConfigError(
+            f"{SPARK_YML}: spark.master {master!r} is not a Spark master URL (local[*], local[4], spark://host:7077, "
+            f"yarn, k8s://https://host:443). Fix the key, {back}."
+        )
+    if master.startswith("spark://"):
+        for address in master.removeprefix("spark://").split(","):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host or address, int(port or 7077)), timeout=timeout).close()
+            except (OSError, ValueError) as error:
+                raise ConfigError(
+                    f"{SPARK_YML}: nothing answers at spark.master {master} ({address}: {error}). Start the Spark "
+                    f"master there or point spark.master at one that runs, {back}."
+                ) from None
+    for key in ("spark.driver.memory", "spark.executor.memory"):
+        if key not in merged:
+            continue
+        size = _SIZE.fullmatch(merged[key].strip())
+        factor = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}  # Spark's unit: MiB
+        if size is None or int(size.group(1)) * factor[size.group(2).lower()] < MEMORY_AT_LEAST:
+            raise ConfigError(
+                f"{SPARK_YML}: {key} {merged[key]!r} is {'not a size' if size is None else 'too small'}: Spark needs "
+                f"at least {MEMORY_AT_LEAST // 2**20} MB (e.g. 2g). Fix the key, {back}."
+            )
+
+
 def spark_session(settings: Mapping | None = None):
     """The Spark session: the one already started (``settings`` None), or one with ``settings`` (spark.yml's keys,
     over ``DEFAULT_SETTINGS``; ``spark.remote: sc://...`` connects to a Spark Connect server instead)."""
     require_spark(settings)
+    check_spark_settings(settings)
     from pyspark.sql import SparkSession
 
     if settings is None and (active := SparkSession.getActiveSession()) is not None:
