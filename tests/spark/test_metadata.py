@@ -79,3 +79,17 @@ def test_no_rows_is_refused_as_locally(spark, tmp_path):
     pq.write_table(PARQUET_SCHEMA.empty_table(), path)
     with pytest.raises(DataError, match="hold no rows"):
         count_on_spark([str(path)], MetadataConfig())
+
+
+def test_a_damaged_day_is_named_as_the_local_engine_names_it(spark, tmp_path):
+    """Issue 46 item 6: a damaged Parquet day read by the Spark vocabulary pass ended in a Java exception
+    (ArrayIndexOutOfBoundsException) instead of the local engine's DamagedDayError naming the day and the fix."""
+    from criteo_dlrm.data.parquet import DamagedDayError
+
+    paths = _days(tmp_path, 0.25)
+    damaged = tmp_path / "day_1.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 1 << 3  # inside the data pages
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(DamagedDayError, match=str(damaged)):
+        count_on_spark(paths, MetadataConfig())

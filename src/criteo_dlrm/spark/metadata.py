@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from loguru import logger
 
+from criteo_dlrm.common.errors import DataError, UserError
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.metadata import (
@@ -29,6 +30,7 @@ from criteo_dlrm.data.metadata import (
     no_rows_error,
     vocabulary_caps,
 )
+from criteo_dlrm.data.parquet import DamagedDayError, verify_day
 from criteo_dlrm.spark.session import master, spark_session
 
 
@@ -118,6 +120,45 @@ def _dense_statistics(frame, rows: int) -> dict[str, DenseStatistics]:
     return result
 
 
+def _damage_of(path: str) -> str:
+    """'' when the day's pages are intact (their CRCs verified), else the local engine's message naming it: run
+    by the executors, one task per day."""
+    try:
+        verify_day(path)
+    except DataError as damaged:
+        return str(damaged)
+    return ""
+
+
+def verify_days(session, train_paths: Sequence[str | Path]) -> None:
+    """Verify every day's page checksums before Spark reads them: Spark's Parquet reader does not (measured: a day
+    with a damaged data page, which the local engine refuses, was counted as other numbers), so a damaged day would
+    be a wrong answer. One task per day on the executors (a Spark Connect session, which has no tasks of Python
+    functions: here, on the driver).
+
+    Raises:
+        DamagedDayError: naming the first damaged day and the fix, as the local engine does.
+    """
+    paths = [str(Path(path).resolve()) for path in train_paths]
+    try:
+        context = session.sparkContext
+    except Exception:  # Spark Connect: no SparkContext
+        context = None
+    found = context.parallelize(paths, len(paths)).map(_damage_of).collect() if context else map(_damage_of, paths)
+    problem = next((message for message in found if message), "")
+    if problem:
+        raise DamagedDayError(problem)
+
+
+def _name_a_damaged_day(train_paths: Sequence[str | Path], error: Exception) -> None:
+    """A day damaged since it was verified fails Spark with a Java exception that names no day: verify each
+    day's pages here, and raise the local engine's ``DamagedDayError`` for the first damaged one; nothing when
+    every day is intact (the Spark error stands)."""
+    for path in train_paths:
+        if message := _damage_of(str(path)):
+            raise DamagedDayError(message) from error
+
+
 def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) -> tuple[dict, dict[str, np.ndarray]]:
     """``compute_feature_metadata`` on Spark: the same ``(metadata, vocabularies)`` (``metadata.workers`` and
     ``features_per_pass`` are the local engine's; Spark's executors and its spilling aggregation take their place).
@@ -127,14 +168,21 @@ def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) ->
     check_training_paths(train_paths)
     session = spark_session()
     started = time.perf_counter()
-    frame = session.read.parquet(*[Path(path).resolve().as_uri() for path in train_paths])
-    totals = frame.agg(F.count("*").alias("rows"), F.sum(F.col(LABEL_COLUMN).cast("long")).alias("clicks")).first()
-    rows, positives = int(totals["rows"]), int(totals["clicks"] or 0)
-    if rows == 0:
-        raise no_rows_error(train_paths)
-    config = effective_config(config, rows, positives)
-    sparse = _sparse_counts(frame, config, rows)
-    dense = _dense_statistics(frame, rows)
+    verify_days(session, train_paths)
+    try:
+        frame = session.read.parquet(*[Path(path).resolve().as_uri() for path in train_paths])
+        totals = frame.agg(F.count("*").alias("rows"), F.sum(F.col(LABEL_COLUMN).cast("long")).alias("clicks")).first()
+        rows, positives = int(totals["rows"]), int(totals["clicks"] or 0)
+        if rows == 0:
+            raise no_rows_error(train_paths)
+        config = effective_config(config, rows, positives)
+        sparse = _sparse_counts(frame, config, rows)
+        dense = _dense_statistics(frame, rows)
+    except Exception as error:
+        if isinstance(error, UserError):
+            raise
+        _name_a_damaged_day(train_paths, error)
+        raise
     logger.info(
         "feature metadata counted by Spark on {} in {:.1f}s ({:,} rows)", master(session),
         time.perf_counter() - started, rows,
