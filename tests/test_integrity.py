@@ -194,17 +194,23 @@ def test_planted_job_and_outcome_files_never_run_code(tmp_path):
     assert not marker.exists(), "the planted payload ran"
 
 
-def test_a_second_writer_is_refused_naming_the_process_that_holds_the_lock(tmp_path):
-    target = tmp_path / "train_features"
+def _lock_holder(target: Path, what: str) -> subprocess.Popen:
+    """Another process holding the lock on ``target``, once this returns."""
     holder = subprocess.Popen(
         [sys.executable, "-c", (
             "import sys, time; from criteo_dlrm.common.locks import exclusive\n"
-            f"with exclusive({str(target)!r}, 'rows'):\n    print('held', flush=True); time.sleep(30)"
+            f"with exclusive({str(target)!r}, {what!r}):\n    print('held', flush=True); time.sleep(60)"
         )],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_writer_is_refused_naming_the_process_that_holds_the_lock(tmp_path):
+    target = tmp_path / "train_features"
+    holder = _lock_holder(target, "rows")
     try:
-        assert holder.stdout.readline().strip() == "held"
         with (
             pytest.raises(LockedError, match=rf"being written by process {holder.pid} on .*-c"),
             exclusive(target, "rows"),
@@ -304,14 +310,7 @@ def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refu
 def test_a_run_that_finds_the_lock_of_a_killed_run_says_how_that_run_ended(tmp_path, logged):
     """Issue 50 item 3: the next run said nothing of the run a kill -9 (or the OOM killer) ended."""
     target = tmp_path / "train_features"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import sys, time; from criteo_dlrm.common.locks import exclusive\n"
-            f"with exclusive({str(target)!r}, 'the encoded rows'):\n    print('held', flush=True); time.sleep(60)"
-        )],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout.readline().strip() == "held"
+    holder = _lock_holder(target, "the encoded rows")
     holder.kill()
     holder.wait()
     with exclusive(target, "the encoded rows"):

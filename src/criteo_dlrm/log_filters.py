@@ -7,21 +7,25 @@ configuration accepts neither a filter of ours nor a handler class outside ``log
 
 from __future__ import annotations
 
+import builtins
 import logging
+import re
+import warnings
 
-UNACTIONABLE = (
+# (the start of the message, its category): what Python's warnings filters match.
+WARNINGS = (
     # Kedro 1.7 calls OmegaConf's deprecated register_new_resolver (three per command).
-    "register_new_resolver() is deprecated",
-    # kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here) has no type hints, which MLflow says
-    # at every import, with raw terminal colour codes, under a warnings filter of its own.
-    "Add type hints to the `predict` method",
+    ("register_new_resolver() is deprecated", "UserWarning"),
     # kedro-viz's use of a FastAPI response class FastAPI deprecates.
-    "ORJSONResponse is deprecated",
+    ("ORJSONResponse is deprecated", "Warning"),
     # PySpark checks pandas also where no pandas is used (the Spark engine exchanges Arrow batches only).
-    "PySpark does not yet fully support pandas",
+    ("PySpark does not yet fully support pandas", "FutureWarning"),
     # tqdm.auto, imported by a library in a notebook's kernel without ipywidgets (this project draws no widget).
-    "IProgress not found",
+    ("IProgress not found", "Warning"),
 )
+# The same, and kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here), which has no type hints:
+# MLflow says so at every import, with raw terminal colour codes, under a warnings filter of its own.
+UNACTIONABLE = (*(message for message, _ in WARNINGS), "Add type hints to the `predict` method")
 
 
 class UnactionableWarnings(logging.Filter):
@@ -30,13 +34,15 @@ class UnactionableWarnings(logging.Filter):
         return not any(text in message for text in UNACTIONABLE)
 
 
+def ignore_warnings() -> None:
+    """``WARNINGS`` ignored in this process."""
+    for message, category in WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=getattr(builtins, category))
+
+
 # The same, for the processes a command starts (kedro viz's server, worker pools): ``-W`` filters, which Python
 # reads from ``PYTHONWARNINGS`` when it starts (a message there matches from its start; no commas or colons).
-CHILD_FILTERS = (
-    "ignore:register_new_resolver() is deprecated:UserWarning",
-    "ignore:ORJSONResponse is deprecated:Warning",
-    "ignore:PySpark does not yet fully support pandas:FutureWarning",
-)
+CHILD_FILTERS = tuple(f"ignore:{message}:{category}" for message, category in WARNINGS)
 
 
 def quiet_child_processes(environ) -> None:

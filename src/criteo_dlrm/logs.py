@@ -22,14 +22,13 @@ import logging
 import os
 import sys
 import tomllib
-import warnings
 from pathlib import Path
 
 import yaml
 from kedro.framework.session import KedroSession
 from loguru import logger
 
-from criteo_dlrm.log_filters import UnactionableWarnings, quiet_child_processes
+from criteo_dlrm.log_filters import UnactionableWarnings, ignore_warnings, quiet_child_processes
 
 
 class _PropagateHandler(logging.Handler):
@@ -96,13 +95,10 @@ def configure_console() -> None:
 
 
 def quiet_known_warnings() -> None:
-    """Filter the warnings no user of this project can act on (``log_filters.UNACTIONABLE``): as warnings here,
-    and on the ``py.warnings`` logger Kedro's logging captures them into (MLflow's is issued under a warnings
-    filter of its own, so only the logger's filter drops it; ``conf/logging.yml`` sets the same filter for every
-    process that takes the project's logging configuration)."""
-    warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated", category=UserWarning)
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-    warnings.filterwarnings("ignore", message="IProgress not found", category=Warning)
+    """Filter the warnings no user of this project can act on (``log_filters``): as warnings here, and on the
+    ``py.warnings`` logger Kedro's logging captures them into (MLflow's is issued under a warnings filter of its
+    own, so only the logger's filter drops it)."""
+    ignore_warnings()
     captured = logging.getLogger("py.warnings")
     if not any(isinstance(f, UnactionableWarnings) for f in captured.filters):
         captured.addFilter(UnactionableWarnings())

@@ -30,7 +30,7 @@ from criteo_dlrm.engine.progress import load_best
 from criteo_dlrm.engine.recipe import finish_run, run_training
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.engine.sharded_checkpoint import consolidate
-from criteo_dlrm.engine.sharding import shard_model, torch_layout
+from criteo_dlrm.engine.sharding import _dense_state, _grouped, shard_model
 from criteo_dlrm.models.dlrm import DLRM
 from tests.conftest import TINY_MODEL, tiny_trainer
 
@@ -133,6 +133,20 @@ def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, t
         torch.testing.assert_close(optimizers["fused_embeddings"][key], state, msg=key)
     # Without the optimiser state the resumed run would differ: row-wise Adagrad's sums are not zero by then.
     assert any(state.abs().sum() > 0 for state in fused.values())
+
+
+def torch_layout(config, names: list[str]):
+    """``(tensors, dense_param_groups) -> (model_state, optimizer_state)``: a sharded run's state, read whole
+    (``sharded_checkpoint.consolidate``), in the torch backend's layout, to compare with a one-process view."""
+
+    def convert(tensors: dict[str, torch.Tensor], dense_param_groups: list) -> tuple[dict, dict]:
+        model = {key.removeprefix("model/"): value for key, value in tensors.items() if key.startswith("model/")}
+        fused = {key.removeprefix("fused/"): value for key, value in tensors.items() if key.startswith("fused/")}
+        dense = _dense_state({key: value for key, value in tensors.items() if key.startswith("dense/")})
+        optimizers = {"dense": {"state": dense, "param_groups": dense_param_groups}, "fused_embeddings": fused}
+        return _grouped(model, config, names), optimizers
+
+    return convert
 
 
 def _best(result, layout) -> tuple[dict, dict]:

@@ -117,17 +117,6 @@ class EncodedArrays:
             for name in STORED_FIELDS:
                 self.digests.check(name, start, end)
 
-    def check_all_again(self) -> bool:
-        """Verify every stored chunk again (a full read); False for rows in memory (nothing to verify).
-
-        Raises:
-            DamagedFileError: naming the damaged file, its rows and the fix (and recording the damage).
-        """
-        if self.digests is None:
-            return False
-        self.digests.check_again()
-        return True
-
     def stored(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Labels, dense and sparse as stored: packed index bytes as they are (``PackedIndices.packed``)."""
         sparse = self.sparse.packed if isinstance(self.sparse, PackedIndices) else self.sparse

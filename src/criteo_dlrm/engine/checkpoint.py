@@ -127,15 +127,10 @@ def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None
     is allocated, and the optimiser state in the folder is never read."""
     from criteo_dlrm.common.schema import SPARSE_COLUMNS
     from criteo_dlrm.engine.sharded_checkpoint import read_alone
-    from criteo_dlrm.models.torchrec_embeddings import split_tables, table_key
+    from criteo_dlrm.models.torchrec_embeddings import per_table_state
 
-    state = model.state_dict()
-    tables = split_tables(state, model.config)
-    grouped = {f"embeddings.{g}.weight.weight" for g in range(len(model.embeddings))}
-    target = {f"model/{key}": tensor for key, tensor in state.items() if key not in grouped}
-    names = sharded.get("tables", SPARSE_COLUMNS)
-    target.update({f"model/{table_key(name)}": tables[f] for f, name in enumerate(names)})
-    read_alone(target, Path(sharded["path"]), sharded["digests"])
+    state = per_table_state(model.state_dict(), model.config, sharded.get("tables", SPARSE_COLUMNS))
+    read_alone({f"model/{key}": tensor for key, tensor in state.items()}, Path(sharded["path"]), sharded["digests"])
 
 
 @dataclass(frozen=True)

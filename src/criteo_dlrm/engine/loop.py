@@ -275,16 +275,13 @@ class Trainer:
         Raises:
             DamagedFileError: the rows are damaged (naming the file, its rows and the fix), instead of divergence.
         """
-        loaders = [
-            loader for loader in (self.train_loader, self.validation_loader) if loader.arrays.digests is not None
-        ]
-        if not loaders:
+        digests = [loader.arrays.digests for loader in (self.train_loader, self.validation_loader)]
+        digests = [found for found in digests if found is not None]  # stored rows (rows in memory have none)
+        if not digests:
             return ""
-        logger.info(
-            "the loss is not finite: verifying the training and validation rows again before calling it divergence"
-        )
-        for loader in loaders:
-            loader.arrays.check_all_again()
+        logger.info("not finite: verifying the rows read again, whole, before calling it divergence")
+        for found in digests:
+            found.check_again()
         return " The rows it read were verified again, whole, and are intact."
 
     def _kept(self) -> str:

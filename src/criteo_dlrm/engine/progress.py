@@ -147,8 +147,8 @@ def load_best(result: TrainingResult) -> dict[str, Any]:
     read here, so no process ever holds a sharded run's whole state (the run's checkpoint links the folder's files).
 
     Raises:
-        DamagedFileError: the file or a file of its state folder is damaged, or it holds another step than the
-            result's best, naming it.
+        DamagedFileError: the file is damaged, or holds another step than the result's best, naming it (a state
+            folder's files are checked when the model is read).
     """
     path = Path(result.best_checkpoint)
     values = load_checkpoint(path, mmap=True)
@@ -157,6 +157,6 @@ def load_best(result: TrainingResult) -> dict[str, Any]:
             f"{path} holds step {values.get('step')}, not the best step {result.best_step:,} of this run: it was "
             "replaced while the run trained. Delete it and its in-progress checkpoint; a rerun then starts afresh."
         )
-    if "sharded_state" in values:  # its files are checked when the model is read (``checkpoint.model_from_checkpoint``)
+    if "sharded_state" in values:
         return {"sharded_state": values["sharded_state"], "dense_param_groups": values["dense_param_groups"]}
     return {"model_state": values["model_state"], "optimizer_state": values["optimizer_state"]}

@@ -4,12 +4,11 @@ TorchRec's planner places every table (table-wise, column-wise, row-wise on CUDA
 process's memory, ``DistributedModelParallel`` shards the ``TorchRecEmbeddings`` accordingly (an all-to-all
 brings each process the pooled embeddings of its own rows) and wraps the dense layers in DDP, and FBGEMM's
 fused optimiser updates the tables inside backward. ``ShardedDLRM`` is what the training loop needs from all
-that: the model to train, its state as every process writes it (its own shards, ``engine.sharded_checkpoint``)
-and reads it back (resharded), and the conversion of a finished run's state to the ``torch`` backend's layout
-(``torch_layout``), so its checkpoint is an ordinary one. Here too: the refusals before any process starts
-(TorchRec missing, an optimiser without a fused kernel on the device). ``model_state``/``optimizer_state`` gather
-the tables to rank 0 (``engine.sharded_state``): a view for tests and one-process inspection, not how state is
-written.
+that: the model to train, and its state as every process writes it (its own shards, ``engine.sharded_checkpoint``)
+and reads it back (resharded); a finished run's checkpoint is read into the ``torch`` backend's model
+(``engine.checkpoint``). Here too: the refusals before any process starts (TorchRec missing, an optimiser without
+a fused kernel on the device). ``model_state``/``optimizer_state`` gather the tables to rank 0
+(``engine.sharded_state``): a view for tests and one-process inspection, not how state is written.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.sharded_checkpoint import read_state
 from criteo_dlrm.engine.sharded_state import flat_state, gather_state, scatter_state
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
-from criteo_dlrm.models.torchrec_embeddings import TorchRecEmbeddings, grouped_tables, split_tables, table_key
+from criteo_dlrm.models.torchrec_embeddings import TorchRecEmbeddings, grouped_tables, per_table_state, table_key
 
 INSTALL_HINT = (
     "Install the torchrec extra (docs/torchrec.md, 'Install'): on CPU "
@@ -129,12 +128,7 @@ class ShardedDLRM:
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Copy a torch-layout state (a checkpoint's ``model_state``) into this process's shards."""
-        state = dict(state)
-        tables = split_tables(state, self.module.config)
-        for g in range(len(self.module.embeddings.groups)):
-            state.pop(f"embeddings.{g}.weight.weight")
-        state.update({table_key(name): tables[f] for f, name in enumerate(self.names)})
-        scatter_state(self.model.state_dict(), state, strict=True)
+        scatter_state(self.model.state_dict(), per_table_state(state, self.module.config, self.names), strict=True)
 
     def optimizer_state(self) -> dict[str, torch.Tensor] | None:
         """The fused embedding optimiser's state, gathered to rank 0 (keyed ``table weight/state name``)."""
@@ -151,20 +145,6 @@ class ShardedDLRM:
         for group in optimizer.param_groups:
             group["lr"] = rate
         optimizer.step()  # a fused optimiser's step only hands the rate to its kernels: the update ran in backward
-
-
-def torch_layout(config: DLRMConfig, names: list[str]):
-    """``(tensors, dense_param_groups) -> (model_state, optimizer_state)``: a sharded run's state, read whole
-    (``sharded_checkpoint.consolidate``), in the torch backend's layout, so its checkpoint is an ordinary one."""
-
-    def convert(tensors: dict[str, torch.Tensor], dense_param_groups: list) -> tuple[dict, dict]:
-        model = {key.removeprefix("model/"): value for key, value in tensors.items() if key.startswith("model/")}
-        model = _grouped(model, config, names)
-        fused = {key.removeprefix("fused/"): value for key, value in tensors.items() if key.startswith("fused/")}
-        dense = _dense_state({key: value for key, value in tensors.items() if key.startswith("dense/")})
-        return model, {"dense": {"state": dense, "param_groups": dense_param_groups}, "fused_embeddings": fused}
-
-    return convert
 
 
 def _grouped(state: dict[str, torch.Tensor], config: DLRMConfig, names: list[str]) -> dict[str, torch.Tensor]:

@@ -76,18 +76,31 @@ def table_key(name: str) -> str:
     return f"{TABLE_PREFIX}{name}.weight"
 
 
+def grouped_key(group: int) -> str:
+    """The state-dict key of the torch backend's concatenated table of embedding size group ``group``."""
+    return f"embeddings.{group}.weight.weight"
+
+
 def grouped_tables(tables: dict[int, torch.Tensor], config: DLRMConfig) -> dict[str, torch.Tensor]:
     """Per-feature tables ``{feature: (rows, dim)}`` -> the torch backend's state entries (one per size)."""
-    return {
-        f"embeddings.{g}.weight.weight": torch.cat([tables[f] for f in group])
-        for g, group in enumerate(embedding_groups(config))
-    }
+    return {grouped_key(g): torch.cat([tables[f] for f in group]) for g, group in enumerate(embedding_groups(config))}
 
 
 def split_tables(state: dict[str, torch.Tensor], config: DLRMConfig) -> dict[int, torch.Tensor]:
     """The torch backend's state entries -> per-feature tables ``{feature: (rows, dim)}`` (views)."""
     tables = {}
     for g, group in enumerate(embedding_groups(config)):
-        parts = state[f"embeddings.{g}.weight.weight"].split([config.table_sizes[f] for f in group])
+        parts = state[grouped_key(g)].split([config.table_sizes[f] for f in group])
         tables.update(zip(group, parts, strict=True))
     return tables
+
+
+def per_table_state(state: dict[str, torch.Tensor], config: DLRMConfig, names: list[str]) -> dict[str, torch.Tensor]:
+    """A torch-backend model's state with its concatenated tables replaced by TorchRec's per-feature ones
+    (``table_key(names[f])``), views of the same rows: copying into them writes the concatenated tables."""
+    tables = split_tables(state, config)
+    grouped = {grouped_key(g) for g in range(len(embedding_groups(config)))}
+    return {
+        **{key: value for key, value in state.items() if key not in grouped},
+        **{table_key(name): tables[f] for f, name in enumerate(names)},
+    }

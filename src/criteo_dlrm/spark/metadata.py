@@ -133,30 +133,21 @@ def _damage_of(path: str) -> str:
 def verify_days(session, train_paths: Sequence[str | Path]) -> None:
     """Verify every day's page checksums before Spark reads them: Spark's Parquet reader does not (measured: a day
     with a damaged data page, which the local engine refuses, was counted as other numbers), so a damaged day would
-    be a wrong answer. One task per day on the executors (a Spark Connect session, which has no tasks of Python
-    functions: here, on the driver).
+    be a wrong answer. One task per day on the executors (without a session, or with a Spark Connect one, which has
+    no tasks of Python functions: here, on the driver).
 
     Raises:
         DamagedDayError: naming the first damaged day and the fix, as the local engine does.
     """
     paths = [str(Path(path).resolve()) for path in train_paths]
     try:
-        context = session.sparkContext
+        context = session.sparkContext if session is not None else None
     except Exception:  # Spark Connect: no SparkContext
         context = None
     found = context.parallelize(paths, len(paths)).map(_damage_of).collect() if context else map(_damage_of, paths)
     problem = next((message for message in found if message), "")
     if problem:
         raise DamagedDayError(problem)
-
-
-def _name_a_damaged_day(train_paths: Sequence[str | Path], error: Exception) -> None:
-    """A day damaged since it was verified fails Spark with a Java exception that names no day: verify each
-    day's pages here, and raise the local engine's ``DamagedDayError`` for the first damaged one; nothing when
-    every day is intact (the Spark error stands)."""
-    for path in train_paths:
-        if message := _damage_of(str(path)):
-            raise DamagedDayError(message) from error
 
 
 def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) -> tuple[dict, dict[str, np.ndarray]]:
@@ -179,9 +170,9 @@ def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) ->
         sparse = _sparse_counts(frame, config, rows)
         dense = _dense_statistics(frame, rows)
     except Exception as error:
-        if isinstance(error, UserError):
-            raise
-        _name_a_damaged_day(train_paths, error)
+        if not isinstance(error, UserError):
+            # A day damaged since it was verified fails Spark with a Java exception that names no day.
+            verify_days(None, train_paths)
         raise
     logger.info(
         "feature metadata counted by Spark on {} in {:.1f}s ({:,} rows)", master(session),
