@@ -330,7 +330,9 @@ def test_a_killed_sharded_run_resumes_from_its_own_shards_to_the_uninterrupted_r
     config = _resumable(tmp_path / "run", processes)
     _killed_after_a_save(tiny_features, config, tmp_path)
     progress = Path(config.in_progress_dir)
-    [state] = progress.glob("dlrm_*.state-*")
+    [latest] = progress.glob("dlrm_*.pt")
+    # the folder the file names (a kill between a save and removing the earlier step's folder leaves that too)
+    state = progress / load_checkpoint(latest)["sharded_state"]["folder"]
     written = sorted({path.name.split("_")[2] for path in state.glob("part-*/__*_*.distcp")})
     assert written == [str(rank) for rank in range(processes)], "each process wrote its own shards"
     _, resumed = _run(tiny_features, config, "resumed")
