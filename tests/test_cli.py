@@ -204,3 +204,43 @@ def test_kedro_run_help_ends_with_the_project_s_pipelines_and_where_its_paramete
     assert "docs/parameters.md" in result.stdout and "--load-versions=dlrm_checkpoint:<version>" in result.stdout
     for page in ("docs/parameters.md", "docs/scoring.md"):
         assert (PROJECT_ROOT / page).is_file(), page
+
+
+@pytest.mark.slow
+def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behind(tmp_path):
+    """Issue 50 item 3: a kedro process killed by SIGKILL (a scheduler's memory limit) left its encoding workers,
+    the forkserver and its resource tracker running, holding memory every later stage of the job counted."""
+    import signal
+    import time
+    import uuid
+
+    from criteo_dlrm.data.synthetic import write_days
+    from tests.common.test_parallel import _marked
+
+    raw = tmp_path / "raw"
+    write_days(raw, 3, 300_000, compress=False)  # uncompressed: ingestion is quick, encoding lasts seconds
+    project = copy_project(tmp_path / "project", raw_source=raw)
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off", "CRITEO_DLRM_TEST_MARK": mark}
+    run = subprocess.Popen([sys.executable, "-m", "kedro", "run", "--params=training.encoding_workers=2"],
+                           cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        # kedro, the forkserver, its resource tracker and two encoding workers (ingestion and metadata run in
+        # the kedro process at this size)
+        while len(_marked(mark)) < 5:
+            assert run.poll() is None and time.monotonic() < deadline, "the encoding workers never started"
+            time.sleep(0.02)
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert list((project / "data/05_model_input").glob(".train_features.*.partial")), "killed while encoding"
+        for _ in range(100):
+            if not _marked(mark):
+                break
+            time.sleep(0.1)
+        assert _marked(mark) == [], "every process of the run ends with it"
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()

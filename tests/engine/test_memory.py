@@ -31,14 +31,36 @@ def test_a_run_is_counted_as_every_process_s_replica_and_what_the_run_holds_besi
 def test_tables_that_do_not_fit_the_job_s_cgroup_are_refused_with_the_numbers_and_the_group(monkeypatch):
     where = "the memory cgroup /sys/fs/cgroup/memory/slurm/job_7 (limit 2.00 GB)"
     monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_000_000_000, where))
+    monkeypatch.setattr(memory, "own_memory_bytes", lambda: 0)
     with pytest.raises(ConfigError) as refused:
         check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
     message = str(refused.value)
     assert "1.0 GB in each of 1 process(es)" in message and "1.5 GB for the run besides: 2.5 GB" in message
-    assert f"more than {where} (2.0 GB left)" in message
+    assert f"more than {where} (2.0 GB left, this process included)" in message
     assert "metadata.max_vocabulary_size" in message and "embedding_backend: torchrec" in message
     monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_600_000_000, where))
     check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
+
+
+def test_what_this_process_already_holds_is_counted_once(monkeypatch):
+    """The run's allowance (RUN_OVERHEAD_BYTES) includes this process (Python, torch, Kedro, MLflow), which the
+    room already excludes: counted twice, a 0.93 GB group refused the bundled sample's run, whose stages peak at
+    0.74 GB."""
+    where = "the memory cgroup /sys/fs/cgroup/memory/slurm/job_7 (limit 2.60 GB)"
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_000_000_000, where))  # 0.6 GB in use
+    monkeypatch.setattr(memory, "own_memory_bytes", lambda: 600_000_000)  # by this process
+    check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))  # 2.5 GB of 2.6
+    monkeypatch.setattr(memory, "own_memory_bytes", lambda: 400_000_000)  # 0.2 GB held by other processes
+    with pytest.raises(ConfigError, match=r"\(2\.4 GB left, this process included\)"):
+        check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
+
+
+def test_this_process_s_own_memory_is_what_it_holds_alone():
+    before = memory.own_memory_bytes()
+    block = bytearray(200_000_000)
+    block[::4096] = b"x" * len(block[::4096])  # touched: resident
+    assert 190_000_000 < memory.own_memory_bytes() - before < 260_000_000
+    del block
 
 
 def _in_group(limit: int, project: Path, *args: str) -> subprocess.CompletedProcess:

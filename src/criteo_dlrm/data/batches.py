@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ import torch
 
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.chunk_digests import reencode
-from criteo_dlrm.data.stored import EncodedArrays, PackedIndices
+from criteo_dlrm.data.stored import EncodedArrays, PackedIndices, read_rows
 
 
 @dataclass
@@ -204,34 +203,19 @@ class BatchLoader:
         return self.batches()
 
     def _read(self, source: np.ndarray, begin: int, end: int) -> np.ndarray:
-        """``_read``, with a file shorter than it was written (truncated while the run reads it) refused naming
+        """``read_rows``, with a file shorter than it was written (truncated while the run reads it) refused naming
         it and the fix, and recorded as damage, as a digest mismatch is (never a memory map's SIGBUS).
 
         Raises:
             DamagedFileError: the file could not give the rows.
         """
         try:
-            return _read(source, begin, end)
+            return read_rows(source, begin, end)
         except OSError as error:
             message = f"{error}: the file is not what was written (shorter: truncated while this run read it?)"
             if self.arrays.digests is not None:
                 self.arrays.digests.record_damage(message)
             raise DamagedFileError(f"{message}. It was not used. {reencode()}") from error
-
-
-def _read(source: np.ndarray, begin: int, end: int) -> np.ndarray:
-    """Rows ``begin:end`` of ``source``; from a memory-mapped file with one ``pread`` (the pages are not mapped
-    into the process, so they stay the kernel's page cache, not the loader's memory)."""
-    filename = getattr(source, "filename", None)
-    if filename is None or not isinstance(source, np.memmap):
-        return np.asarray(source[begin:end])
-    out = np.empty((end - begin, *source.shape[1:]), dtype=source.dtype)
-    row_bytes = out.itemsize * int(np.prod(source.shape[1:], dtype=np.int64))
-    with open(filename, "rb") as handle:
-        done = os.preadv(handle.fileno(), [memoryview(out).cast("B")], source.offset + begin * row_bytes)
-    if done != out.nbytes:
-        raise OSError(f"{filename}: read {done:,} of {out.nbytes:,} bytes at row {begin:,}")
-    return out
 
 
 class Prefetcher:

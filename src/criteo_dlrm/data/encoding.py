@@ -21,7 +21,7 @@ from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NU
 from criteo_dlrm.common.storage import size_text
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
-from criteo_dlrm.data.shuffle import bucket_rows, shuffle_destinations
+from criteo_dlrm.data.shuffle import BucketWriter, day_buckets, shuffle_destinations
 from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
 
 if TYPE_CHECKING:
@@ -223,22 +223,22 @@ class FeatureEncoder:
         logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
-    def _encode_rows(self, paths: list[Day], out: EncodedArrays, start: int | tuple) -> list[int]:
-        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on, or (``start`` a day's
-        ``(day, buckets, block_rows, bucket_starts)``) into that day's rows of each bucket; returns each table's
-        largest index."""
+    def _encode_rows(self, paths: list[Day], out: EncodedArrays | BucketWriter, start: int | tuple) -> list[int]:
+        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on, or (``out`` a ``BucketWriter``,
+        ``start`` a day's ``(day, buckets, block_rows, bucket_starts)``) into that day's rows of each bucket;
+        returns each table's largest index."""
         maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
         read = 0
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
-            if isinstance(start, tuple):  # a shuffled write: each row goes to the next free row of its bucket
-                where = bucket_rows(*start[:3], read, len(encoded), start[3])
+            if isinstance(out, BucketWriter):  # a shuffled write: each row to the next free row of its bucket
+                out.write(day_buckets(start, read, len(encoded)), encoded)
             else:
                 where = slice(start + read, start + read + len(encoded))
+                out.labels[where] = encoded.labels
+                out.dense[where] = encoded.dense
+                out.sparse[where] = encoded.sparse
             read += len(encoded)
-            out.labels[where] = encoded.labels
-            out.dense[where] = encoded.dense
-            out.sparse[where] = encoded.sparse
             if len(encoded):
                 np.maximum(maxima, encoded.sparse.max(axis=0), out=maxima)
         return maxima.tolist()
@@ -286,9 +286,13 @@ def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, 
     """A worker's task: encode one day into its rows of the files in ``folder``; returns its tables' largest
     indices."""
     out = open_encoded(Path(folder), writable=True)
-    if isinstance(start, tuple):
-        start = (*start[:3], np.array(start[3], dtype=np.int64))  # advanced as rows are written
-    maxima = encoder._encode_rows([path], out, start)
-    for array in (out.labels, out.dense, out.sparse):
-        array.flush()
-    return maxima
+    if not isinstance(start, tuple):
+        maxima = encoder._encode_rows([path], out, start)
+        for array in out.stored():
+            array.flush()
+        return maxima
+    writer = BucketWriter(out, np.array(start[3], dtype=np.int64))  # the day's first row in each bucket, advanced
+    try:
+        return encoder._encode_rows([path], writer, start)
+    finally:
+        writer.close()

@@ -73,12 +73,17 @@ class PackedIndices:
         return (words[:, self._offsets] & self._masks).view(np.int32)
 
     def __setitem__(self, rows: slice | np.ndarray, indices: np.ndarray) -> None:
+        self.packed[rows] = self.pack(indices)
+
+    def pack(self, indices: np.ndarray) -> np.ndarray:
+        """(B, 26) int32 indices as their stored bytes, (B, sum(widths)) uint8; an index that does not fit its
+        width is refused."""
         indices = np.asarray(indices, dtype="<i4")
         too_wide = ((indices < 0) | (indices >= self._limits)).any(axis=0)
         if too_wide.any():
             table = int(np.flatnonzero(too_wide)[0])
             raise ValueError(f"SPARSE_{table}: an index does not fit in {self.widths[table]} bytes")
-        self.packed[rows] = np.ascontiguousarray(indices).view(np.uint8)[:, self._kept]
+        return np.ascontiguousarray(indices).view(np.uint8)[:, self._kept]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         unpacked = self[:]
@@ -127,6 +132,17 @@ class EncodedArrays:
         if self.digests is not None:
             self.digests.check_all("labels")
         return np.asarray(self.labels)
+
+    def as_stored(self, encoded: EncodedArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``encoded`` rows (in memory) as these stored rows hold them, field by field as ``stored()`` gives them:
+        uint8 labels, float32 dense, packed index bytes (an index too wide for its table refused)."""
+        labels, dense, sparse = self.stored()
+        packed = (
+            self.sparse.pack(encoded.sparse)
+            if isinstance(self.sparse, PackedIndices)
+            else np.asarray(encoded.sparse, sparse.dtype)
+        )
+        return np.asarray(encoded.labels, labels.dtype), np.asarray(encoded.dense, dense.dtype), packed
 
     @property
     def folder(self) -> Path | None:
@@ -263,4 +279,49 @@ def write_encoded(arrays: EncodedArrays, folder: Path) -> None:
 
 def bytes_per_row(arrays: EncodedArrays) -> int:
     """Bytes one row of ``arrays`` takes (on disk, for stored rows)."""
-    return sum(array.itemsize * int(np.prod(array.shape[1:])) for array in arrays.stored())
+    return sum(row_bytes(array) for array in arrays.stored())
+
+
+def read_rows(source: np.ndarray, begin: int, end: int) -> np.ndarray:
+    """Rows ``begin:end`` of ``source``; from a memory-mapped file with one ``pread`` (the pages are not mapped
+    into the process, so they stay the kernel's page cache, not the reader's memory).
+
+    Raises:
+        OSError: the file is shorter than its rows (truncated after it was opened).
+    """
+    filename = getattr(source, "filename", None)
+    if filename is None or not isinstance(source, np.memmap):
+        return np.asarray(source[begin:end])
+    out = np.empty((end - begin, *source.shape[1:]), dtype=source.dtype)
+    with open(filename, "rb") as handle:
+        done = os.preadv(handle.fileno(), [memoryview(out).cast("B")], row_position(source, begin))
+    if done != out.nbytes:
+        raise OSError(f"{filename}: read {done:,} of {out.nbytes:,} bytes at row {begin:,}")
+    return out
+
+
+def write_rows(target: np.memmap, begin: int, rows: np.ndarray) -> None:
+    """Write ``rows`` (in ``target``'s dtype) at row ``begin`` of ``target``'s file with ``pwrite``, not through
+    the memory map: whole pages written are never read from disk first, as a memory map's faults read them
+    (with read-around), which under a memory limit reads back what was just written, over and over."""
+    with open(target.filename, "r+b") as handle:
+        write_at(handle.fileno(), np.ascontiguousarray(rows, dtype=target.dtype), row_position(target, begin))
+        os.fdatasync(handle.fileno())  # on disk when the writer's task is done, as a memory map's flush did
+
+
+def write_at(descriptor: int, data: np.ndarray | memoryview, position: int) -> None:
+    """All of ``data``'s bytes at ``position`` of the open file ``descriptor``."""
+    view = memoryview(data).cast("B")
+    while len(view):
+        done = os.pwrite(descriptor, view, position)
+        view, position = view[done:], position + done
+
+
+def row_bytes(array: np.ndarray) -> int:
+    """Bytes one row of ``array`` takes."""
+    return array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+
+
+def row_position(array: np.memmap, row: int) -> int:
+    """Where row ``row`` of a memory-mapped ``.npy`` file starts in the file (after its header)."""
+    return array.offset + row * row_bytes(array)

@@ -1,0 +1,113 @@
+"""Each stage's memory as ``kedro run`` runs it, and the smallest memory limit the whole job completes in.
+
+    sudo python benchmarks/job_memory.py [--rows N] [--stages ...] [--limits-mb 2048 1700 1600 1024]
+                                        [--params KEY=VALUE,...] [--out DIR]
+
+A copy of the project (``conf/`` and the bundled sample; with ``--rows``, 3 generated gzip days of that many rows
+in all instead), run as a user runs it (MLflow tracking on). First each pipeline in run order (ingestion,
+metadata, training, evaluation, then scoring the sample's days), ``kedro run --pipelines=<name>`` in a cgroup-v1
+memory group of its own, no limit, page cache dropped first: its time, the peak of the summed own memory
+(RssAnon) of the group's processes (kedro, MLflow's, the workers) and the group's peak with the page cache. The
+largest own peak is the job's floor. Then the whole ``kedro run`` on a fresh copy in groups of ``--limits-mb``:
+whether it completes, its time, and how it ends when it does not (the last line it printed).
+
+Needs root (the memory groups, dropping the page cache) and cgroup v1's memory controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_limit import MEMORY, in_memory_group  # noqa: E402
+
+from threads import cpu_model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("ingestion", "metadata", "training", "evaluation", "scoring")
+
+
+def project_copy(where: Path, raw: Path) -> Path:
+    """The project's configuration and ``raw``'s days in ``where`` (the package stays installed)."""
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(ROOT / name, where / name)
+    shutil.copytree(ROOT / "conf", where / "conf", ignore=shutil.ignore_patterns("credentials.yml"))
+    (where / "src").mkdir()
+    shutil.copytree(raw, where / "data" / "01_raw", ignore=shutil.ignore_patterns(".gitkeep"))
+    return where
+
+
+def kedro(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kedro", "run", *args]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=None, help="generated rows in all (default: the bundled sample)")
+    parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--params", default=None, help="--params for every kedro run (e.g. training.max_steps=200)")
+    parser.add_argument("--limits-mb", type=int, nargs="*", default=[2048, 1700, 1600, 1024])
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--out", type=Path, default=None, help="folder for the copies (default: a temporary one)")
+    args = parser.parse_args()
+    if os.geteuid() != 0 or not MEMORY.is_dir():
+        sys.exit("job_memory.py needs root and cgroup v1's memory controller (/sys/fs/cgroup/memory)")
+    base = args.out or Path(tempfile.mkdtemp(prefix="job-memory-"))
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    try:
+        raw = ROOT / "data" / "01_raw"
+        if args.rows:
+            from criteo_dlrm.data.synthetic import write_days
+
+            raw = base / "raw"
+            shutil.rmtree(raw, ignore_errors=True)
+            write_days(raw, 3, args.rows // 3)
+        what = f"{args.rows:,} generated rows in 3 gzip days" if args.rows else "the bundled sample (60,000 rows)"
+        print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {what}; page cache dropped before each run\n")
+        print("| stage | seconds | own memory peak, all its processes (MB) | group peak, page cache included (MB) |")
+        print("|---|---:|---:|---:|")
+        project = project_copy(base / "stages", raw)
+        floor = 0
+        for stage in args.stages:
+            params = [args.params] if args.params else []
+            if stage == "scoring":
+                params.append(f"scoring.input_dir={project / 'data' / '01_raw'}")
+            extra = [f"--params={','.join(params)}"] if params else []
+            got = in_memory_group(kedro(f"--pipelines={stage}", *extra), None, args.timeout, project, env)
+            if got["code"] != 0:
+                raise RuntimeError(f"kedro run --pipelines={stage} failed:\n{got['tail']}")
+            floor = max(floor, got["own_peak"])
+            print(f"| {stage} | {got['seconds']:.1f} | {got['own_peak'] / 2**20:,.0f} | "
+                  f"{got['group_peak'] / 2**20:,.0f} |", flush=True)  # fmt: skip
+        print(f"\nThe largest stage's own peak: {floor / 2**20:,.0f} MB. The whole `kedro run` in memory limits:\n")
+        print("| memory limit (MB) | outcome | seconds | group peak (MB) |")
+        print("|---:|---|---:|---:|")
+        for limit in (mb << 20 for mb in args.limits_mb):
+            project = project_copy(base / "job", raw)
+            got = in_memory_group(kedro(*([f"--params={args.params}"] if args.params else [])), limit, args.timeout,
+                                  project, env)  # fmt: skip
+            if got["code"] == 0:
+                outcome = "completed"
+            elif got["code"] is None:
+                outcome = f"stopped after {args.timeout:.0f} s"
+            else:
+                lines = [line for line in got["tail"].splitlines() if line.strip() and "Full traceback" not in line]
+                outcome = f"exit {got['code']}: {(lines or ['(no output)'])[-1][:300]}"
+            print(f"| {limit >> 20:,} | {outcome} | {got['seconds']:.1f} | {got['group_peak'] / 2**20:,.0f} |",
+                  flush=True)  # fmt: skip
+            time.sleep(1)
+    finally:
+        if args.out is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
