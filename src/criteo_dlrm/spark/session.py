@@ -107,6 +107,7 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
     merged = _with_defaults(settings)
     back = f"or preprocess on this machine's engine: `{kedro_run(params={'preprocessing.engine': 'local'})}`"
     if "spark.remote" in merged:
+        _check_remote(merged["spark.remote"], timeout, back)
         return
     master = merged["spark.master"]
     if not _MASTER.fullmatch(master):
@@ -134,6 +135,27 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
                 f"{SPARK_YML}: {key} {merged[key]!r} is {'not a size' if size is None else 'too small'}: Spark needs "
                 f"at least {MEMORY_AT_LEAST // 2**20} MB (e.g. 2g). Fix the key, {back}."
             )
+
+
+def _check_remote(remote: str, timeout: float, back: str) -> None:
+    """A Spark Connect address (``sc://host[:port][/;params]``) that nothing answers at, refused in seconds (Spark
+    Connect's client was still retrying after 90 s)."""
+    if not remote.startswith("sc://"):
+        if re.fullmatch(r"local(\[(\*|\d+)\])?", remote):
+            return  # starts a Spark Connect server here
+        raise ConfigError(
+            f"{SPARK_YML}: spark.remote {remote!r} is not a Spark Connect address (sc://host:15002, or local[*] for "
+            f"a server on this machine). Fix the key, {back}."
+        )
+    address = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
+    try:
+        socket.create_connection((host, int(port or 15002)), timeout=timeout).close()
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            f"{SPARK_YML}: nothing answers at spark.remote {remote} ({address}: {error}). Start the Spark Connect "
+            f"server there or point spark.remote at one that runs, {back}."
+        ) from None
 
 
 def spark_session(settings: Mapping | None = None):
