@@ -67,9 +67,10 @@ def main() -> None:
         if args.rows:
             from criteo_dlrm.data.synthetic import write_days
 
-            raw = base / "raw"
-            shutil.rmtree(raw, ignore_errors=True)
-            write_days(raw, 3, args.rows // 3)
+            raw = base / f"raw_{args.rows}"
+            if not (raw / "day_2.gz").exists():  # else written by an earlier run with this --out
+                shutil.rmtree(raw, ignore_errors=True)
+                write_days(raw, 3, args.rows // 3)
         what = f"{args.rows:,} generated rows in 3 gzip days" if args.rows else "the bundled sample (60,000 rows)"
         print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {what}; page cache dropped before each run\n")
         print("| stage | seconds | own memory peak, all its processes (MB) | group peak, page cache included (MB) |")

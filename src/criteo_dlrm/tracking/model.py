@@ -77,7 +77,10 @@ def example_rows(parquet: str | Path, rows: int = 5) -> pd.DataFrame:
     """The first ``rows`` rows of an ingested day as raw fields: the model's input example and signature."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(parquet, columns=FEATURE_COLUMNS).slice(0, rows).to_pandas()
+    # The first batch of the first row group only: reading the day whole for 5 rows held it in memory (0.7 GB for a
+    # day of 2.7M rows; a Criteo 1TB day of 195M rows is 40 times that), the largest part of a run's peak.
+    first = next(pq.ParquetFile(parquet).iter_batches(batch_size=rows, columns=list(FEATURE_COLUMNS)))
+    table = first.slice(0, rows).to_pandas()
     frame = pd.DataFrame({name: table[name].astype("float64") for name in DENSE_COLUMNS})
     for name in SPARSE_COLUMNS:
         frame[name] = [None if pd.isna(v) else format(int(v), "08x") for v in table[name]]
