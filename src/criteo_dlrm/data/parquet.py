@@ -162,10 +162,10 @@ class DayRows:
 Day = str | Path | DayRows
 
 
-def _day_batches(path: Day, columns: list[str], labelled: bool) -> Iterator[pa.RecordBatch]:
+def _day_batches(path: Day, columns: list[str], labelled: bool, batch_rows: int) -> Iterator[pa.RecordBatch]:
     if not isinstance(path, DayRows):
         day = open_day(path, labelled=labelled)
-        yield from read_checked(path, day.iter_batches(batch_size=BATCH_ROWS, columns=columns))
+        yield from read_checked(path, day.iter_batches(batch_size=batch_rows, columns=columns))
         return
     day = open_day(path.path, labelled=labelled)
     # Only the row groups that hold the range are read; batches are cut to it.
@@ -177,17 +177,19 @@ def _day_batches(path: Day, columns: list[str], labelled: bool) -> Iterator[pa.R
             first = position if first is None else first
         position += rows
     position = first or 0
-    for batch in read_checked(path.path, day.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=columns)):
+    for batch in read_checked(path.path, day.iter_batches(batch_size=batch_rows, row_groups=groups, columns=columns)):
         begin, end = max(path.start - position, 0), min(path.stop - position, len(batch))
         position += len(batch)
         if end > begin:
             yield batch.slice(begin, end - begin)
 
 
-def iter_batches(paths: Sequence[Day], columns: Sequence[str] = COLUMNS) -> Iterator[pa.RecordBatch]:
-    """Stream the given days (or parts of days, ``DayRows``) as record batches of at most ``BATCH_ROWS`` rows."""
+def iter_batches(
+    paths: Sequence[Day], columns: Sequence[str] = COLUMNS, batch_rows: int = BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """Stream the given days (or parts of days, ``DayRows``) as record batches of at most ``batch_rows`` rows."""
     for path in paths:
-        yield from _day_batches(path, list(columns), LABEL_COLUMN in columns)
+        yield from _day_batches(path, list(columns), LABEL_COLUMN in columns, batch_rows)
 
 
 def count_rows(paths: Sequence[Day]) -> int:

@@ -35,6 +35,11 @@ LOGIT_COLUMN = "logit"
 # Rows per forward pass when scoring. On the CPU a DLRM scores about 2.5x faster in slices of a few thousand
 # rows than in whole Parquet batches (262,144 rows), whose (B, 27, 27) products no longer fit in cache.
 MODEL_BATCH_ROWS = 4096
+# Rows read, encoded and scored at a time. With the readers' 262,144, glibc's allocator kept the freed
+# per-batch arrays (several of 2-27 MB: above its default threshold, its mmap threshold had risen to them) and
+# evaluation grew to 2.0-2.9 GB on 1.3M test rows, the job's largest stage (killed in a 2 GB memory group);
+# with 65,536 it peaks at about 1.0 GB, at the same speed.
+SCORING_BATCH_ROWS = 1 << 16
 
 
 class VocabularyMismatchError(DataError):
@@ -151,7 +156,8 @@ def score_days(
     """
     labels, predictions = [], []
     with progress_bar(count_rows(paths), "scoring", "rows", progress) as bar:
-        for batch, scores in score_batches(model, encoder, iter_batches(paths), device, precision):
+        batches = iter_batches(paths, batch_rows=SCORING_BATCH_ROWS)
+        for batch, scores in score_batches(model, encoder, batches, device, precision):
             predictions.append(scores)
             labels.append(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int8))
             bar.update(len(scores))
@@ -208,7 +214,7 @@ def _write_predictions(model, calibration, encoder, days, destination, device, p
             names = open_day(path, labelled=False).schema_arrow.names
             columns = [*FEATURE_COLUMNS, *(name for name in (LABEL_COLUMN, LINE_COLUMN) if name in names)]
             position = 0
-            batches = iter_batches([path], columns)
+            batches = iter_batches([path], columns, SCORING_BATCH_ROWS)
             for batch, batch_logits in score_batches(model, encoder, batches, device, precision, seen):
                 batch_scores = calibrated(calibration, batch_logits)
                 rows = len(batch_scores)
