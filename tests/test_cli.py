@@ -244,3 +244,26 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
             os.kill(pid, signal.SIGKILL)
         if run.poll() is None:
             run.kill()
+
+
+def test_a_rerun_with_nothing_changed_reuses_the_finished_training_and_says_so(tmp_path):
+    """Issue 45 item 2: a second `kedro run` reused the days, metadata and encoded rows but trained again from
+    step 0. Now the finished run is reused when its settings and rows are this run's (a changed setting, or
+    training.resume=false, trains)."""
+    project = copy_project(tmp_path / "project")
+    params = "--params=training.max_steps=30"
+    first = _kedro(project, params, tracking=False)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _kedro(project, params, tracking=False)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-3000:]
+    [trained] = re.findall(r"run folder data/08_reporting/tensorboard/(\S+)", first.stderr + first.stdout)
+    assert f"training: reused the finished run of version {trained}" in output
+    assert "training on cpu" not in output, "nothing trained"
+    block = again.stdout[again.stdout.rindex("\nRun ") + 1 :].splitlines()
+    assert block[4].startswith(f"  training    reused version {trained}: 30 steps"), block
+    auc = re.compile(r"AUC (0\.\d+), log loss (0\.\d+)")
+    assert auc.findall(first.stdout)[-1] == auc.findall(again.stdout)[-1], "the same model evaluated"
+    changed = _kedro(project, "--params=training.max_steps=30,training.resume=false", "--pipelines=training",
+                     tracking=False)  # fmt: skip
+    assert changed.returncode == 0 and "training on cpu" in changed.stdout + changed.stderr

@@ -100,6 +100,8 @@ def render(record: RunRecord) -> str:
         stop = "stopped early" if summary["stopped_early"] else "ran every step"
         resumed = summary.get("resumed_from_step")
         start = f"resumed at step {resumed:,}, " if resumed else ""
+        if summary.get("reused_version"):
+            start = f"reused version {summary['reused_version']}: "
         lines.append(
             f"training    {start}{summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"

@@ -34,18 +34,27 @@ class PreviousVersionDataset(AbstractDataset[None, "Previous | None"]):
             filepath: data/04_feature/feature_metadata.json
     """
 
-    def __init__(self, dataset: dict[str, Any], metadata: dict[str, Any] | None = None):
+    def __init__(self, dataset: dict[str, Any], lazy: bool = False, metadata: dict[str, Any] | None = None):
         self._dataset = AbstractDataset.from_config("previous", {**dataset, "versioned": True})
         if not isinstance(self._dataset, VersionedFileDataset):
             raise DatasetError(f"PreviousVersionDataset reads this project's versioned datasets, not {dataset}")
-        self.metadata = metadata
+        self._lazy, self.metadata = lazy, metadata
 
     def load(self) -> Previous | None:
+        """The latest version; with ``lazy: true`` its ``value`` is a function that reads it (None when it cannot
+        be read), for a large file the node reads only when it reuses it (a checkpoint: its digest is a full
+        read)."""
         version = self._dataset.loaded_version()
         if version is None:
             return None
+        if self._lazy:
+            return Previous(version, lambda: self._read(version))
+        value = self._read(version)
+        return None if value is None else Previous(version, value)
+
+    def _read(self, version: str) -> Any:
         try:
-            return Previous(version, self._dataset.load())
+            return self._dataset.load()
         except (DatasetError, DataError, OSError) as error:
             logger.warning("{} (its latest version, {}) cannot be reused: {}", self._dataset, version, error)
             return None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +49,21 @@ NOT_IN_FINGERPRINT = (
 )  # fmt: skip
 
 
+# Settings that leave the training alone but change a finished run's checkpoint or what the run produces besides
+# it: a finished run is reused only when they are the same as well.
+FINISHED_SETTINGS = ("calibration", "profiler")
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished run's stored results: their catalog version, its summary, and a function that reads its
+    checkpoint (None when it cannot be read)."""
+
+    version: str
+    summary: dict
+    checkpoint: Callable[[], dict | None]
+
+
 def run_training(
     config: TrainingConfig,
     train: EncodedArrays,
@@ -55,6 +72,7 @@ def run_training(
     vocabularies: dict[str, np.ndarray] | None,
     run_version: str,
     metadata_version: str | None = None,
+    previous: FinishedRun | None = None,
 ) -> tuple[dict, dict]:
     """Train on ``train``, validate on the whole of ``validation``.
 
@@ -65,6 +83,8 @@ def run_training(
         vocabularies: its vocabularies (None in modulus-hash mode), kept in the checkpoint for scoring.
         run_version: names the TensorBoard run folder and is recorded in the checkpoint.
         metadata_version: the metadata's catalog version, recorded in the checkpoint.
+        previous: the latest finished run; with resume on, when it trained with the same settings on the same rows
+            (``FINISHED_SETTINGS`` included) its checkpoint and summary are this run's, and nothing is trained.
 
     Returns:
         ``(checkpoint, summary)``: the best checkpoint (weights, optimiser state, step, configuration,
@@ -96,6 +116,11 @@ def run_training(
         run_version=run_version,
         initial_ctr=initial_ctr,
     )
+    finished = fingerprint(job.fingerprint, {key: config.to_dict()[key] for key in FINISHED_SETTINGS})
+    if previous is not None and job.resume_path is not None:
+        reused = _reuse(previous, finished)
+        if reused is not None:
+            return reused
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
     if job.resume_path is not None:
         remove_stale_locks(job.resume_path.parent, keep=job.resume_path)
@@ -150,11 +175,31 @@ def run_training(
         "warnings": warnings,
         "metadata_version": metadata_version,
         "source_days": metadata.source_days,
+        "fingerprint": finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
     }
     if sharded and in_progress is None:  # its files are linked into the stored checkpoint, then removed
         summary["best_checkpoint"] = str(result.best_checkpoint)
+    return checkpoint, summary
+
+
+def _reuse(previous: FinishedRun, finished: str) -> tuple[dict, dict] | None:
+    """The finished run's checkpoint and summary as this run's, when it trained with these settings on these rows
+    (``finished``: their fingerprint); None otherwise, or when its checkpoint cannot be read (said in the log)."""
+    if previous.summary.get("fingerprint") != finished:
+        return None
+    checkpoint = previous.checkpoint()
+    if checkpoint is None:
+        return None
+    checkpoint = {key: value for key, value in checkpoint.items() if key != "catalog_version"}
+    summary = {key: value for key, value in previous.summary.items() if key != "best_checkpoint"}
+    summary |= {"reused_version": previous.version, "in_progress_checkpoint": None}
+    logger.info(
+        "training: reused the finished run of version {} (the same settings on the same rows: {:,} steps, kept step "
+        "{:,}, validation log loss {:.5f}). To train again, run with training.resume=false.",
+        previous.version, summary["steps"], summary["best_step"], summary["best_validation"]["log_loss"],
+    )  # fmt: skip
     return checkpoint, summary
 
 

@@ -6,7 +6,7 @@ import torch
 import yaml
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
-from kedro.io import DataCatalog, MemoryDataset
+from kedro.io import AbstractDataset, DataCatalog, MemoryDataset
 from kedro.io.core import Version
 from kedro.runner import SequentialRunner
 
@@ -34,6 +34,19 @@ def training_params(tmp_path: Path, **overrides) -> dict:
     return params
 
 
+class _NoEarlierRun(AbstractDataset):
+    """What ``PreviousVersionDataset`` loads when there is no earlier version: None."""
+
+    def load(self) -> None:
+        return None
+
+    def save(self, data) -> None:
+        raise NotImplementedError
+
+    def _describe(self) -> dict:
+        return {}
+
+
 def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
     folder = checkpoint_path.parent
     return DataCatalog(
@@ -43,6 +56,8 @@ def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
             "params:training": MemoryDataset(params),
             "params:preprocessing": MemoryDataset({"engine": "local"}),
             "run_version": MemoryDataset("2026-11-30T00.00.00.000Z"),
+            "previous_training_summary": _NoEarlierRun(),
+            "previous_dlrm_checkpoint": _NoEarlierRun(),
             "dlrm_checkpoint": TorchCheckpointDataset(filepath=str(checkpoint_path), version=Version(None, "v1")),
             "train_features": EncodedArraysDataset(path=str(folder / "train_features")),
             "validation_features": EncodedArraysDataset(path=str(folder / "validation_features")),

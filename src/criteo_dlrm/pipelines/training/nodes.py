@@ -12,9 +12,10 @@ from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
 from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
+from criteo_dlrm.datasets import Previous
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.memory import check_table_memory
-from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.recipe import FinishedRun, run_training
 from criteo_dlrm.spark.tasks import runner
 
 
@@ -79,8 +80,11 @@ def train_dlrm(
     feature_vocabularies: FeatureVocabularies,
     training: dict,
     run_version: str,
+    previous_training_summary: Previous | None = None,
+    previous_dlrm_checkpoint: Previous | None = None,
 ) -> tuple[dict, dict]:
-    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.recipe``).
+    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.recipe``); or, when
+    the latest finished run (``previous_*``, one version) trained with the same settings on the same rows, reuse it.
 
     Returns:
         ``(dlrm_checkpoint, training_summary)``.
@@ -95,6 +99,12 @@ def train_dlrm(
     for features, split in ((train_features, "train"), (validation_features, "validation")):
         expected = encoded_lineage(metadata, metadata.counted_in(feature_vocabularies.version), days[split])
         _check_encoded(features, expected, f"{split}_features")
+    previous = None
+    if previous_training_summary and previous_dlrm_checkpoint:
+        if previous_training_summary.version == previous_dlrm_checkpoint.version:  # one run's outputs
+            previous = FinishedRun(
+                previous_training_summary.version, previous_training_summary.value, previous_dlrm_checkpoint.value
+            )
     return run_training(
         config,
         train_features,
@@ -103,4 +113,5 @@ def train_dlrm(
         feature_vocabularies.arrays,
         run_version,
         feature_vocabularies.version,
+        previous,
     )

@@ -22,6 +22,8 @@ def create_pipeline(**kwargs) -> Pipeline:
                     "feature_vocabularies",
                     "params:training",
                     "run_version",
+                    "previous_training_summary",
+                    "previous_dlrm_checkpoint",
                 ],
                 outputs=["dlrm_checkpoint", "training_summary"],
                 name="train_dlrm",
