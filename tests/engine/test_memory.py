@@ -35,23 +35,23 @@ def test_tables_that_do_not_fit_the_job_s_cgroup_are_refused_with_the_numbers_an
     with pytest.raises(ConfigError) as refused:
         check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
     message = str(refused.value)
-    assert "1.0 GB in each of 1 process(es)" in message and "1.5 GB for the run besides: 2.5 GB" in message
+    assert "1.0 GB in each of 1 process(es)" in message and "2.5 GB for the run besides: 3.5 GB" in message
     assert f"more than {where} (2.0 GB left, this process included)" in message
     assert "metadata.max_vocabulary_size" in message and "embedding_backend: torchrec" in message
-    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_600_000_000, where))
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(3_600_000_000, where))
     check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
 
 
 def test_what_this_process_already_holds_is_counted_once(monkeypatch):
     """The run's allowance (RUN_OVERHEAD_BYTES) includes this process (Python, torch, Kedro, MLflow), which the
     room already excludes: counted twice, a 0.93 GB group refused the bundled sample's run, whose stages peak at
-    0.74 GB."""
-    where = "the memory cgroup /sys/fs/cgroup/memory/slurm/job_7 (limit 2.60 GB)"
-    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(2_000_000_000, where))  # 0.6 GB in use
+    0.78 GB."""
+    where = "the memory cgroup /sys/fs/cgroup/memory/slurm/job_7 (limit 3.60 GB)"
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(3_000_000_000, where))  # 0.6 GB in use
     monkeypatch.setattr(memory, "own_memory_bytes", lambda: 600_000_000)  # by this process
-    check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))  # 2.5 GB of 2.6
+    check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))  # 3.5 GB of 3.6
     monkeypatch.setattr(memory, "own_memory_bytes", lambda: 400_000_000)  # 0.2 GB held by other processes
-    with pytest.raises(ConfigError, match=r"\(2\.4 GB left, this process included\)"):
+    with pytest.raises(ConfigError, match=r"\(3\.4 GB left, this process included\)"):
         check_table_memory(TrainingConfig.from_dict({}), SIZES, torch.device("cpu"))
 
 
@@ -85,7 +85,7 @@ def test_inside_a_memory_cgroup_a_run_that_cannot_fit_is_refused_before_any_work
     assert refused.returncode != 0
     assert "more than the memory cgroup" in refused.stderr and "criteo_dlrm_test_" in refused.stderr
     assert not (project / "data/02_intermediate").exists() or not any((project / "data/02_intermediate").iterdir())
-    trained = _in_group(3_500_000_000, project, tables)
+    trained = _in_group(4_500_000_000, project, tables)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "training finished at step 20" in trained.stdout + trained.stderr
 
