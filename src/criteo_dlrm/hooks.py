@@ -25,7 +25,6 @@ from kedro.framework.hooks import hook_impl
 
 from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.common.memory import release_freed_memory
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
@@ -251,16 +250,6 @@ class SparkHooks:
             self.session = None
 
 
-class MemoryHooks:
-    """After each node, what it freed goes back to the system: glibc's allocator keeps freed memory for the process
-    otherwise, and one ``kedro run`` runs every stage in one process, so each stage started with the one before's
-    leftovers on top of its own memory (``common.memory.release_freed_memory``)."""
-
-    @hook_impl
-    def after_node_run(self) -> None:
-        release_freed_memory()
-
-
 def project_hooks() -> tuple:
     """The project's hooks, sharing the parsed parameters. Kedro (pluggy) calls the hooks of one phase last
     registered first, so they are listed in the reverse of the order they run: the console before the
@@ -268,7 +257,6 @@ def project_hooks() -> tuple:
     checkpoint removed (after each save: never removed before its checkpoint's version is complete)."""
     parameters = ParameterHooks()
     return (
-        MemoryHooks(),
         SparkHooks(parameters),
         InProgressCheckpointHooks(),
         OutputVersionHooks(),

@@ -117,18 +117,3 @@ def _group_room(folder: Path, files: tuple[str, str, str]) -> tuple[int, int] | 
         pass
     limit = int(limit_text)
     return max(limit - usage + inactive, 0), limit
-
-
-def release_freed_memory() -> int:
-    """Collect garbage, then hand the memory the process has freed back to the system (glibc's ``malloc_trim``;
-    elsewhere only the collection). Returns the bytes of own memory released, as far as RSS shows."""
-    import ctypes
-    import gc
-
-    before = psutil.Process().memory_info().rss
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-    return max(before - psutil.Process().memory_info().rss, 0)
