@@ -185,11 +185,12 @@ def _day_batches(path: Day, columns: list[str], labelled: bool, batch_rows: int)
 
 
 def iter_batches(
-    paths: Sequence[Day], columns: Sequence[str] = COLUMNS, batch_rows: int = BATCH_ROWS
+    paths: Sequence[Day], columns: Sequence[str] = COLUMNS, batch_rows: int | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """Stream the given days (or parts of days, ``DayRows``) as record batches of at most ``batch_rows`` rows."""
+    """Stream the given days (or parts of days, ``DayRows``) as record batches of at most ``batch_rows`` rows
+    (``BATCH_ROWS`` unless given)."""
     for path in paths:
-        yield from _day_batches(path, list(columns), LABEL_COLUMN in columns, batch_rows)
+        yield from _day_batches(path, list(columns), LABEL_COLUMN in columns, batch_rows or BATCH_ROWS)
 
 
 def count_rows(paths: Sequence[Day]) -> int:
