@@ -215,7 +215,7 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
     import uuid
 
     from criteo_dlrm.data.synthetic import write_days
-    from tests.common.test_parallel import _marked
+    from tests.common.test_parallel import _kill_marked, _left_after, _marked
 
     raw = tmp_path / "raw"
     write_days(raw, 3, 300_000, compress=False)  # uncompressed: ingestion is quick, encoding lasts seconds
@@ -234,14 +234,9 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
         run.send_signal(signal.SIGKILL)
         run.wait()
         assert list((project / "data/05_model_input").glob(".train_features.*.partial")), "killed while encoding"
-        for _ in range(100):
-            if not _marked(mark):
-                break
-            time.sleep(0.1)
-        assert _marked(mark) == [], "every process of the run ends with it"
+        assert _left_after(mark) == [], "every process of the run ends with it"
     finally:
-        for pid in _marked(mark):
-            os.kill(pid, signal.SIGKILL)
+        _kill_marked(mark)
         if run.poll() is None:
             run.kill()
 

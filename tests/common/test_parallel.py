@@ -1,5 +1,6 @@
 """Worker processes: how many are started, and what each task sees."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -105,6 +106,21 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
+def _left_after(mark: str, seconds: float = 10.0) -> list[int]:
+    """The processes holding ``mark`` still running after up to ``seconds`` (none once they have all ended)."""
+    deadline = time.monotonic() + seconds
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _kill_marked(mark: str) -> None:
+    """SIGKILL whatever still holds ``mark`` (a test that failed leaves nothing running)."""
+    for pid in _marked(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_job_killed_with_sigkill_leaves_no_worker_forkserver_or_resource_tracker(tmp_path):
     mark = f"CRITEO_DLRM_TEST_MARK={uuid.uuid4().hex}"
     script = tmp_path / "job.py"
@@ -119,11 +135,6 @@ def test_a_job_killed_with_sigkill_leaves_no_worker_forkserver_or_resource_track
         assert len(_marked(mark)) >= 5, "the workers started"
         job.kill()
         job.wait()
-        for _ in range(100):
-            if not _marked(mark):
-                break
-            time.sleep(0.1)
-        assert _marked(mark) == [], "every process of the job ends with it"
+        assert _left_after(mark) == [], "every process of the job ends with it"
     finally:
-        for pid in _marked(mark):
-            os.kill(pid, signal.SIGKILL)
+        _kill_marked(mark)

@@ -112,7 +112,7 @@ def check_table_memory(
     if device.type == "cuda":
         parts = gpu_memory_bytes(config, model_config, tables)
         needed, available = sum(parts.values()), torch.cuda.mem_get_info(device)[0]
-        where = f"{torch.cuda.get_device_name(device)}'s free memory"
+        where, left = f"{torch.cuda.get_device_name(device)}'s free memory", "GB left"
         counted = (
             f"{needed / 1e9:,.1f} GB on each GPU ("
             + ", ".join(f"{name} {size / 1e9:,.2f} GB" for name, size in parts.items())
@@ -122,7 +122,7 @@ def check_table_memory(
         needed, room = run_memory_bytes(config, tables), memory_room()
         # This process (Python, torch, Kedro, MLflow) is part of what the run holds besides its tables, and is
         # already out of the room: counted once (it was twice: a 0.93 GB group refused the bundled sample's run).
-        available, where = room.available + own_memory_bytes(), room.where
+        available, where, left = room.available + own_memory_bytes(), room.where, "GB left, this process included"
         counted = (
             f"{tables / 1e9:,.1f} GB in each of {processes} process(es) with embedding_backend: torch, and "
             f"{(needed - processes * tables) / 1e9:,.1f} GB for the run besides: {needed / 1e9:,.1f} GB"
@@ -130,6 +130,6 @@ def check_table_memory(
     if needed > available:
         raise ConfigError(
             f"The embedding tables and their {config.embedding_optimizer} state need {counted}, more than {where} "
-            f"({available / 1e9:,.1f} GB left{', this process included' if device.type != 'cuda' else ''}). Shrink the tables ({settings}) or shard them across processes with "
+            f"({available / 1e9:,.1f} {left}). Shrink the tables ({settings}) or shard them across processes with "
             "embedding_backend: torchrec."
         )

@@ -105,7 +105,8 @@ def run_training(
     if config.embedding_backend == "torchrec":
         require_torchrec()
         check_fused_optimizer(config, device.type)
-    settings = {k: v for k, v in config.to_dict().items() if k not in NOT_IN_FINGERPRINT}
+    everything = config.to_dict()
+    settings = {k: v for k, v in everything.items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(
         config=config,
         train=str(train.folder) if train.folder is not None else train,
@@ -116,7 +117,7 @@ def run_training(
         run_version=run_version,
         initial_ctr=initial_ctr,
     )
-    finished = fingerprint(job.fingerprint, {key: config.to_dict()[key] for key in FINISHED_SETTINGS})
+    finished = fingerprint(job.fingerprint, {key: everything[key] for key in FINISHED_SETTINGS})
     if previous is not None and job.resume_path is not None:
         reused = _reuse(previous, finished)
         if reused is not None:
