@@ -94,3 +94,4 @@ def test_kedro_viz_starts_without_third_party_deprecations(viz, ran_project):
     not one this project prepares: it takes the filters from PYTHONWARNINGS, which the kedro command sets."""
     log = (ran_project / "viz.log").read_text()
     assert "ORJSONResponse is deprecated" not in log and "register_new_resolver" not in log, log[-3000:]
+    assert "Add type hints" not in log and "\x1b[" not in log, log[-3000:]

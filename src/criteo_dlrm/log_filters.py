@@ -1,9 +1,9 @@
 """The third-party warnings no user of this project can act on: a ``logging`` filter for the ``py.warnings``
 logger (where Kedro's logging captures warnings) in the processes this project prepares (``logs``), and the
 same as ``PYTHONWARNINGS`` filters for the processes a command starts, kedro viz's server included, which none
-of this project's code prepares. MLflow issues its warning under a warnings filter of its own, so in kedro viz's
-server (a plain ``KedroSession``, whose plugin hooks import kedro-mlflow) it still shows: Kedro's logging
-configuration accepts neither a filter of ours nor a handler class outside ``logging`` and ``kedro.logging``."""
+of this project's code prepares. MLflow issues its warning under a warnings filter of its own (``once``), so
+only the logger's filter drops it; kedro viz's server (a plain ``KedroSession``, whose plugin hooks import
+kedro-mlflow) gets that filter from ``settings.py``, which it reads before it loads the hooks."""
 
 from __future__ import annotations
 
