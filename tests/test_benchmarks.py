@@ -25,6 +25,7 @@ SMALLEST = {
     "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],
     "training": ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"],
     "threads": ["--steps", "5", "--repeats", "1"],
+    "recipes": ["--rows", "10000", "--batch", "256", "--steps", "2", "--max-table-rows", "2000"],
     "spark": ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"],
     "model_state": ["--table-gb", "0.01", "--runs", "torch:1", "torchrec:2", "--metric-rows", "100000"],
     "gpu": ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"],

@@ -49,3 +49,21 @@ def test_one_unsplit_file_is_not_said_to_train_and_validate():
     assert split_line(config.split(["day_0", "day_1"]), 0.5, ["day_0", "day_1"]).startswith(
         "day_0 train; day_1 validate"
     )
+
+
+def test_training_says_when_it_reached_its_target_auc_or_that_it_did_not():
+    """Issue 47 item 3: the time to the target AUC, MLPerf's figure of merit, in the run's summary."""
+    target = {"auc": 0.75, "reached": True, "step": 150, "epoch": 0, "validation_auc": 0.7512,
+              "train_seconds": 1234.56, "wall_seconds": 1500.0}  # fmt: skip
+    reached = render(RunRecord("v", {"training_summary": {**_training(None), "target": target}})).splitlines()
+    assert reached[1] == (
+        "  training    300 steps (target AUC 0.75 at step 150: 1,234.6 s of training, 1,500.0 s wall), kept step 200, "
+        "1,000 samples/s"
+    )
+    missed = {"auc": 0.8, "reached": False}
+    summary = {**_training(None), "target": missed, "lookups_per_row": 214}
+    lines = render(RunRecord("v", {"training_summary": summary})).splitlines()
+    assert "(ran every step)" in lines[1] and lines[2:4] == [
+        "              multi-hot: 214 lookups a row",
+        "              target AUC 0.8 not reached",
+    ]

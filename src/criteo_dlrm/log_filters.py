@@ -2,12 +2,14 @@
 logger (where Kedro's logging captures warnings) in the processes this project prepares (``logs``), and the
 same as ``PYTHONWARNINGS`` filters for the processes a command starts, kedro viz's server included, which none
 of this project's code prepares. MLflow issues its warning under a warnings filter of its own (``once``), so
-only the logger's filter drops it; kedro viz's server (a plain ``KedroSession``, whose plugin hooks import
-kedro-mlflow) gets that filter from ``settings.py``, which it reads before it loads the hooks."""
+only the logger's filter drops it, or an import of its module that records the warnings (``import_quietly``):
+kedro viz's server (a plain ``KedroSession``, whose plugin hooks import kedro-mlflow) imports it that way first,
+from ``settings.py``, which it reads before it loads the hooks."""
 
 from __future__ import annotations
 
 import builtins
+import importlib
 import logging
 import re
 import warnings
@@ -22,6 +24,9 @@ WARNINGS = (
     ("PySpark does not yet fully support pandas", "FutureWarning"),
     # tqdm.auto, imported by a library in a notebook's kernel without ipywidgets (this project draws no widget).
     ("IProgress not found", "Warning"),
+    # torch's sparse Adagrad builds its update without checking it (embedding_optimizer: adagrad on the torch
+    # backend): torch's own tensors, nothing a user can act on.
+    ("Sparse invariant checks are implicitly disabled", "UserWarning"),
 )
 # The same, and kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here), which has no type hints:
 # MLflow says so at every import, with raw terminal colour codes, under a warnings filter of its own.
@@ -32,6 +37,18 @@ class UnactionableWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(text in message for text in UNACTIONABLE)
+
+
+def import_quietly(module: str) -> None:
+    """Import ``module`` with the ``UNACTIONABLE`` warnings it issues while it loads dropped (the others issued
+    again): for a library that warns under a warnings filter of its own (MLflow's ``once``), which overrides any of
+    ours, though not a recording of the warnings around it. The filters are as they were afterwards."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        importlib.import_module(module)
+    for warning in caught:
+        if not any(text in str(warning.message) for text in UNACTIONABLE):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def ignore_warnings() -> None:

@@ -1,21 +1,23 @@
 """Project settings (see https://docs.kedro.org/en/stable/configure/configuration_basics/)."""
 
 from criteo_dlrm.hooks import project_hooks
-from criteo_dlrm.logs import ConsoleSession, quiet_known_warnings
+from criteo_dlrm.log_filters import import_quietly
+from criteo_dlrm.logs import ConsoleSession
 from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 
 # Sessions that filter the warnings no user can act on and print one line per log record from their first
 # line (criteo_dlrm/logs.py; the ``kedro`` command does the same before it loads plugins: ``kedro.init``).
 SESSION_CLASS = ConsoleSession
-# Processes that read these settings but are no session of ours (kedro viz's server, a plain KedroSession) read
-# them before they load the plugins' hooks, whose import of kedro-mlflow makes MLflow warn (log_filters).
-quiet_known_warnings()
 
 # Experiment tracking (kedro-mlflow, conf/base/mlflow.yml) is on unless CRITEO_DLRM_TRACKING=off: then neither
 # kedro-mlflow's hook nor ours runs, and MLflow is never imported.
 _tracking = TrackingHooks()  # also resolves ${project_path:} in mlflow.yml (tracking on or off)
 if tracking_enabled():
     HOOKS = (*project_hooks(), _tracking)
+    # kedro-mlflow's pyfunc class makes MLflow warn when it is first imported (log_filters.import_quietly). A process
+    # that reads these settings but is no session of ours (kedro viz's server, a plain KedroSession) reads them
+    # before it loads the plugins' hooks, which import it: imported here first, its warning never shows.
+    import_quietly("kedro_mlflow.mlflow")
 else:
     HOOKS = project_hooks()
     DISABLE_HOOKS_FOR_PLUGINS = ("kedro-mlflow", "kedro_mlflow")  # its names on PyPI and in its wheel

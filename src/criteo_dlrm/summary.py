@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
+from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.data.metadata import FeatureMetadata
 
 SUMMARISED = (
@@ -98,6 +99,12 @@ def render(record: RunRecord) -> str:
         )
     if summary := saved.get("training_summary"):
         stop = "stopped early" if summary["stopped_early"] else "ran every step"
+        target = summary.get("target")
+        if target and target["reached"]:
+            stop = (
+                f"target AUC {target['auc']} at step {target['step']:,}: {target['train_seconds']:,.1f} s of training, "
+                f"{target['wall_seconds']:,.1f} s wall"
+            )
         resumed = summary.get("resumed_from_step")
         start = f"resumed at step {resumed:,}, " if resumed else ""
         if summary.get("reused_version"):
@@ -106,6 +113,10 @@ def render(record: RunRecord) -> str:
             f"training    {start}{summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"
         )
+        if (lookups := summary.get("lookups_per_row")) and lookups != NUM_SPARSE:
+            lines.append(f"            multi-hot: {lookups} lookups a row")
+        if target and not target["reached"]:
+            lines.append(f"            target AUC {target['auc']} not reached")
         for warning in summary.get("warnings") or ():  # wrapped: the block's lines stay short
             lines += [f"            {line}" for line in textwrap.wrap(f"warning: {warning}", 86)]
         if "evaluation_metrics" not in saved:  # evaluation did not run: say what the kept model measured

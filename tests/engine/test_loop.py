@@ -152,6 +152,51 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
     assert result.best_step == 10 and result.best_metrics["log_loss"] == 0.4
 
 
+def _scripted_aucs(monkeypatch, aucs: list[float]) -> None:
+    """Validations that measure ``aucs`` in turn (and a falling log loss: early stopping never stops them)."""
+    values = iter(enumerate(aucs))
+
+    def scripted(labels, probabilities):
+        index, auc = next(values)
+        return {"rows": len(labels), "ctr": 0.25, "auc": auc, "log_loss": 0.5 - 0.01 * index,
+                "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
+
+    monkeypatch.setattr(modes, "binary_metrics", scripted)
+
+
+def test_target_auc_stops_at_the_first_validation_that_reaches_it_and_says_when(tiny_features, tmp_path, monkeypatch):
+    """Issue 47 item 3: MLPerf's figure of merit is the time to the first validation at or above the target."""
+    _scripted_aucs(monkeypatch, [0.70, 0.74, 0.7503, 0.80, 0.81, 0.82])
+    run = _trainer(tiny_features, tmp_path, _config(num_epochs=3, validate_every_steps=5, target_auc=0.75),
+                   tensorboard=True)  # fmt: skip
+    result = run.fit()
+    assert [h["step"] for h in result.history] == [5, 10, 15] and result.steps == 15
+    assert not result.stopped_early, "stopped at its target, not by early stopping"
+    target = result.target
+    assert target["reached"] and target["auc"] == 0.75 and target["step"] == 15 and target["validation_auc"] == 0.7503
+    assert 0 < target["train_seconds"] <= target["wall_seconds"]
+    assert target["train_seconds"] == result.history[-1]["train_seconds"]
+    scalars = EventAccumulator(str(run.run_dir)).Reload().Scalars("target/wall_seconds")
+    assert [(e.step, round(e.value, 3)) for e in scalars] == [(15, round(target["wall_seconds"], 3))]
+
+
+def test_a_target_auc_never_reached_runs_every_step_and_says_so(tiny_features, tmp_path, monkeypatch):
+    _scripted_aucs(monkeypatch, [0.70, 0.71, 0.72, 0.73])  # the last for the run without a target
+    result = _trainer(tiny_features, tmp_path, _config(num_epochs=1, validate_every_steps=5, target_auc=0.8)).fit()
+    assert result.steps == 15 and result.target == {"auc": 0.8, "reached": False}
+    assert _trainer(tiny_features, tmp_path / "none", _config(num_epochs=1)).fit().target is None
+
+
+def test_a_run_that_reached_its_target_resumes_to_no_further_step(tiny_features, tmp_path, monkeypatch):
+    _scripted_aucs(monkeypatch, [0.70, 0.76])
+    config = _config(num_epochs=3, validate_every_steps=5, target_auc=0.75)
+    resume_path = tmp_path / "progress.pt"
+    first = _trainer(tiny_features, tmp_path / "a", config, resume_path=resume_path, fingerprint="x").fit()
+    assert first.steps == 10 and first.target["step"] == 10
+    again = _trainer(tiny_features, tmp_path / "b", config, resume_path=resume_path, fingerprint="x").fit()
+    assert again.steps == 10 and again.target == first.target
+
+
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_features, tmp_path):
     train = tiny_features["train"]
     dense = np.array(train.dense)
@@ -210,7 +255,13 @@ def test_profiler_writes_a_trace_and_a_top_ops_report(tiny_features, tmp_path):
     ("overrides", "message"),
     [
         ({"embedding_optimizer": "lamb"}, "embedding_optimizer must be one of"),
-        ({"decay": "step"}, "decay must be one of"),
+        ({"decay": "exponential"}, "decay must be one of"),
+        ({"decay": "step"}, "decay: step needs the rate to change to"),
+        ({"decay": "step", "step_decay": {"at": 1.0, "learning_rate": 0.1}}, "step_decay.at must be a fraction"),
+        ({"target_auc": 1.2}, "target_auc must be an AUC in"),
+        ({"dense_optimizer": "lamb"}, "dense_optimizer must be one of"),
+        ({"dense_optimizer": "sgd", "embedding_optimizer": "dense_adam"}, "trains every parameter with Adam"),
+        ({"adagrad_eps": 0}, "adagrad_eps must be positive"),
         ({"batch_size": {"train": 0}}, "batch_size.train must be >= 1"),
         ({"max_steps": 0}, "max_steps must be >= 1"),
     ],

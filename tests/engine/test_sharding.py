@@ -400,3 +400,27 @@ def test_a_damaged_shard_of_the_in_progress_state_is_named_and_the_run_starts_af
     assert again.step == 0
     assert any(f"{shard} is damaged" in line and "this run starts afresh" in line for line in logged), logged
     assert Path(f"{resume_path}.damaged").exists()
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_adagrad_s_epsilon_reaches_torchrec_s_fused_kernel(tiny_features, tmp_path, one_process_group, optimizer):
+    """Issue 47 item 2: ``training.adagrad_eps`` (MLPerf's DLRM-DCNv2 sets 1e-8) is FBGEMM's too: the first step's
+    update is lr g / (sqrt(g^2) + eps), so a large epsilon shrinks it where a tiny one leaves sign(g)."""
+    from criteo_dlrm.data.batches import Batch
+    from criteo_dlrm.engine.modes import Sharded
+    from criteo_dlrm.engine.step import TrainStep
+
+    def first_step(eps: float) -> torch.Tensor:
+        config = _config(tmp_path, embedding_optimizer=optimizer, adagrad_eps=eps, embedding_learning_rate=0.1)
+        model_config = config.model_config(_table_sizes(tiny_features))
+        torch.manual_seed(5)
+        mode = Sharded.build(model_config, config, torch.device("cpu"))
+        before = mode.sharded.model_state()["embeddings.0.weight.weight"].clone()
+        dense, sparse = _inputs(model_config, rows=64)
+        TrainStep(mode, config)(Batch((dense[:, 0] > 0).float(), dense, sparse), 0, 10)
+        return mode.sharded.model_state()["embeddings.0.weight.weight"] - before
+
+    tiny, large = first_step(1e-10), first_step(1e3)
+    moved = tiny.abs().sum(1) > 0
+    assert moved.any()
+    assert large[moved].abs().max() < 1e-3 * tiny[moved].abs().max(), "eps 1e3 makes the first update tiny"

@@ -17,10 +17,8 @@ from tests.conftest import TINY_MODEL
 SIZES = [4 + 3 * f for f in range(26)]
 
 
-def test_a_step_is_the_mean_loss_and_each_optimiser_s_first_update():
-    config = TrainingConfig.from_dict(
-        {**TINY_MODEL, "embedding_optimizer": "sgd", "embedding_learning_rate": 0.5, "learning_rate": 0.01}
-    )
+def _mode_and_batch(config: TrainingConfig):
+    """The mode built from ``config`` (seed 0), a copy of its model before any step, and a batch of 32 rows."""
     torch.manual_seed(0)
     mode = build_mode(config.model_config(SIZES), config, torch.device("cpu"))
     reference = copy.deepcopy(mode.model)
@@ -28,11 +26,19 @@ def test_a_step_is_the_mean_loss_and_each_optimiser_s_first_update():
     dense = torch.randn(32, 13, generator=generator)
     sparse = torch.stack([torch.randint(0, size, (32,), generator=generator) for size in SIZES], dim=1)
     labels = (torch.rand(32, generator=generator) < 0.3).float()
+    return mode, reference, Batch(labels, dense, sparse)
+
+
+def test_a_step_is_the_mean_loss_and_each_optimiser_s_first_update():
+    config = TrainingConfig.from_dict(
+        {**TINY_MODEL, "embedding_optimizer": "sgd", "embedding_learning_rate": 0.5, "learning_rate": 0.01}
+    )
+    mode, reference, batch = _mode_and_batch(config)
     timings = dict.fromkeys(PHASES, 0.0)
 
-    loss = TrainStep(mode, config)(Batch(labels, dense, sparse), 0, 10, timings)
+    loss = TrainStep(mode, config)(batch, 0, 10, timings)
 
-    expected = F.binary_cross_entropy_with_logits(reference(dense, sparse), labels)
+    expected = F.binary_cross_entropy_with_logits(reference(batch.dense, batch.sparse), batch.labels)
     torch.testing.assert_close(loss, expected.detach())
     expected.backward()
     after, before = dict(mode.model.named_parameters()), dict(reference.named_parameters())
@@ -44,6 +50,45 @@ def test_a_step_is_the_mean_loss_and_each_optimiser_s_first_update():
             wanted = parameter - 0.01 * gradient / (gradient.abs() + 1e-8)  # Adam's first step, bias-corrected
         torch.testing.assert_close(after[name], wanted, rtol=1e-5, atol=1e-6, msg=name)
     assert all(seconds >= 0 for seconds in timings.values()) and sum(timings.values()) > 0
+
+
+@pytest.mark.parametrize("dense_optimizer", ["adagrad", "sgd"])
+def test_the_recipes_dense_optimisers_take_their_first_step_by_hand(dense_optimizer):
+    """Issue 47 item 2: MLPerf's DLRM-DCNv2 trains the dense layers and the tables with Adagrad (its epsilon set),
+    TorchRec's example with SGD. Adagrad's first step: sum = g^2, w -= lr g / (sqrt(sum) + eps); a large epsilon
+    shows that the setting reaches both optimisers."""
+    eps, rate, embedding_rate = 0.1, 0.01, 0.5
+    config = TrainingConfig.from_dict(
+        {**TINY_MODEL, "dense_optimizer": dense_optimizer, "learning_rate": rate, "adagrad_eps": eps,
+         "embedding_optimizer": "adagrad", "embedding_learning_rate": embedding_rate}
+    )  # fmt: skip
+    mode, reference, batch = _mode_and_batch(config)
+
+    TrainStep(mode, config)(batch, 0, 10)
+
+    F.binary_cross_entropy_with_logits(reference(batch.dense, batch.sparse), batch.labels).backward()
+    after = dict(mode.model.named_parameters())
+    for name, parameter in reference.named_parameters():
+        gradient = parameter.grad.to_dense() if parameter.grad.is_sparse else parameter.grad
+        if name.startswith("embeddings."):
+            wanted = parameter - embedding_rate * gradient / (gradient.abs() + eps)
+        elif dense_optimizer == "adagrad":
+            wanted = parameter - rate * gradient / (gradient.abs() + eps)
+        else:
+            wanted = parameter - rate * gradient
+        torch.testing.assert_close(after[name], wanted, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_step_decay_changes_every_rate_once_at_its_fraction_of_the_run():
+    """TorchRec's DLRM example: 15.0, then 0.2 from 80% of the run on, the embeddings' rate alike."""
+    config = TrainingConfig.from_dict({"learning_rate": 15.0, "embedding_learning_rate": 15.0, "decay": "step",
+                                       "step_decay": {"at": 0.8, "learning_rate": 0.2}})  # fmt: skip
+    factors = [learning_rate_factor(step, 100, config) for step in (0, 79, 80, 99)]
+    assert [15.0 * f for f in factors] == pytest.approx([15.0, 15.0, 0.2, 0.2])
+    warm = TrainingConfig.from_dict(
+        {"warmup_steps": 10, "decay": "step", "step_decay": {"at": 0.5, "learning_rate": 1e-4}}
+    )
+    assert [learning_rate_factor(s, 100, warm) for s in (4, 49, 50)] == pytest.approx([0.5, 1.0, 0.1])
 
 
 def test_warm_up_and_decay_schedules():

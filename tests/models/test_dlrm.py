@@ -17,6 +17,7 @@ def _config(**overrides) -> DLRMConfig:
         "prediction_dropout": 0.0,
         "interaction": "dot_cat",
         "dcn": DCN(),
+        "multi_hot_sizes": None,
     }
     return DLRMConfig(**{**values, **overrides})
 
@@ -227,3 +228,18 @@ def test_a_format_1_model_config_without_the_later_fields_builds_the_model_it_wa
     config = DLRMConfig.from_dict(flat)
     assert (config.prediction_dropout, config.dcn, config.interaction) == (0.0, DCN(3, 64), "dot")
     assert config == _config(interaction="dot")
+
+
+def test_dcn_s_cross_layers_start_as_the_mlperf_reference_s_when_asked():
+    """Issue 47 item 5: MLPerf's DLRM-DCNv2 initialises the cross layers xavier_normal with zero biases."""
+    torch.manual_seed(0)
+    model = DLRM(_config(interaction="dcn", dcn=DCN(num_layers=2, low_rank=16, init="xavier_normal")))
+    for layer in [*model.cross.down, *model.cross.up]:
+        fan_out, fan_in = layer.weight.shape
+        wanted = (2 / (fan_in + fan_out)) ** 0.5  # xavier_normal's standard deviation
+        assert abs(layer.weight.std().item() / wanted - 1) < 0.1 and abs(layer.weight.mean().item()) < 0.1 * wanted
+    assert all(torch.equal(up.bias, torch.zeros_like(up.bias)) for up in model.cross.up)
+    default = DLRM(_config(interaction="dcn", dcn=DCN(num_layers=2, low_rank=16)))
+    assert all(up.bias.abs().sum() > 0 for up in default.cross.up), "torch's default: uniform biases"
+    with pytest.raises(ConfigError, match="dcn.init must be one of"):
+        _config(interaction="dcn", dcn=DCN(init="glorot"))

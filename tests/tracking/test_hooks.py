@@ -230,3 +230,25 @@ class _Loader(dict):
     def __init__(self, mlflow: dict):
         super().__init__(mlflow=mlflow)
         self.config_patterns: dict = {}
+
+
+def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
+    """Issue 47 item 3: MLPerf's figure of merit beside the run's other training figures."""
+    from criteo_dlrm.tracking.hooks import TrackingHooks
+
+    validation = {"auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
+    summary = {"history": [{"step": 20, **validation}], "best_validation": validation, "best_step": 20, "steps": 20,
+               "samples_per_second": 10.0, "processes": 1, "device": "cpu", "stopped_early": False,
+               "target": {"auc": 0.75, "reached": True, "step": 20, "epoch": 0, "validation_auc": 0.76,
+                          "train_seconds": 12.5, "wall_seconds": 15.0}}  # fmt: skip
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    try:
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+        experiment = client.create_experiment("target")  # its own: another test's active experiment is elsewhere
+        with mlflow.start_run(experiment_id=experiment) as run:
+            TrackingHooks._log_training(summary)
+        logged = {name: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, name)]
+                  for name in ("time_to_target_train_seconds", "time_to_target_wall_seconds")}  # fmt: skip
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert logged == {"time_to_target_train_seconds": [(20, 12.5)], "time_to_target_wall_seconds": [(20, 15.0)]}

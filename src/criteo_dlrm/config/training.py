@@ -28,6 +28,7 @@ class EmbeddingOptimizer:
         fused_devices: the devices FBGEMM has that fused kernel on.
         state_per_value, state_per_row: optimiser state, in floats per embedding value and per table row.
         whole_model: it updates the dense layers too (dense Adam over every parameter, the predecessor's way).
+        adagrad: an Adagrad kind: it takes ``training.adagrad_eps``.
     """
 
     torch: str | None
@@ -36,21 +37,25 @@ class EmbeddingOptimizer:
     state_per_value: int = 0
     state_per_row: int = 0
     whole_model: bool = False
+    adagrad: bool = False
 
 
 # The one table of embedding optimisers: the config's checks, the modes, TorchRec's planner and the memory
 # accounting all read it.
 EMBEDDING_OPTIMIZERS = {
     "sparse_adam": EmbeddingOptimizer("SparseAdam", "Adam", fused_devices=("cuda",), state_per_value=2),
-    "adagrad": EmbeddingOptimizer("Adagrad", "Adagrad", state_per_value=1),
+    "adagrad": EmbeddingOptimizer("Adagrad", "Adagrad", state_per_value=1, adagrad=True),
     "sgd": EmbeddingOptimizer("SGD", "SGD"),
     "dense_adam": EmbeddingOptimizer("Adam", None, fused_devices=(), state_per_value=3, whole_model=True),
-    "rowwise_adagrad": EmbeddingOptimizer(None, "RowWiseAdagrad", state_per_row=1),
+    "rowwise_adagrad": EmbeddingOptimizer(None, "RowWiseAdagrad", state_per_row=1, adagrad=True),
 }
+# training.dense_optimizer: the dense layers' ``torch.optim`` class (Adam by default; MLPerf's DLRM-DCNv2 trains them
+# with Adagrad, TorchRec's DLRM example with SGD).
+DENSE_OPTIMIZERS = {"adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD"}
 EMBEDDING_BACKENDS = ("torch", "torchrec")
 # What TorchRec's planner may be forced to (row-wise and table-row-wise need CUDA).
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
-DECAYS = ("none", "linear", "cosine")
+DECAYS = ("none", "linear", "cosine", "step")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -87,6 +92,14 @@ class Sharding:
 
 
 @dataclass
+class StepDecay:
+    """``decay: step``: one change of the learning rates at a fraction of the run (TorchRec's DLRM example)."""
+
+    at: float = 0.8  # the fraction of the run's steps after which the rates change
+    learning_rate: float | None = None  # the dense layers' rate from then on; the embeddings' changes by as much
+
+
+@dataclass
 class ProfilerConfig:
     """``training.profiler``: torch.profiler over a few steps (off by default)."""
 
@@ -113,11 +126,14 @@ class TrainingConfig(Config):
     encoding_workers: int | None = None
     dense_mlp: DenseMLP = field(default_factory=DenseMLP)
     sparse_embedding_sizes: int | list[int] = 32
+    multi_hot_sizes: list[int] | None = None  # lookups per feature, sum-pooled (MLPerf's multi-hot Criteo)
     prediction_hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     prediction_dropout: float = 0.0
     interaction: str = "dot_cat"
     dcn: DCN = field(default_factory=DCN)
     learning_rate: float = 0.001
+    dense_optimizer: str = "adam"
+    adagrad_eps: float = 1e-10  # torch's Adagrad default; MLPerf's DLRM-DCNv2 uses 1e-8
     embedding_backend: str = "torch"
     sharding: Sharding = field(default_factory=Sharding)
     embedding_optimizer: str = "sparse_adam"
@@ -125,12 +141,14 @@ class TrainingConfig(Config):
     embedding_weight_decay: float = 0.0
     warmup_steps: int = 0
     decay: str = "none"
+    step_decay: StepDecay = field(default_factory=StepDecay)
     batch_size: BatchSize = field(default_factory=BatchSize)
     num_epochs: int = 3
     max_steps: int | None = None
     validations_per_epoch: int = 4
     validate_every_steps: int = 0  # > 0: overrides validations_per_epoch
     early_stopping: EarlyStopping = field(default_factory=EarlyStopping)
+    target_auc: float | None = None  # stop at the first validation at or above it (MLPerf's time to target)
     calibration: str = "platt"  # fitted on the validation rows after training: platt, isotonic or none
     log_every_steps: int = 20
     # Training batches prepared ahead in a background thread (gather, pin, the copy on CUDA); 0: none.
@@ -151,12 +169,32 @@ class TrainingConfig(Config):
         need = checks.need
         checks.one_of("embedding_optimizer", EMBEDDING_OPTIMIZERS)
         checks.one_of("decay", DECAYS)
+        checks.one_of("dense_optimizer", DENSE_OPTIMIZERS)
+        checks.positive("adagrad_eps")
+        need(
+            self.decay != "step" or self.step_decay.learning_rate is not None,
+            "step_decay.learning_rate",
+            "decay: step needs the rate to change to (e.g. step_decay: {at: 0.8, learning_rate: 0.2})",
+        )
+        checks.positive("step_decay.learning_rate", optional=True)
+        need(0.0 < self.step_decay.at < 1.0, "step_decay.at", "must be a fraction of the run in (0, 1)")
+        need(
+            self.target_auc is None or 0.5 < self.target_auc < 1.0,
+            "target_auc",
+            "must be an AUC in (0.5, 1) or null (MLPerf DLRM-DCNv2's is 0.80275)",
+        )
         checks.one_of("calibration", CALIBRATION_METHODS)
         checks.one_of("embedding_backend", EMBEDDING_BACKENDS)
         checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
         checks.positive("sharding.memory_per_process_gb", optional=True)
         torchrec = self.embedding_backend == "torchrec"
         optimizer = EMBEDDING_OPTIMIZERS.get(self.embedding_optimizer)
+        need(
+            optimizer is None or not optimizer.whole_model or self.dense_optimizer == "adam",
+            "dense_optimizer",
+            f"embedding_optimizer {self.embedding_optimizer} trains every parameter with Adam: use dense_optimizer: "
+            "adam, or another embedding_optimizer",
+        )
         need(
             optimizer is None or torchrec or optimizer.torch is not None,
             "embedding_optimizer",
@@ -190,6 +228,12 @@ class TrainingConfig(Config):
         checks.at_least(1, "max_steps", "num_threads", "encoding_workers", optional=True)
         sizes = self.sparse_embedding_sizes
         need(isinstance(sizes, int) or len(sizes) == NUM_SPARSE, "sparse_embedding_sizes", "must be one number or 26")
+        need(
+            self.multi_hot_sizes is None or not self.embedding_weight_decay,
+            "embedding_weight_decay",
+            "penalises the rows a batch looks up one by one, which multi-hot features sum into bags: use 0 with "
+            "multi_hot_sizes",
+        )
         if not checks.problems:
             try:
                 self.model_config([2] * NUM_SPARSE)  # the sizes themselves (positive, dot's equal sizes, dropout)
@@ -201,6 +245,14 @@ class TrainingConfig(Config):
     def optimizer(self) -> EmbeddingOptimizer:
         """The embedding optimiser's row of ``EMBEDDING_OPTIMIZERS``."""
         return EMBEDDING_OPTIMIZERS[self.embedding_optimizer]
+
+    def embedding_optimizer_args(self) -> dict:
+        """The embedding optimiser's arguments: its learning rate, and ``adagrad_eps`` for an Adagrad kind."""
+        return {"lr": self.embedding_learning_rate, **({"eps": self.adagrad_eps} if self.optimizer.adagrad else {})}
+
+    def dense_optimizer_args(self) -> dict:
+        """The dense optimiser's arguments: its learning rate, and ``adagrad_eps`` for Adagrad."""
+        return {"lr": self.learning_rate, **({"eps": self.adagrad_eps} if self.dense_optimizer == "adagrad" else {})}
 
     @property
     def sparse_gradients(self) -> bool:
@@ -222,6 +274,7 @@ class TrainingConfig(Config):
             prediction_hidden_sizes=list(self.prediction_hidden_sizes),
             prediction_dropout=self.prediction_dropout,
             interaction=self.interaction,
-            dcn=DCN(self.dcn.num_layers, self.dcn.low_rank),
+            dcn=DCN(self.dcn.num_layers, self.dcn.low_rank, self.dcn.init),
             initial_ctr=initial_ctr,
+            multi_hot_sizes=list(self.multi_hot_sizes) if self.multi_hot_sizes is not None else None,
         )

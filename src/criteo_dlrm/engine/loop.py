@@ -89,6 +89,9 @@ class Trainer:
         self.bad_validations = 0
         self.history: list[dict] = []
         self.samples_seen, self.train_seconds = 0, 0.0
+        # Wall time of the run (validations and checkpoints included) before this process began: a resumed run's.
+        self.wall_seconds_before, self.started = 0.0, time.perf_counter()
+        self.target: dict | None = None  # the first validation at or above config.target_auc
         resumed = self._maybe_resume()
         self.resumed_from_step = self.step if resumed else None
         self._owns_logger = metric_logger is None and tensorboard and self.is_main
@@ -130,6 +133,7 @@ class Trainer:
         self.bad_validations, self.history = state["bad_validations"], state["history"]
         torch.set_rng_state(state["torch_rng_state"])
         self.train_seconds, self.samples_seen = state.get("train_seconds", 0.0), state.get("samples_seen", 0)
+        self.wall_seconds_before, self.target = state.get("wall_seconds", 0.0), state.get("target")
         self.run_dir = Path(state.get("run_dir", self.run_dir))
         logger.info(
             "resumed from {} at step {:,} (best validation log loss {:.5f})",
@@ -168,14 +172,22 @@ class Trainer:
                 "torch_rng_state": torch.get_rng_state(),
                 "train_seconds": self.train_seconds,
                 "samples_seen": self.samples_seen,
+                "wall_seconds": self.wall_seconds,
+                "target": self.target,
             },
             improved,
         )
 
+    @property
+    def wall_seconds(self) -> float:
+        """The run's wall time so far, from its first step's process on (validations and checkpoints included)."""
+        return self.wall_seconds_before + time.perf_counter() - self.started
+
     # -- the loop --------------------------------------------------------------------------------
     def fit(self) -> TrainingResult:
         config = self.config
-        stopped_early = self.bad_validations >= config.early_stopping.patience
+        # A resumed run that had stopped (early, or at its target) before it was interrupted trains no further.
+        stopped_early = self.bad_validations >= config.early_stopping.patience or self.target is not None
         bar = progress_bar(self.total_steps, "training", "step", None if self.is_main else False, initial=self.step)
         profiling = config.profiler if self.is_main else ProfilerConfig(enabled=False)
         try:
@@ -190,6 +202,7 @@ class Trainer:
                 self.metric_logger.close()
         if self.is_main:
             self._log_outcome(stopped_early)
+        stopped_early = stopped_early and self.target is None  # stopped at its target: not early stopping
         result = TrainingResult(
             best_checkpoint=str(self.files.best),
             best_step=self.best["step"],
@@ -200,12 +213,20 @@ class Trainer:
             stopped_early=stopped_early,
             samples_per_second=self.samples_seen / max(self.train_seconds, 1e-9),
             resumed_from_step=self.resumed_from_step,
+            target=self._target_outcome(),
         )
         result.files = self.files  # a temporary best folder lives as long as the result
         return result
 
+    def _target_outcome(self) -> dict | None:
+        """``training.target_auc`` and when the run reached it (``reached``: false when it never did)."""
+        if self.config.target_auc is None:
+            return None
+        return {"auc": self.config.target_auc, "reached": self.target is not None, **(self.target or {})}
+
     def _loop(self, bar, prof) -> bool:
-        """Train until the last step or early stopping; returns True when early stopping ended it."""
+        """Train until the last step, early stopping or the target AUC; returns True when one of the last two
+        ended it before the last step."""
         timings = dict.fromkeys(PHASES, 0.0)
         unchecked: list[torch.Tensor] = []  # losses since the last finiteness check
         while self.step < self.total_steps:
@@ -324,7 +345,22 @@ class Trainer:
             f"kept step {best['step']:,} (epoch {best['epoch']}): validation log loss {best['metrics']['log_loss']:.5f}, "
             f"AUC {best['metrics']['auc']:.4f}"
         )
-        if stopped_early:
+        if self.config.target_auc is not None and self.target is None:
+            logger.warning(
+                "target AUC {} not reached in {:,} steps (best validation AUC {:.5f})",
+                self.config.target_auc,
+                self.step,
+                max(record["auc"] for record in self.history),
+            )
+        if self.target is not None:
+            target = self.target
+            logger.info(
+                "target AUC {} reached at step {:,} (epoch {}): validation AUC {:.5f} after {:.1f} s of training, "
+                "{:.1f} s wall; {}",
+                self.config.target_auc, target["step"], target["epoch"], target["validation_auc"],
+                target["train_seconds"], target["wall_seconds"], kept,
+            )  # fmt: skip
+        elif stopped_early:
             last = self.history[-1]
             logger.info(
                 "early stopping at step {:,} (epoch {}): no better validation log loss in {} validations; {}",
@@ -337,7 +373,7 @@ class Trainer:
             logger.info("training finished at step {:,}; {}", self.step, kept)
 
     def _validate(self, epoch: int) -> bool:
-        """Score the whole validation set; returns True when early stopping says stop."""
+        """Score the whole validation set; returns True when early stopping or the target AUC says stop."""
         started = time.perf_counter()
         probabilities = self.mode.predict(self.validation_loader)  # on rank 0 only
         labels = self.validation_loader.arrays.checked_labels() if self.is_main else None
@@ -360,10 +396,18 @@ class Trainer:
             self.best = {"step": self.step, "epoch": epoch, "metrics": metrics}  # its weights: self.files.best
         else:
             self.bad_validations += 1
+        target = self.config.target_auc
+        if target is not None and self.target is None and metrics["auc"] >= target:
+            self.target = {"step": self.step, "epoch": epoch, "validation_auc": metrics["auc"],
+                           "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds}  # fmt: skip
+            self.metric_logger.log_scalars(
+                {"target/train_seconds": self.train_seconds, "target/wall_seconds": self.target["wall_seconds"]},
+                self.step,
+            )
         if self.is_main:
             self._log_validation(metrics, epoch, improved)
         self._save_progress(improved)
-        return self.bad_validations >= self.config.early_stopping.patience
+        return self.bad_validations >= self.config.early_stopping.patience or self.target is not None
 
     def _log_validation(self, metrics: dict, epoch: int, improved: bool) -> None:
         logger.info(

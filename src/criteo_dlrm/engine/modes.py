@@ -1,6 +1,6 @@
 """How a run spreads over processes: one object per parallel mode, so the training loop knows none of them.
 
-- ``SingleProcess``: the whole model here; Adam for the dense layers, the embedding optimiser of the config.
+- ``SingleProcess``: the whole model here; the dense and embedding optimisers of the config.
 - ``DataParallel``: N processes with a replica each. The dense layers under ``DistributedDataParallel``
   (backward all-reduces their gradients in buckets as it runs); the sparse embedding gradients left out of
   DDP and all-gathered after backward (DDP's own sparse path is gloo-only and crashed once in our tests).
@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
-from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.config.training import DENSE_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
@@ -38,14 +38,16 @@ from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 
 
 def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
-    """Adam for the dense layers; the embeddings' optimiser from ``config.embedding_optimizer`` (its
-    ``torch.optim`` class in ``EMBEDDING_OPTIMIZERS``; with TorchRec the tables' is fused into backward instead)."""
+    """The dense layers' optimiser (``config.dense_optimizer``: Adam, Adagrad or SGD); the embeddings' from
+    ``config.embedding_optimizer`` (its ``torch.optim`` class in ``EMBEDDING_OPTIMIZERS``; with TorchRec the
+    tables' is fused into backward instead)."""
     if config.optimizer.whole_model:  # the predecessor's way: Adam over every table row, every step
         return {"dense": torch.optim.Adam(model.parameters(), lr=config.learning_rate)}
-    optimizers = {"dense": torch.optim.Adam(model.dense_parameters(), lr=config.learning_rate)}
+    dense = getattr(torch.optim, DENSE_OPTIMIZERS[config.dense_optimizer])
+    optimizers = {"dense": dense(model.dense_parameters(), **config.dense_optimizer_args())}
     if config.embedding_backend == "torch":
         embeddings = getattr(torch.optim, config.optimizer.torch)
-        optimizers["embeddings"] = embeddings(model.embedding_parameters(), lr=config.embedding_learning_rate)
+        optimizers["embeddings"] = embeddings(model.embedding_parameters(), **config.embedding_optimizer_args())
     return optimizers
 
 

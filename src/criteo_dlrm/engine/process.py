@@ -53,8 +53,9 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
         if trainer.is_main:
             mode.describe()
             logger.info(
-                "training on {} ({}), {} process(es), {:,} parameters, run folder {}",
-                device, backends, world_size, mode.parameter_count(), trainer.run_dir,
+                "training on {} ({}), {} process(es), {:,} parameters, {} lookups a row{}, run folder {}",
+                device, backends, world_size, mode.parameter_count(), mode.model.config.lookups_per_row,
+                " (multi-hot)" if mode.model.config.multi_hot_sizes else "", trainer.run_dir,
             )  # fmt: skip
         result = trainer.fit()
         return TrainingOutcome(result, str(trainer.run_dir), str(device), backends, world_size, mode.summary())

@@ -165,10 +165,12 @@ def run_training(
         "device": outcome.device,
         "processes": outcome.processes,
         "embeddings": outcome.embeddings,
+        "lookups_per_row": model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
         "steps": result.steps,
         "resumed_from_step": result.resumed_from_step,
         "best_step": result.best_step,
         "stopped_early": result.stopped_early,
+        "target": result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
         "samples_per_second": result.samples_per_second,
         "best_validation": result.best_metrics,
         "calibration": {key: value for key, value in checkpoint["calibration"].items() if not key.startswith("knots")},

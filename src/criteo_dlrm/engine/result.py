@@ -24,3 +24,6 @@ class TrainingResult:
     stopped_early: bool
     samples_per_second: float
     resumed_from_step: int | None = None  # the in-progress checkpoint's step this run continued from
+    # training.target_auc and when the run reached it: {auc, reached, step, epoch, validation_auc, train_seconds,
+    # wall_seconds}; None without a target.
+    target: dict | None = None

@@ -194,7 +194,7 @@ def shard_model(
     apply_optimizer_in_backward(
         getattr(fused, config.optimizer.fused),
         module.embeddings.collection.parameters(),
-        {"lr": config.embedding_learning_rate},
+        config.embedding_optimizer_args(),
     )
     world_size = dist.get_world_size()
     budget = config.sharding.memory_per_process_gb
@@ -209,8 +209,13 @@ def shard_model(
     # data_parallel); column shards down to 4 values wide, so even a 16-wide table can be split when it does
     # not fit one process.
     allowed = [config.sharding.type] if config.sharding.type else sharding_types(device.type)
+    # Each table's lookups a row (its multi-hot size), for the planner's estimate of the lookups' cost.
+    pooling = model_config.multi_hot_sizes or [1] * len(names)
     constraints = {
-        name: ParameterConstraints(sharding_types=allowed, compute_kernels=["fused"], min_partition=4) for name in names
+        name: ParameterConstraints(
+            sharding_types=allowed, compute_kernels=["fused"], min_partition=4, pooling_factors=[float(pooling[f])]
+        )
+        for f, name in enumerate(names)
     }
     forced = [config.sharding.type] if config.sharding.type else None
     sharders = [EmbeddingBagCollectionSharder()]

@@ -18,9 +18,14 @@ PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step tha
 
 
 def learning_rate_factor(step: int, total_steps: int, config: TrainingConfig) -> float:
-    """Linear warm-up over ``warmup_steps``, then constant, linear or cosine decay to zero at ``total_steps``."""
+    """Linear warm-up over ``warmup_steps``, then constant, linear or cosine decay to zero at ``total_steps``, or
+    one step change (``decay: step``) after ``step_decay.at`` of the run's steps, to ``step_decay.learning_rate``
+    for the dense layers (every rate changes by that factor)."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
+    if config.decay == "step":
+        changed = step >= round(config.step_decay.at * total_steps)
+        return config.step_decay.learning_rate / config.learning_rate if changed else 1.0
     if config.decay == "none" or total_steps <= config.warmup_steps:
         return 1.0
     progress = min((step - config.warmup_steps) / (total_steps - config.warmup_steps), 1.0)

@@ -15,10 +15,12 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_DENSE
+from criteo_dlrm.models.multi_hot import MultiHot
 
 __all__ = ["DCN", "DLRM", "ConfigError", "DLRMConfig", "DenseMLP"]
 
@@ -40,12 +42,20 @@ class DCN:
 
     num_layers: int = 3
     low_rank: int = 64
+    # The cross layers' initial weights: torch's default for nn.Linear, or xavier_normal with zero biases (MLPerf's
+    # reference, TorchRec's LowRankCrossNet).
+    init: str = "torch"
+
+
+DCN_INITS = ("torch", "xavier_normal")
 
 
 # DLRMConfig's names before they became the YAML's (checkpoints of format 1 hold them).
 _FORMER_NAMES = {"embedding_dims": "sparse_embedding_sizes"}
 # Fields a format-1 checkpoint may lack (added while it was current), at the value that built such a model.
 _FORMAT_1_ADDED = {"prediction_dropout": 0.0, "dcn_layers": 3, "dcn_rank": 64}
+# Fields added since, at the value that built the models of checkpoints written before them.
+_ADDED = {"multi_hot_sizes": None}
 
 
 @dataclass(kw_only=True)
@@ -64,6 +74,8 @@ class DLRMConfig:
     prediction_dropout: float
     interaction: str
     dcn: DCN
+    # Lookups per feature, sum-pooled (MLPerf's multi-hot Criteo, ``models.multi_hot``); None: one each.
+    multi_hot_sizes: list[int] | None
     dense_in_features: int = NUM_DENSE
     initial_ctr: float | None = None
 
@@ -102,6 +114,15 @@ class DLRMConfig:
             problems.append(
                 f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn.num_layers}, {self.dcn.low_rank}"
             )
+        if self.multi_hot_sizes is not None and (
+            len(self.multi_hot_sizes) != len(self.table_sizes) or any(int(k) < 1 for k in self.multi_hot_sizes)
+        ):
+            problems.append(
+                f"multi_hot_sizes must be {len(self.table_sizes)} lookup counts of at least 1 (one per feature), got "
+                f"{self.multi_hot_sizes}"
+            )
+        if self.interaction == "dcn" and self.dcn.init not in DCN_INITS:
+            problems.append(f"dcn.init must be one of {DCN_INITS}, got {self.dcn.init!r}")
         if not 0.0 <= self.prediction_dropout < 1.0:
             problems.append(f"prediction_dropout must be in [0, 1), got {self.prediction_dropout}")
         if self.initial_ctr is not None and not 0.0 < self.initial_ctr < 1.0:
@@ -112,7 +133,7 @@ class DLRMConfig:
     @classmethod
     def from_dict(cls, values: dict) -> DLRMConfig:
         """From ``to_dict()``'s output, or a checkpoint's ``model_config`` of either format."""
-        values = {_FORMER_NAMES.get(key, key): value for key, value in values.items()}
+        values = {**_ADDED, **{_FORMER_NAMES.get(key, key): value for key, value in values.items()}}
         if "dense_hidden_sizes" in values:  # format 1: flat names, and fields added later at their first values
             values = {**_FORMAT_1_ADDED, **values}
             values["dense_mlp"] = {
@@ -121,6 +142,15 @@ class DLRMConfig:
             }
             values["dcn"] = {"num_layers": values.pop("dcn_layers"), "low_rank": values.pop("dcn_rank")}
         return cls(**values)
+
+    @property
+    def lookups_per_row(self) -> int:
+        """Table rows one Criteo row looks up: one per feature, or the multi-hot sizes summed."""
+        return sum(self.multi_hot_sizes) if self.multi_hot_sizes else len(self.table_sizes)
+
+    def multi_hot(self) -> MultiHot | None:
+        """The expansion of single-hot indices into each feature's bag of ids, or None (single-hot)."""
+        return MultiHot(self.table_sizes, self.multi_hot_sizes) if self.multi_hot_sizes else None
 
     @property
     def num_features(self) -> int:
@@ -160,10 +190,16 @@ class LowRankCrossNet(nn.Module):
     so each layer adds explicit feature crosses of one more order at O(size x rank) cost.
     """
 
-    def __init__(self, size: int, num_layers: int, rank: int):
+    def __init__(self, size: int, num_layers: int, rank: int, init: str = "torch"):
         super().__init__()
         self.down = nn.ModuleList(nn.Linear(size, rank, bias=False) for _ in range(num_layers))
         self.up = nn.ModuleList(nn.Linear(rank, size) for _ in range(num_layers))
+        if init == "xavier_normal":
+            with torch.no_grad():
+                for down, up in zip(self.down, self.up, strict=True):
+                    nn.init.xavier_normal_(down.weight)
+                    nn.init.xavier_normal_(up.weight)
+                    up.bias.zero_()
 
     def forward(self, x0: torch.Tensor) -> torch.Tensor:
         """x0: (B, size) -> (B, size)."""
@@ -191,6 +227,23 @@ class FusedEmbedding(nn.Module):
         """indices: (B, T) int -> (B, T, dim)."""
         return self.weight(indices + self.offsets)
 
+    def bags(self, ids: list[torch.Tensor]) -> torch.Tensor:
+        """ids: per table (B, k_t) ids of its rows -> (B, T, dim), each table's k_t rows summed.
+
+        One ``embedding_bag`` for every table (no (B, sum k_t, dim) intermediate: 214 rows of 128 values a row at
+        MLPerf's sizes); an exported graph looks the rows up and sums them instead, per table, which ONNX runs
+        as one gather and one sum (its ``embedding_bag`` is a loop over the bags: 25 ms a row in onnxruntime)."""
+        if torch.compiler.is_exporting():
+            return torch.stack([self.weight(part + self.offsets[t]).sum(1) for t, part in enumerate(ids)], dim=1)
+        batch, sizes = ids[0].shape[0], [part.shape[1] for part in ids]
+        flat = torch.cat([part + self.offsets[t] for t, part in enumerate(ids)], dim=1)  # (B, L)
+        starts = torch.tensor([0, *sizes[:-1]], device=flat.device).cumsum(0)
+        bag_starts = torch.arange(batch, device=flat.device).unsqueeze(1) * flat.shape[1] + starts  # (B, T)
+        pooled = F.embedding_bag(
+            flat.reshape(-1), self.weight.weight, bag_starts.reshape(-1), mode="sum", sparse=self.weight.sparse
+        )
+        return pooled.reshape(batch, len(ids), -1)
+
 
 def embedding_groups(config: DLRMConfig) -> list[list[int]]:
     """Features grouped by embedding size (sizes ascending, features in order within a group). 'dot' needs one
@@ -201,7 +254,8 @@ def embedding_groups(config: DLRMConfig) -> list[list[int]]:
 
 
 class GroupedTables(nn.ModuleList):
-    """The ``torch`` embedding backend: one ``FusedEmbedding`` per embedding size (one lookup per size)."""
+    """The ``torch`` embedding backend: one ``FusedEmbedding`` per embedding size (one lookup per size; multi-hot
+    bags sum-pooled in one ``embedding_bag`` per size)."""
 
     def __init__(self, config: DLRMConfig, sparse_gradients: bool):
         self.groups = embedding_groups(config)
@@ -216,6 +270,10 @@ class GroupedTables(nn.ModuleList):
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per group of ``embedding_groups``."""
         return [table(sparse[:, group]) for table, group in zip(self, self.groups, strict=True)]
 
+    def bags(self, ids: list[torch.Tensor]) -> list[torch.Tensor]:
+        """ids: per feature (B, k_f) ids of its table -> one (B, T_g, dim_g) tensor of bag sums per group."""
+        return [table.bags([ids[f] for f in group]) for table, group in zip(self, self.groups, strict=True)]
+
 
 class DLRM(nn.Module):
     """The paper's DLRM; ``forward(dense, sparse)`` returns logits.
@@ -224,7 +282,8 @@ class DLRM(nn.Module):
         config: sizes and interaction.
         sparse_gradients: embeddings produce sparse gradients (for SparseAdam, Adagrad, SGD).
         embeddings: another embedding backend (``TorchRecEmbeddings``), any module mapping (B, 26) indices
-            to one (B, T_g, dim_g) tensor per group of ``embedding_groups``; None: ``GroupedTables``.
+            to one (B, T_g, dim_g) tensor per group of ``embedding_groups`` (and, for multi-hot features, its
+            ``bags`` each feature's (B, k_f) ids to their sums); None: ``GroupedTables``.
     """
 
     def __init__(self, config: DLRMConfig, sparse_gradients: bool = True, embeddings: nn.Module | None = None):
@@ -235,12 +294,15 @@ class DLRM(nn.Module):
             final_activation=True,
         )
         self.embeddings = GroupedTables(config, sparse_gradients) if embeddings is None else embeddings
+        self.multi_hot = config.multi_hot()  # no state: a fixed function of the indices (or None: single-hot)
         # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
         # index_select is cheaper forward and backward than indexing rows and columns separately.
         rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
         self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
         if config.interaction == "dcn":
-            self.cross = LowRankCrossNet(config.interaction_size, config.dcn.num_layers, config.dcn.low_rank)
+            self.cross = LowRankCrossNet(
+                config.interaction_size, config.dcn.num_layers, config.dcn.low_rank, config.dcn.init
+            )
         self.prediction_mlp = mlp(
             [config.interaction_size, *config.prediction_hidden_sizes, 1],
             final_activation=False,
@@ -252,8 +314,11 @@ class DLRM(nn.Module):
                 self.prediction_mlp[-1].bias.fill_(math.log(config.initial_ctr / (1.0 - config.initial_ctr)))
 
     def embed(self, sparse: torch.Tensor) -> list[torch.Tensor]:
-        """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group."""
-        return self.embeddings(sparse)
+        """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per embedding group (each feature's bag
+        summed, with multi-hot features)."""
+        if self.multi_hot is None:
+            return self.embeddings(sparse)
+        return self.embeddings.bags(self.multi_hot(sparse))
 
     def interact(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
         """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""

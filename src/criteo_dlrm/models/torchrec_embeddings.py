@@ -1,7 +1,7 @@
 """The ``torchrec`` embedding backend: the DLRM's 26 tables as one TorchRec ``EmbeddingBagCollection``.
 
-Each Criteo row has exactly one index per feature, so a bag of one with sum pooling is a plain lookup and
-the model's maths is the ``torch`` backend's. The collection is what ``DistributedModelParallel`` shards
+A Criteo row has one index per feature, a bag of one (with sum pooling, a plain lookup), or with multi-hot
+features (``config.multi_hot_sizes``) a bag of each feature's ids: the model's maths is the ``torch`` backend's. The collection is what ``DistributedModelParallel`` shards
 (``engine.sharding``). TorchRec is an optional extra: it is imported only when this module is used.
 
 Checkpoints always hold the ``torch`` backend's layout (one fused table per embedding size), so evaluation,
@@ -53,14 +53,24 @@ class TorchRecEmbeddings(nn.Module):
 
     def forward(self, sparse: torch.Tensor) -> list[torch.Tensor]:
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per group of ``embedding_groups``."""
+        batch = sparse.shape[0]
+        values = sparse.index_select(1, self.columns.to(sparse.device)).t().reshape(-1)  # (26 * B,) key-major
+        lengths = torch.ones(len(self.order) * batch, dtype=torch.int32, device=sparse.device)
+        return self._pooled(values, lengths, batch)
+
+    def bags(self, ids: list[torch.Tensor]) -> list[torch.Tensor]:
+        """ids: per feature (B, k_f) ids of its table -> one (B, T_g, dim_g) tensor of bag sums per group."""
+        batch, device = ids[0].shape[0], ids[0].device
+        values = torch.cat([ids[f].reshape(-1) for f in self.order])  # each key's bags in row order
+        lengths = torch.cat(
+            [torch.full((batch,), ids[f].shape[1], dtype=torch.int32, device=device) for f in self.order]
+        )
+        return self._pooled(values, lengths, batch)
+
+    def _pooled(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> list[torch.Tensor]:
         from torchrec import KeyedJaggedTensor
 
-        batch = sparse.shape[0]
-        features = KeyedJaggedTensor(
-            keys=[self.names[f] for f in self.order],
-            values=sparse.index_select(1, self.columns.to(sparse.device)).t().reshape(-1),  # (26 * B,) key-major
-            lengths=torch.ones(len(self.order) * batch, dtype=torch.int32, device=sparse.device),
-        )
+        features = KeyedJaggedTensor(keys=[self.names[f] for f in self.order], values=values, lengths=lengths)
         # A sharded collection returns its keys grouped by sharding, not in input order: select them by name.
         by_name = self.collection(features).to_dict()
         pooled = torch.cat([by_name[self.names[f]] for f in self.order], dim=1)  # (B, sum of dims), input order

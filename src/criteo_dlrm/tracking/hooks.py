@@ -243,6 +243,10 @@ class TrackingHooks:
                 "processes": summary["processes"],
             }
         )
+        if (target := summary.get("target")) and target["reached"]:  # MLPerf's figure of merit
+            mlflow.log_metrics(
+                {f"time_to_target_{key}": target[key] for key in ("train_seconds", "wall_seconds")}, step=target["step"]
+            )
         mlflow.set_tags(
             {"device": str(summary["device"]), "stopped_early": str(summary["stopped_early"]),
              "embedding_backend": str((summary.get("embeddings") or {}).get("backend", "torch"))}
