@@ -61,6 +61,7 @@ def test_the_mlperf_environment_trains_multi_hot_dcn_with_adagrad_to_its_target_
     assert dense["lr"] == recipe["learning_rate"] == 0.004 and dense["eps"] == recipe["adagrad_eps"] == 1e-8
     assert "initial_accumulator_value" in dense, "torch.optim.Adagrad's"
     assert checkpoint["step"] == 10, "stopped at the first validation at its target"
+    assert checkpoint["encoder"]["dense_offset"].tolist() == [2] * 13, "log(x + 3), the reference's dense transform"
 
     scored = _kedro(project, "--env", "mlperf", "--pipelines=scoring")
     assert "scored 60,000 rows" in scored.stdout + scored.stderr
@@ -70,7 +71,10 @@ def test_the_mlperf_environment_trains_multi_hot_dcn_with_adagrad_to_its_target_
 def test_the_torchrec_example_environment_trains_with_sgd_and_its_step_change_of_the_rates(tmp_path):
     project = copy_project(tmp_path / "project")
     recipe = _environment("torchrec_dlrm")["training"]
-    _kedro(project, "--env", "torchrec_dlrm", f"--params={SHRUNK}")
+    assert (recipe["learning_rate"], recipe["step_decay"]) == (15.0, {"at": 0.8, "learning_rate": 0.2})
+    # SGD at 15.0 trains a 16-wide model on 256-row steps to NaN: the rates shrink with it, by the recipe's ratio.
+    rates = "training.learning_rate=1.5,training.embedding_learning_rate=1.5,training.step_decay.learning_rate=0.02"
+    _kedro(project, "--env", "torchrec_dlrm", f"--params={SHRUNK},{rates}")
     checkpoint = _latest_checkpoint(project)
     assert checkpoint["model_config"]["interaction"] == "dot" and checkpoint["model_config"]["multi_hot_sizes"] is None
     [dense] = checkpoint["dense_param_groups"]
@@ -78,6 +82,6 @@ def test_the_torchrec_example_environment_trains_with_sgd_and_its_step_change_of
     [run_dir] = (project / "data/08_reporting/tensorboard").iterdir()
     events = EventAccumulator(str(run_dir)).Reload()
     for name in ("train/learning_rate", "train/embedding_learning_rate"):
-        rates = {event.step: event.value for event in events.Scalars(name)}
-        # 20 steps: the 16th and earlier at 15.0, from the 17th (80% of the run) on at 0.2.
-        assert rates[16] == pytest.approx(recipe["learning_rate"]) and rates[18] == pytest.approx(0.2), (name, rates)
+        logged = {event.step: event.value for event in events.Scalars(name)}
+        # 20 steps: the 16th and earlier at 1.5, from the 17th (80% of the run) on at 0.02.
+        assert logged[16] == pytest.approx(1.5) and logged[18] == pytest.approx(0.02), (name, logged)

@@ -41,3 +41,30 @@ def test_missing_and_unseen_values_land_on_rows_of_their_own_and_the_earlier_lay
     del earlier["missing_row"]
     legacy = FeatureEncoder.from_state_dict(earlier)
     assert legacy.encode_sparse_column(0, values).tolist() == [1, 2, 3, 0, 0]
+
+
+def test_the_reference_recipes_dense_transform_is_log_x_plus_3_with_missing_as_0(tmp_path):
+    """Issue 47 item 5: MLPerf's and TorchRec's preprocessing feed the model log(x + 3), a missing count as 0;
+    the default stays the standardised log1p. Both travel in the checkpoint's encoder; one from before the setting
+    reads as the standardised one."""
+    write_day(tmp_path / "day_0", 3000, day=0, model=ClickModel(seed=8))
+    day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
+    metadata, vocabularies = compute_feature_metadata([day], MetadataConfig(min_expected_clicks=0, workers=1))
+    metadata = FeatureMetadata(metadata)
+    counts = np.array([[0, 5, -2, -7, 1000] + [0] * 8], dtype=np.float32)
+    missing = np.zeros_like(counts, dtype=bool)
+    missing[0, 1] = True
+    mlperf = FeatureEncoder.from_metadata(metadata, vocabularies, "log_plus_3").encode_dense(counts.copy(), missing)
+    np.testing.assert_allclose(mlperf[0, :5], np.log([3, 3, 1, 1, 1003]), rtol=1e-6)  # missing as 0; -7 as -2
+    standard = FeatureEncoder.from_metadata(metadata, vocabularies)
+    expected = (np.log1p(np.maximum(counts, 0)) - metadata.dense_means) / metadata.dense_stds
+    expected[missing] = 0.0
+    np.testing.assert_allclose(standard.encode_dense(counts.copy(), missing), expected, rtol=1e-5, atol=1e-6)
+    state = FeatureEncoder.from_metadata(metadata, vocabularies, "log_plus_3").state_dict()
+    assert np.array_equal(FeatureEncoder.from_state_dict(state).encode_dense(counts.copy(), missing), mlperf)
+    earlier = standard.state_dict()
+    del earlier["dense_offset"], earlier["dense_missing"]
+    assert np.array_equal(
+        FeatureEncoder.from_state_dict(earlier).encode_dense(counts.copy(), missing),
+        standard.encode_dense(counts.copy(), missing),
+    )

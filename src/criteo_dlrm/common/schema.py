@@ -56,6 +56,15 @@ class RawLayout:
         return schema.append(pa.field(LINE_COLUMN, pa.int64(), nullable=False)) if self.line_numbers else schema
 
 
+# training.dense_transform: a dense count x becomes log1p(max(x + offset, 0)), then standardised with the training
+# days' mean and deviation (a missing count: 0, the mean) or not (a missing count as x = 0).
+# standardised: this project's; log_plus_3: MLPerf's and TorchRec's preprocessing, log(x + 3) with missing as 0.
+DENSE_TRANSFORMS = {
+    "standardised": {"offset": 0, "standardise": True},
+    "log_plus_3": {"offset": 2, "standardise": False},
+}
+
+
 def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) -> None:
     """Raise ``DataError`` naming ``source`` when ``schema`` lacks a Criteo column or types it wrongly.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from criteo_dlrm.common.errors import ConfigError
-from criteo_dlrm.common.schema import NUM_SPARSE
+from criteo_dlrm.common.schema import DENSE_TRANSFORMS, NUM_SPARSE
 from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
 from criteo_dlrm.models.dlrm import DCN, DenseMLP, DLRMConfig
@@ -124,6 +124,7 @@ class TrainingConfig(Config):
     compile_mode: str = "default"
     num_threads: int | None = None
     encoding_workers: int | None = None
+    dense_transform: str = "standardised"  # DENSE_TRANSFORMS: standardised, or log_plus_3 (MLPerf's log(x + 3))
     dense_mlp: DenseMLP = field(default_factory=DenseMLP)
     sparse_embedding_sizes: int | list[int] = 32
     multi_hot_sizes: list[int] | None = None  # lookups per feature, sum-pooled (MLPerf's multi-hot Criteo)
@@ -170,6 +171,7 @@ class TrainingConfig(Config):
         checks.one_of("embedding_optimizer", EMBEDDING_OPTIMIZERS)
         checks.one_of("decay", DECAYS)
         checks.one_of("dense_optimizer", DENSE_OPTIMIZERS)
+        checks.one_of("dense_transform", DENSE_TRANSFORMS)
         checks.positive("adagrad_eps")
         need(
             self.decay != "step" or self.step_decay.learning_rate is not None,

@@ -17,7 +17,14 @@ from loguru import logger
 
 from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
-from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
+from criteo_dlrm.common.schema import (
+    DENSE_COLUMNS,
+    DENSE_TRANSFORMS,
+    LABEL_COLUMN,
+    NUM_DENSE,
+    NUM_SPARSE,
+    SPARSE_COLUMNS,
+)
 from criteo_dlrm.common.storage import size_text
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
@@ -73,8 +80,10 @@ class FeatureEncoder:
     Sparse value ``v`` of feature ``f`` maps to ``2 + position of v in f's vocabulary``, to 0 when the
     vocabulary does not hold it, to 1 when it is missing. In modulus-hash mode it maps to
     ``2 + v mod (table_size - 2)`` and missing to 1. With ``missing_row=False`` (the earlier layout) missing and
-    unseen share row 0 and everything else is one row lower. Dense value ``x`` maps to
-    ``(log1p(max(x, 0)) - mean) / std``; missing maps to 0 (the mean).
+    unseen share row 0 and everything else is one row lower. Dense value ``x`` of feature ``i`` maps to
+    ``(log1p(max(x + dense_offset[i], 0)) - dense_mean[i]) / dense_std[i]``, and a missing one to ``dense_missing[i]``:
+    with the ``standardised`` transform the offset is 0 and a missing value 0 (the mean); with ``log_plus_3``
+    (MLPerf's ``log(x + 3)``, missing as 0) the offset 2, mean 0, deviation 1, and a missing value ``log(3)``.
     """
 
     def __init__(
@@ -84,6 +93,8 @@ class FeatureEncoder:
         dense_std: np.ndarray,
         vocabularies: list[np.ndarray] | None,
         missing_row: bool = True,
+        dense_offset: np.ndarray | None = None,
+        dense_missing: np.ndarray | None = None,
     ):
         if len(table_sizes) != NUM_SPARSE or len(dense_mean) != NUM_DENSE:
             raise ValueError(f"Expected {NUM_SPARSE} tables and {NUM_DENSE} dense statistics.")
@@ -91,6 +102,10 @@ class FeatureEncoder:
         self.table_sizes = [int(size) for size in table_sizes]
         self.dense_mean = np.asarray(dense_mean, dtype=np.float64)
         self.dense_std = np.asarray(dense_std, dtype=np.float64)
+        self.dense_offset = (
+            np.zeros(NUM_DENSE, np.int64) if dense_offset is None else np.asarray(dense_offset, np.int64)
+        )
+        self.dense_missing = np.zeros(NUM_DENSE) if dense_missing is None else np.asarray(dense_missing, np.float64)
         self.vocabularies = vocabularies
         self._indexes = _hash_tables(vocabularies)
 
@@ -106,16 +121,31 @@ class FeatureEncoder:
         return self.vocabularies is None
 
     @classmethod
-    def from_metadata(cls, metadata: FeatureMetadata, vocabularies: dict[str, np.ndarray] | None) -> FeatureEncoder:
+    def from_metadata(
+        cls,
+        metadata: FeatureMetadata,
+        vocabularies: dict[str, np.ndarray] | None,
+        dense_transform: str = "standardised",
+    ) -> FeatureEncoder:
+        """The encoder of ``metadata``'s tables and statistics, its dense features transformed by
+        ``dense_transform`` (a name of ``DENSE_TRANSFORMS``)."""
         modulus = metadata.uses_modulus_hash
         if not modulus and vocabularies is None:
             raise ValueError("feature_metadata uses vocabularies, but none were given.")
+        transform = DENSE_TRANSFORMS[dense_transform]
+        offset = np.full(NUM_DENSE, transform["offset"], np.int64)
+        mean, std = metadata.dense_means, metadata.dense_stds
+        missing = np.zeros(NUM_DENSE)  # the mean, standardised
+        if not transform["standardise"]:
+            mean, std, missing = np.zeros(NUM_DENSE), np.ones(NUM_DENSE), np.log1p(offset.astype(np.float64))
         return cls(
             table_sizes=metadata.table_sizes,
-            dense_mean=metadata.dense_means,
-            dense_std=metadata.dense_stds,
+            dense_mean=mean,
+            dense_std=std,
             vocabularies=None if modulus else [np.asarray(vocabularies[name]) for name in SPARSE_COLUMNS],
             missing_row=metadata.format >= 2,
+            dense_offset=offset,
+            dense_missing=missing,
         )
 
     @property
@@ -135,10 +165,12 @@ class FeatureEncoder:
 
     def encode_dense(self, values: np.ndarray, missing: np.ndarray) -> np.ndarray:
         """``values``, ``missing``: (N, 13) -> (N, 13) float32."""
+        if self.dense_offset.any():
+            values = values + self.dense_offset.astype(values.dtype)
         scaled = np.log1p(np.maximum(values, 0, dtype=np.float32))
         scaled -= self.dense_mean.astype(np.float32)
         scaled /= self.dense_std.astype(np.float32)
-        scaled[missing] = 0.0
+        scaled[missing] = np.broadcast_to(self.dense_missing.astype(np.float32), scaled.shape)[missing]
         return scaled
 
     def encode_batch(self, batch: pa.RecordBatch | pa.Table, contiguous: bool = True) -> EncodedArrays:
@@ -252,6 +284,8 @@ class FeatureEncoder:
             "table_sizes": list(self.table_sizes),
             "dense_mean": torch.from_numpy(self.dense_mean.copy()),
             "dense_std": torch.from_numpy(self.dense_std.copy()),
+            "dense_offset": torch.from_numpy(self.dense_offset.copy()),
+            "dense_missing": torch.from_numpy(self.dense_missing.copy()),
             "vocabularies": None
             if self.vocabularies is None
             else [torch.from_numpy(np.asarray(v, dtype=np.int64)) for v in self.vocabularies],
@@ -266,6 +300,9 @@ class FeatureEncoder:
             dense_std=state["dense_std"].numpy(),
             vocabularies=None if vocabularies is None else [v.numpy() for v in vocabularies],
             missing_row=state.get("missing_row", False),  # checkpoints before the missing row: the earlier layout
+            # Checkpoints before the dense transform was a setting: the standardised one.
+            dense_offset=state["dense_offset"].numpy() if "dense_offset" in state else None,
+            dense_missing=state["dense_missing"].numpy() if "dense_missing" in state else None,
         )
 
 

@@ -99,9 +99,13 @@ def day_lineage(day: str, parquet: str | Path) -> dict:
     }
 
 
-def encoded_lineage(metadata: FeatureMetadata, metadata_version: str | None, days: list[dict]) -> dict:
-    """What encoded model-input rows depend on: the vocabularies (and their version) and each day's data."""
+def encoded_lineage(
+    metadata: FeatureMetadata, metadata_version: str | None, days: list[dict], dense_transform: str = "standardised"
+) -> dict:
+    """What encoded model-input rows depend on: the vocabularies (and their version), each day's data and the dense
+    features' transform (named only when it is not the standardised one, which rows encoded before it had)."""
     return {
+        **({"dense_transform": dense_transform} if dense_transform != "standardised" else {}),
         "metadata_version": metadata_version,
         # The table layout (format 2: a row for missing values of its own): rows encoded in another are never reused.
         "metadata_format": metadata.format,

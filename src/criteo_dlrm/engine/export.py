@@ -32,7 +32,8 @@ from criteo_dlrm.engine.calibration import Calibration
 INPUT_NAMES = ["dense", "sparse"]
 OUTPUT_NAMES = ["probability", "logit"]
 ENCODER_FORMAT = (
-    "npz: table_sizes int64 (26,), dense_mean float64 (13,), dense_std float64 (13,), modulus_hash bool (), "
+    "npz: table_sizes int64 (26,), dense_mean float64 (13,), dense_std float64 (13,), dense_offset int64 (13,), "
+    "dense_missing float64 (13,), modulus_hash bool (), "
     "unseen_row int64 () (0), missing_row int64 () (1; 0 for checkpoints made before missing values had a row "
     "of their own), first_row int64 () (2, or 1 before), and SPARSE_0 .. SPARSE_25 int64 vocabularies (entry i "
     "is table index first_row + i; empty in modulus-hash mode)"
@@ -149,6 +150,8 @@ def serving_encoder(encoder: FeatureEncoder) -> bytes:
         table_sizes=np.asarray(encoder.table_sizes, dtype=np.int64),
         dense_mean=encoder.dense_mean,
         dense_std=encoder.dense_std,
+        dense_offset=encoder.dense_offset,
+        dense_missing=encoder.dense_missing,
         modulus_hash=np.asarray(encoder.use_modulus_hash),
         unseen_row=np.asarray(OUT_OF_VOCABULARY_ROW, dtype=np.int64),
         missing_row=np.asarray(MISSING_ROW if encoder.missing_row else OUT_OF_VOCABULARY_ROW, dtype=np.int64),

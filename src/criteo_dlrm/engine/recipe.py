@@ -144,7 +144,7 @@ def run_training(
         best["sharded_state"]["tables"] = list(SPARSE_COLUMNS)
     elif job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
         remove_checkpoint(result.best_checkpoint)
-    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies, config.dense_transform)
     trained_with = {
         "version": metadata_version,
         "vocabulary_sha256": metadata.vocabulary_sha256,

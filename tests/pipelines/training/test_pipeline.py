@@ -227,6 +227,23 @@ def test_rows_encoded_from_other_days_or_vocabularies_are_refused(tiny_features,
         )
 
 
+def test_rows_encoded_with_another_dense_transform_are_refused(tiny_features, tmp_path):
+    """Issue 47 item 5: the dense transform is part of the encoded rows' lineage (rows of the standardised one, as
+    every row encoded before the setting, are never trained on as log(x + 3))."""
+    from criteo_dlrm.data.lineage import LineageError
+    from criteo_dlrm.pipelines.training.nodes import train_dlrm
+
+    with pytest.raises(LineageError, match=r"but this run trains with .*dense_transform log_plus_3\. Encode them"):
+        train_dlrm(
+            tiny_features["train"],
+            tiny_features["validation"],
+            tiny_features["metadata"],
+            tiny_features["vocabularies"],
+            {**training_params(tmp_path), "dense_transform": "log_plus_3"},
+            "r",
+        )
+
+
 @pytest.mark.slow
 def test_training_pipeline_on_two_processes_reads_the_stored_rows_by_folder(tiny_features, tmp_path, monkeypatch):
     from criteo_dlrm.engine import recipe

@@ -41,12 +41,14 @@ def encode_features(
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
     check_table_memory(config, metadata.table_sizes, resolve_device(config.device, "training.device"))
-    encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays)
+    encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays, config.dense_transform)
     train, validation = (
         EncodedDays(
             encoder,
             [recorded_rows(day) for day in days[split]],
-            encoded_lineage(metadata, metadata.counted_in(feature_vocabularies.version), days[split]),
+            encoded_lineage(
+                metadata, metadata.counted_in(feature_vocabularies.version), days[split], config.dense_transform
+            ),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
             run=runner(engine),
@@ -64,7 +66,8 @@ def _check_encoded(features: EncodedArrays, expected: dict, name: str) -> None:
         if lineage is None:
             return "unrecorded data"
         days = ", ".join(f"{day['day']} ({day['fingerprint']})" for day in lineage["days"])
-        return f"feature_metadata version {lineage['metadata_version']} on {days}"
+        transform = f", dense_transform {lineage['dense_transform']}" if "dense_transform" in lineage else ""
+        return f"feature_metadata version {lineage['metadata_version']} on {days}{transform}"
 
     if features.lineage != expected:
         raise LineageError(
@@ -97,7 +100,9 @@ def train_dlrm(
     metadata = FeatureMetadata(feature_metadata)
     days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
-        expected = encoded_lineage(metadata, metadata.counted_in(feature_vocabularies.version), days[split])
+        expected = encoded_lineage(
+            metadata, metadata.counted_in(feature_vocabularies.version), days[split], config.dense_transform
+        )
         _check_encoded(features, expected, f"{split}_features")
     previous = None
     if previous_training_summary and previous_dlrm_checkpoint:
