@@ -52,6 +52,7 @@ def test_the_mlperf_environment_trains_multi_hot_dcn_with_adagrad_to_its_target_
     output = run.stdout + run.stderr
     assert "214 lookups a row (multi-hot)" in output and "multi-hot: 214 lookups a row" in output
     assert "target AUC 0.52 reached at step 10" in output and "(target AUC 0.52 at step 10: " in output
+    assert "is_fx_tracing" not in output and "broadcast_buffers" not in output, "torch's notes on TorchRec's calls"
     checkpoint = _latest_checkpoint(project)
     assert checkpoint["model_config"]["multi_hot_sizes"] == recipe["multi_hot_sizes"]
     assert checkpoint["model_config"]["interaction"] == "dcn" and checkpoint["model_config"]["dcn"]["init"] == (

@@ -27,6 +27,8 @@ WARNINGS = (
     # torch's sparse Adagrad builds its update without checking it (embedding_optimizer: adagrad on the torch
     # backend): torch's own tensors, nothing a user can act on.
     ("Sparse invariant checks are implicitly disabled", "UserWarning"),
+    # TorchRec's DistributedModelParallel passes DDP an argument torch deprecates (embedding_backend: torchrec).
+    ("`broadcast_buffers` is deprecated", "FutureWarning"),
 )
 # The same, and kedro-mlflow's own pyfunc class (for pipeline_ml_factory, unused here), which has no type hints:
 # MLflow says so at every import, with raw terminal colour codes, under a warnings filter of its own.
