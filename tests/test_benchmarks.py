@@ -29,6 +29,7 @@ SMALLEST = {
     "spark": ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"],
     "model_state": ["--table-gb", "0.01", "--runs", "torch:1", "torchrec:2", "--metric-rows", "100000"],
     "gpu": ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"],
+    "gpu_smoke": ["--quick"],  # without CUDA: the dry run, every check SKIP (a FAIL exits 1)
     "memory_limit": ["--rows", "100000"],
     "job_memory": ["--stages", "ingestion", "--limits-mb"],
 }  # fmt: skip
