@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import cpu_model
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
@@ -32,8 +33,6 @@ from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.recipe import calibrate, run_training
 from criteo_dlrm.engine.scoring import calibrated, score_days
-
-from threads import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = ROOT.parent / "shared" / "data" / "criteo_real"

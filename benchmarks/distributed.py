@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from machine import describe_machine
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.data.batches import Batch, BatchLoader
@@ -118,7 +119,9 @@ def main() -> None:
             launch = launch_config(processes)
             results[processes] = elastic_launch(launch, _measure)(tmp, args.batch, args.steps, args.device)[0]
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
-    print(f"\nKaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
+    print()
+    describe_machine()
+    print(f"Kaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
     print("| processes | samples/s | x 1 process | step ms | step ms without sync | communication share |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     base = results[min(results)]["samples_per_second"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+from machine import cpu_model
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
@@ -29,8 +30,6 @@ from criteo_dlrm.data.stored import open_encoded
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.models import DLRM
-
-from threads import cpu_model
 
 
 def best(repeats: int, work) -> float:

@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from memory_limit import MEMORY, in_memory_group  # noqa: E402
-
-from threads import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("ingestion", "metadata", "training", "evaluation", "scoring")

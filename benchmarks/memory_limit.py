@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threads import cpu_model  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY = Path("/sys/fs/cgroup/memory")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from machine import describe_machine
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
@@ -34,8 +35,7 @@ from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.modes import build_mode
 
-from threads import cpu_model
-from training import matmul_gflops, synthetic_arrays
+from training import synthetic_arrays
 
 DIM = 32
 
@@ -185,9 +185,7 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(child(args.child, Path(args.folder), args.backend, args.rank, args.world)))
         return
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    fp32, bf16 = matmul_gflops(), matmul_gflops(dtype=torch.bfloat16)
-    print(f"matmul 2048x2048: fp32 {fp32:,.0f} GFLOP/s, bf16 {bf16:,.0f} GFLOP/s\n")
+    describe_machine()
     print("Per process (the largest of the processes): tables, tables + optimiser state (torch: SparseAdam, a")
     print("replica in each process; TorchRec: row-wise Adagrad, its own tables), peak memory over the process's")
     print("memory before the model, and the in-progress checkpoint's write and resume seconds per GB the process")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from machine import describe_machine
 from torch import nn
 
 from criteo_dlrm.config.training import TrainingConfig
@@ -25,8 +26,7 @@ from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.multi_hot import MultiHot
 
-from threads import cpu_model
-from training import _cycle, matmul_gflops, synthetic_arrays, train_rate, training_step
+from training import _cycle, synthetic_arrays, train_rate, training_step
 
 # MLPerf's table sizes (its reference's --num_embeddings_per_feature).
 MLPERF_TABLES = [
@@ -71,9 +71,7 @@ def main() -> None:
 
     tables = [min(rows, args.max_table_rows) for rows in MLPERF_TABLES]
     arrays = synthetic_arrays(args.rows, tables)
-    fp32, bf16 = matmul_gflops(), matmul_gflops(dtype=torch.bfloat16)
-    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"matmul 2048x2048: fp32 {fp32:,.0f} GFLOP/s, bf16 {bf16:,.0f} GFLOP/s\n")
+    fp32, bf16 = describe_machine()
 
     sizes = recipe_config(args.batch, "fp32").multi_hot_sizes
     print(f"Input: the loader's batches of {args.batch:,} rows, alone and expanded to multi-hot ids.\n")

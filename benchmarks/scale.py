@@ -34,9 +34,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_model  # noqa: E402
 from preprocessing import CRITEO_1TB_ROWS, CRITEO_1TB_TABLES  # noqa: E402
-
-from threads import cpu_model  # noqa: E402
 
 BATCH = 16_384
 

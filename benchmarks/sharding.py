@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from distributed import join_process_group, seconds_per_step
+from machine import describe_machine
 from torch.distributed.launcher.api import elastic_launch
 
 from criteo_dlrm.common.errors import ConfigError
@@ -143,7 +144,9 @@ def main() -> None:
             for backend in ("torch", "torchrec")
             for processes in counts
         }
-        print(f"\nKaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
+        print()
+        describe_machine()
+        print(f"Kaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
         print(HEADER)
         base = results[("torch", counts[0])]
         base_rate = base["samples_per_second"] if isinstance(base, dict) else None

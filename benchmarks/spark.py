@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_model
 from preprocessing import CRITEO_1TB_ROWS, STAGES, measured
-
-from threads import cpu_model
 
 # Ingestion and encoding are one Spark task per day (gzip is not splittable; the stored layout is written per day):
 # Criteo 1TB's 24 days, each task keeping about 2 cores busy (the local engine's CONVERSION_CORES, ENCODING_CORES).

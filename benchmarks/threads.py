@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -67,18 +66,6 @@ def measure(threads: str, steps: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux), as every benchmark figure is named with it."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _run(setting: dict, steps: int) -> float:
     env = {**os.environ, **setting["env"]}
     command = [sys.executable, __file__, "--measure", setting["threads"], "--steps", str(steps)]
@@ -95,9 +82,11 @@ def main() -> None:
     if args.measure:
         print(json.dumps({"samples_per_second": measure(args.measure, args.steps)}))
         return
-    import torch
 
-    print(f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n")
+    from machine import describe_machine
+
+    print(f"{os.cpu_count()} cores; the matmul rates at torch's default threads:")
+    describe_machine()
     results: dict[tuple[str, str], float] = {}
     for load in ("idle", "beside one busy process"):
         neighbour = None

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+from machine import describe_machine
 from torch import nn
 
 from criteo_dlrm.config.training import TrainingConfig
@@ -100,16 +101,6 @@ def flops_per_sample(config: DLRMConfig) -> float:
     return 3 * 2 * macs
 
 
-def matmul_gflops(seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-    a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * 2048**3 * count / (time.perf_counter() - start) / 1e9
-
-
 def loader_rate(arrays: EncodedArrays, batch: int) -> float:
     loader = BatchLoader(arrays, batch, shuffle=True)
     start = time.perf_counter()
@@ -185,8 +176,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    gflops = matmul_gflops()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul {gflops:,.0f} GFLOP/s\n")
+    gflops, _ = describe_machine()
     for name, spec in CONFIGURATIONS.items():
         spec = {**spec, "tables": [min(rows, args.max_table_rows) for rows in spec["tables"]]}
         arrays = synthetic_arrays(args.rows, spec["tables"])
