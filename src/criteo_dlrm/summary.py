@@ -113,6 +113,11 @@ def render(record: RunRecord) -> str:
             f"training    {start}{summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
             f"{summary['samples_per_second']:,.0f} samples/s"
         )
+        if why := (summary.get("precision") or {}).get("precision_auto"):
+            lines += [
+                f"            {line}"
+                for line in textwrap.wrap(f"precision auto: {summary['precision']['precision']}, {why}", 86)
+            ]
         if (lookups := summary.get("lookups_per_row")) and lookups != NUM_SPARSE:
             lines.append(f"            multi-hot: {lookups} lookups a row")
         if target and not target["reached"]:

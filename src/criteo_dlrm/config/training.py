@@ -215,7 +215,7 @@ class TrainingConfig(Config):
             "only applies to embedding_backend: torchrec (the torch backend keeps every table in every process)",
         )
         need(is_device(self.device), "device", "must be auto, cpu, cuda or cuda:N")
-        checks.one_of("precision", PRECISIONS)
+        checks.one_of("precision", (*PRECISIONS, "auto"))
         checks.one_of("compile_mode", COMPILE_MODES)
         checks.one_of("distributed.backend", BACKENDS)
         checks.at_least(0, "prefetch_batches", "seed")  # numpy's generators take no negative seed

@@ -7,12 +7,14 @@ checkpoint is safely stored (``hooks.InProgressCheckpointHooks``), so a crash in
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from loguru import logger
 
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.device import configure_backends, resolve_device
+from criteo_dlrm.engine.device import configure_backends, resolve_device, resolve_precision
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.modes import mode_class
@@ -26,6 +28,13 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
     with mode_type.process_group(device):
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         backends = configure_backends(device, config.allow_tf32, config.num_threads)
+        precision, why = resolve_precision(config.precision, device)  # after the threads: the probe uses them
+        if world_size > 1:  # rank 0's choice in every process (each measured its own CPU share)
+            chosen = [precision, why]
+            dist.broadcast_object_list(chosen, src=0)
+            precision, why = chosen
+        backends |= {"precision": precision} | ({"precision_auto": why} if config.precision == "auto" else {})
+        config = dataclasses.replace(config, precision=precision)
         torch.manual_seed(config.seed)  # the same initial weights in every process
         mode = mode_type.build(config.model_config(job.table_sizes, job.initial_ctr), config, device)
         pin = device.type == "cuda"

@@ -31,7 +31,7 @@ from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
 from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
-from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.device import resolve_device, resolve_precision
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
@@ -164,6 +164,8 @@ def run_training(
         **run,
         "device": outcome.device,
         "processes": outcome.processes,
+        # What the run trained in, and with precision: auto why (engine.device.resolve_precision).
+        "precision": {key: value for key, value in outcome.backends.items() if key.startswith("precision")},
         "embeddings": outcome.embeddings,
         "lookups_per_row": model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
         "steps": result.steps,
@@ -281,7 +283,7 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
     """
     model = model_from_checkpoint(checkpoint).to(device)
     loader = BatchLoader(validation, config.batch_size.validation)
-    scores = predict(model, loader, device, config.precision, output="logit")
+    scores = predict(model, loader, device, resolve_precision(config.precision, device)[0], output="logit")
     labels = validation.checked_labels()
     state = fit_calibration(labels, scores, config.calibration)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them

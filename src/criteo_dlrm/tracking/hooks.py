@@ -249,6 +249,7 @@ class TrackingHooks:
             )
         mlflow.set_tags(
             {"device": str(summary["device"]), "stopped_early": str(summary["stopped_early"]),
+             **{key: str(value) for key, value in (summary.get("precision") or {}).items()},
              "embedding_backend": str((summary.get("embeddings") or {}).get("backend", "torch"))}
         )  # fmt: skip
 

@@ -137,6 +137,24 @@ def test_bf16_training_runs_on_cpu(tiny_features, tmp_path):
     assert catalog.load("training_summary")["steps"] == 5
 
 
+@pytest.mark.parametrize(("bf16_rate", "chosen"), [(900.0, "bf16"), (6.0, "fp32")], ids=["amx-like", "avx2-like"])
+def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
+    tiny_features, tmp_path, monkeypatch, bf16_rate, chosen
+):
+    """Issue 48 item 1: precision auto is resolved in the training process; the run trains in it (TensorBoard's
+    hparams carry it) and the summary records what was chosen and why."""
+    from criteo_dlrm.engine import device as device_module
+
+    monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
+    monkeypatch.setattr(device_module, "_matmul_rate", lambda dtype, seconds=0.25: 150.0 if dtype == torch.float32
+                        else bf16_rate)  # fmt: skip
+    params = training_params(tmp_path, precision="auto", max_steps=5)
+    catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
+    SequentialRunner().run(create_pipeline(), catalog)
+    precision = catalog.load("training_summary")["precision"]
+    assert precision["precision"] == chosen and f"{bf16_rate / 150:.2f}x its fp32" in precision["precision_auto"]
+
+
 def test_cuda_on_a_machine_without_it_is_refused(tiny_features, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
