@@ -4,33 +4,19 @@ faster on an Intel AMX one: a figure without them cannot be compared)."""
 
 from __future__ import annotations
 
-import platform
 import time
 
 import torch
 
+from criteo_dlrm.engine.device import cpu_name as cpu_model
+from criteo_dlrm.engine.device import matmul_rate
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux), as every benchmark figure is named with it."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+__all__ = ["cpu_model", "describe_machine", "matmul_gflops"]
 
 
 def matmul_gflops(seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
     """This process's 2048^3 matmul rate, GFLOP/s, at its thread count."""
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-    a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * 2048**3 * count / (time.perf_counter() - start) / 1e9
+    return matmul_rate(dtype, seconds, size=2048)
 
 
 def describe_machine() -> tuple[float, float]:

@@ -16,11 +16,11 @@ def probe(tmp_path, monkeypatch):
     calls = []
 
     def rates(fp32: float, bf16: float):
-        def measured(dtype, seconds=0.25):
+        def measured(dtype, seconds=0.25, size=1024):
             calls.append(dtype)
             return fp32 if dtype == torch.float32 else bf16
 
-        monkeypatch.setattr(device_module, "_matmul_rate", measured)
+        monkeypatch.setattr(device_module, "matmul_rate", measured)
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
     return rates, calls

@@ -50,18 +50,19 @@ def resolve_device(name: str = "auto", parameter: str = "device") -> torch.devic
     return device
 
 
-def _matmul_rate(dtype: torch.dtype, seconds: float = 0.25) -> float:
-    """GFLOP/s of 1024^3 matmuls in ``dtype`` on this process's CPU threads."""
-    a, b = torch.randn(1024, 1024).to(dtype), torch.randn(1024, 1024).to(dtype)
+def matmul_rate(dtype: torch.dtype, seconds: float = 0.25, size: int = 1024) -> float:
+    """GFLOP/s of ``size``^3 matmuls in ``dtype`` on this process's CPU threads, over about ``seconds``."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
     a @ b
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         a @ b
         count += 1
-    return 2 * 1024**3 * count / (time.perf_counter() - start) / 1e9
+    return 2 * size**3 * count / (time.perf_counter() - start) / 1e9
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
@@ -75,14 +76,14 @@ def _cpu_name() -> str:
 def cpu_matmul_rates() -> dict:
     """This CPU's fp32 and bf16 matmul rates (GFLOP/s) at this process's thread count, measured once (half a
     second) and kept in ``PROBE_CACHE`` for the next runs on the same CPU, torch and threads."""
-    key = f"{_cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    key = f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
     try:
         cached = json.loads(PROBE_CACHE.read_text())
     except (OSError, ValueError):
         cached = {}
     if isinstance(cached, dict) and isinstance(cached.get(key), dict):
         return cached[key]
-    rates = {"fp32": _matmul_rate(torch.float32), "bf16": _matmul_rate(torch.bfloat16)}
+    rates = {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)}
     try:
         PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
         staged = PROBE_CACHE.with_name(f".{PROBE_CACHE.name}.{os.getpid()}")

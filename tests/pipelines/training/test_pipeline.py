@@ -146,7 +146,7 @@ def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
     from criteo_dlrm.engine import device as device_module
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
-    monkeypatch.setattr(device_module, "_matmul_rate", lambda dtype, seconds=0.25: 150.0 if dtype == torch.float32
+    monkeypatch.setattr(device_module, "matmul_rate", lambda dtype, seconds=0.25, size=1024: 150.0 if dtype == torch.float32
                         else bf16_rate)  # fmt: skip
     params = training_params(tmp_path, precision="auto", max_steps=5)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
