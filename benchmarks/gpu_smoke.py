@@ -3,7 +3,7 @@
 Imports the core only (no Kedro, MLflow or TorchRec needed), so it runs on a bare GPU machine with
 ``PYTHONPATH=src`` and loguru. Under 10 minutes on one H200 (the compile checks take most of it; --quick leaves
 out max-autotune). Without CUDA each check runs its code on the CPU and reports SKIP with what it measured there
-(a dry run, which the test suite makes so that the script never rots); a FAIL is an error or a figure outside
+(a dry run); a FAIL is an error or a figure outside
 its bound. Exit status 1 when any check failed.
 
     PYTHONPATH=src python benchmarks/gpu_smoke.py [--quick]
