@@ -58,7 +58,9 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     )
     checkpoint, _ = run_training(config, train_rows, validation_rows, FeatureMetadata(metadata), vocabularies, name)
     fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
-    fits["isotonic"] = calibrate(checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU)
+    fits["isotonic"] = calibrate(
+        checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU, config.precision
+    )
     labels, logits = score_days(model_from_checkpoint(checkpoint), encoder, [test], CPU, progress=False)
     ctr = labels.mean()
     # The calibration ratio's standard error from the test rows alone (binomial): the noise floor of "1.00".

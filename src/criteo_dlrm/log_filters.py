@@ -35,10 +35,14 @@ WARNINGS = (
 UNACTIONABLE = (*(message for message, _ in WARNINGS), "Add type hints to the `predict` method")
 
 
+def unactionable(message: str) -> bool:
+    """Whether ``message`` is one of the ``UNACTIONABLE`` warnings."""
+    return any(text in message for text in UNACTIONABLE)
+
+
 class UnactionableWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in UNACTIONABLE)
+        return not unactionable(record.getMessage())
 
 
 def import_quietly(module: str) -> None:
@@ -49,7 +53,7 @@ def import_quietly(module: str) -> None:
         warnings.simplefilter("always")
         importlib.import_module(module)
     for warning in caught:
-        if not any(text in str(warning.message) for text in UNACTIONABLE):
+        if not unactionable(str(warning.message)):
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 

@@ -14,6 +14,7 @@ import torch
 from criteo_dlrm.common.commands import kedro_run
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.parallel import available_cores
+from criteo_dlrm.common.storage import write_bytes_atomically
 
 PRECISIONS = ("fp32", "bf16")
 # precision: auto takes bf16 on a CPU whose bf16 matmuls run at least this many times its fp32 ones (AMX: 6x; an
@@ -85,10 +86,9 @@ def cpu_matmul_rates() -> dict:
         return cached[key]
     rates = {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)}
     try:
-        PROBE_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        staged = PROBE_CACHE.with_name(f".{PROBE_CACHE.name}.{os.getpid()}")
-        staged.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), key: rates}, indent=1))
-        os.replace(staged, PROBE_CACHE)
+        write_bytes_atomically(
+            PROBE_CACHE, json.dumps({**(cached if isinstance(cached, dict) else {}), key: rates}, indent=1).encode()
+        )
     except OSError:
         pass  # a read-only home: measured again next time
     return rates

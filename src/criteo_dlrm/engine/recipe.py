@@ -31,7 +31,7 @@ from criteo_dlrm.data.metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
 from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
-from criteo_dlrm.engine.device import resolve_device, resolve_precision
+from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
@@ -158,7 +158,7 @@ def run_training(
     )
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
-    checkpoint["calibration"] = calibrate(checkpoint, validation, config, device)
+    checkpoint["calibration"] = calibrate(checkpoint, validation, config, device, outcome.backends["precision"])
     warnings = [warning for warning in (rates, checkpoint["calibration"].pop("warning", None)) if warning]
     summary = {
         **run,
@@ -275,7 +275,9 @@ def calibration_warning(state: dict, raw_calibration: float) -> str | None:
     return None
 
 
-def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfig, device: torch.device) -> dict:
+def calibrate(
+    checkpoint: dict, validation: EncodedArrays, config: TrainingConfig, device: torch.device, precision: str
+) -> dict:
     """Fit ``config.calibration`` on the checkpoint's model's logits for the validation rows (``engine.calibration``).
 
     Returns:
@@ -283,7 +285,7 @@ def calibrate(checkpoint: dict, validation: EncodedArrays, config: TrainingConfi
     """
     model = model_from_checkpoint(checkpoint).to(device)
     loader = BatchLoader(validation, config.batch_size.validation)
-    scores = predict(model, loader, device, resolve_precision(config.precision, device)[0], output="logit")
+    scores = predict(model, loader, device, precision, output="logit")
     labels = validation.checked_labels()
     state = fit_calibration(labels, scores, config.calibration)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them

@@ -55,11 +55,6 @@ class MultiHot(nn.Module):
         columns = [f for f, size in enumerate(sizes) for _ in range(size - 1)]
         self.register_buffer("columns", torch.tensor(columns, dtype=torch.long), persistent=False)
 
-    @property
-    def lookups(self) -> int:
-        """Ids per row, every feature's together."""
-        return sum(self.sizes)
-
     def extra_ids(self, sparse: torch.Tensor) -> torch.Tensor:
         """sparse: (B, 26) -> (B, sum(k - 1)) the drawn ids, feature by feature, each feature's in position order."""
         values = sparse.index_select(1, self.columns).long()  # (B, E): each extra id's own value, below 2^31
