@@ -24,11 +24,11 @@ from machine import cpu_model
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import DayRows, count_rows
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.calibration import from_state
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.recipe import calibrate, run_training
@@ -51,12 +51,12 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     """Train with the defaults, calibrate each way on the validation half, report each on the test half."""
     validation, test = halves(validation_day)
     metadata, vocabularies = compute_feature_metadata(train, MetadataConfig(), progress=False)
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     train_rows, validation_rows = encoder.encode_days(train), encoder.encode_days([validation])
     config = TrainingConfig.from_dict(
         {"device": "cpu", "resume": False, "tensorboard_dir": str(work / "tb"), "log_every_steps": 1000}
     )
-    checkpoint, _ = run_training(config, train_rows, validation_rows, FeatureMetadata(metadata), vocabularies, name)
+    checkpoint, _ = run_training(config, train_rows, validation_rows, metadata, vocabularies, name)
     fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
     fits["isotonic"] = calibrate(
         checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU, config.precision
@@ -67,7 +67,7 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     noise = math.sqrt((1 - ctr) / (ctr * len(labels)))
     rows = []
     for method, state in fits.items():
-        probabilities = calibrated(Calibration(state), logits)
+        probabilities = calibrated(from_state(state), logits)
         metrics = binary_metrics(labels, probabilities)
         report = calibration_report(labels, probabilities)
         deciles = [b["calibration"] for b in report["bins"] if b["calibration"] is not None]

@@ -18,7 +18,7 @@ import torch
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -47,7 +47,7 @@ def main() -> None:
             [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
         metadata_seconds = time.perf_counter() - start
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         table = pq.read_table(parquet)
         encoder.encode_batch(table.slice(0, 1000))  # builds the hash tables once
         ours_seconds, days_seconds = float("inf"), float("inf")
@@ -63,7 +63,7 @@ def main() -> None:
         naive = python_dict_encode(sample, vocabularies)
         naive_seconds = time.perf_counter() - start
         assert np.array_equal(naive, ours.sparse[: sample.num_rows]), "both encoders must agree"
-    tables = sum(s["table_size"] for s in metadata["sparse"].values())
+    tables = sum(s["table_size"] for s in metadata.sparse.values())
     print(f"\n{args.rows:,} rows, 26 vocabularies with {tables:,} entries in all (min_frequency 3)\n")
     print("| step | rows/s |\n| --- | ---: |")
     print(f"| metadata pass (counts, vocabularies, dense statistics) | {args.rows / metadata_seconds:,.0f} |")

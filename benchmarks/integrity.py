@@ -23,7 +23,7 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.chunk_digests import verify_encoded, write_digests
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import BATCH_ROWS, verify_day
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.stored import open_encoded
@@ -73,7 +73,7 @@ def main() -> None:
         )
 
         metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(), progress=False)
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         encoded = folder / "encoded"
         measured["encode the day into stored rows (baseline)"] = best(
             1, lambda: encoder.encode_days([parquet], into=encoded, workers=1)
@@ -85,7 +85,7 @@ def main() -> None:
         )
         size = sum(path.stat().st_size for path in encoded.iterdir())
 
-        sizes = FeatureMetadata(metadata).table_sizes
+        sizes = metadata.table_sizes
         model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})

@@ -61,7 +61,7 @@ def prepare(data: Path, rows: int) -> None:
     metadata, vocabularies = compute_feature_metadata(
         [Path(path) for path in train], MetadataConfig(min_frequency=3), progress=False
     )
-    (data / "metadata.json").write_text(json.dumps({"metadata": metadata, "train": train}))
+    (data / "metadata.json").write_text(json.dumps({"metadata": metadata.to_dict(), "train": train}))
     np.savez(data / "vocabularies.npz", **vocabularies)
 
 
@@ -70,12 +70,12 @@ def encode(data: Path, out: Path) -> None:
     import numpy as np
 
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import FeatureMetadata
+    from criteo_dlrm.data.feature_metadata import FeatureMetadata
 
     saved = json.loads((data / "metadata.json").read_text())
     with np.load(data / "vocabularies.npz") as archive:
         vocabularies = {name: archive[name] for name in archive.files}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(saved["metadata"]), vocabularies)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata.from_dict(saved["metadata"]), vocabularies)
     encoder.encode_days([Path(path) for path in saved["train"]], into=out, workers=None, shuffle=True)
 
 

@@ -87,7 +87,7 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
         module.choose_workers = recording
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+    from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.parquet import count_rows
     from criteo_dlrm.data.raw import convert_days
 
@@ -100,7 +100,7 @@ def measure(stage: str, workers: int | None, data: Path) -> dict:
         metadata, vocabularies = compute_feature_metadata(
             parquet, MetadataConfig(min_expected_clicks=0, min_frequency=3, workers=1), False
         )
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     # A repeat starts from nothing: ingestion would skip days whose Parquet is already up to date.
     label = workers or "default"
     for previous in (data / f"parquet_{label}", data / f"encoded_{label}"):

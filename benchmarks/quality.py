@@ -11,6 +11,7 @@ first 10k, validate on the Kaggle random 4,584) when that folder exists.
     python benchmarks/quality.py --ctr 0.03 --sizes 100000 300000 1000000 3000000         # a low click rate
     python benchmarks/quality.py --small-data 3 10 40 100 400 --ctr 0.03    # the small-data rule at low CTR
     python benchmarks/quality.py --loaders 1000000 --seeds 0 1 2     # the chunked shuffle against a full one
+    python benchmarks/quality.py --precisions 1000000 --seeds 0 1 2   # bf16 against fp32 at 25% and 3% clicks
 
 ``--ctr`` sets the planted click model's base rate (Criteo 1TB's is about 3%, the Kaggle release's 25%).
 """
@@ -18,6 +19,7 @@ first 10k, validate on the Kaggle random 4,584) when that folder exists.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +31,7 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.stored import EncodedArrays
@@ -110,6 +112,7 @@ def training_config(options: dict, run_dir: Path) -> TrainingConfig:
         "log_every_steps": 1000,
         "resume": False,
         "tensorboard_dir": str(run_dir),
+        "in_progress_dir": str(run_dir / "in_progress"),  # not the working directory's data/
     }
     for key, value in section(options, "training").items():
         settings[key] = {**settings[key], **value} if isinstance(value, dict) and key in settings else value
@@ -123,9 +126,9 @@ def encode(train_paths: list[Path], validation_paths: list[Path], options: dict)
     row 0)."""
     metadata, vocabularies = compute_feature_metadata(train_paths, metadata_config(options), progress=False)
     if options.get("shared_missing_row"):
-        metadata = {**metadata, "format": 1}
-        metadata["sparse"] = {n: {**st, "table_size": st["table_size"] - 1} for n, st in metadata["sparse"].items()}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        sparse = {n: {**st, "table_size": st["table_size"] - 1} for n, st in metadata.sparse.items()}
+        metadata = dataclasses.replace(metadata, format=1, sparse=sparse)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     return metadata, vocabularies, encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
 
 
@@ -138,8 +141,8 @@ def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
     metadata, vocabularies, train, validation = encoded
     config = training_config(options, run_dir)
     if "initial_ctr" in options:  # the output's starting click rate (0.5: the bias at 0, as before the prior)
-        metadata = {**metadata, "label": {**metadata["label"], "ctr": options["initial_ctr"]}}
-    checkpoint, summary = run_training(config, train, validation, FeatureMetadata(metadata), vocabularies, "quality")
+        metadata = dataclasses.replace(metadata, click_rate=options["initial_ctr"])
+    checkpoint, summary = run_training(config, train, validation, metadata, vocabularies, "quality")
     history = summary["history"]
     best_record = next(h for h in history if h["step"] == checkpoint["step"])
     # The first epoch's training time, when it ran to its end (the last validation of epoch 0 is at its end).
@@ -160,7 +163,7 @@ def train_logistic(train_paths: list[Path], validation_paths: list[Path], option
     metadata, _ = compute_feature_metadata(
         train_paths, MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True), progress=False
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), None)
+    encoder = FeatureEncoder.from_metadata(metadata, None)
     train, validation = encoder.encode_days(train_paths), encoder.encode_days(validation_paths)
     return {
         **train_logistic_regression(hashed(train_paths, train), hashed(validation_paths, validation), **options),
@@ -354,7 +357,7 @@ def reference(size: int, validation_rows: int, work: Path) -> None:
     encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
     row("DLRM, defaults", fit_dlrm(encoded, CURVE_SETTINGS, work / "runs"))
     metadata, _, train, validation = encoded
-    table_sizes = FeatureMetadata(metadata).table_sizes
+    table_sizes = metadata.table_sizes
     pairs = ClickModel(WORLD_SEED, **WORLD_CTR).pairs
     for optimizer, lr in PLANTED_FORM_GRID:
         row(f"planted form, {optimizer} {lr}", train_planted_form(train, validation, table_sizes, pairs, optimizer, lr))
@@ -560,9 +563,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
         options = {**CURVE_SETTINGS, "training.num_epochs": 1}
         metadata, vocabularies, in_order, validation = encode(paths[:-1], paths[-1:], options)
         stored = paths[0].parent / "train_shuffled"
-        FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies).encode_days(
-            paths[:-1], into=stored, shuffle=True
-        )
+        FeatureEncoder.from_metadata(metadata, vocabularies).encode_days(paths[:-1], into=stored, shuffle=True)
         write_digests(stored)
         ways = {
             "full permutation (before)": (PermutationLoader, in_order),
@@ -595,6 +596,69 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
             print(
                 f"| {world} | {way} | {auc.mean():.4f} +- {auc.std(ddof=1) if len(auc) > 1 else 0:.4f} | "
                 f"{loss.mean():.4f} +- {loss.std(ddof=1) if len(loss) > 1 else 0:.4f} | {auc.mean() - base:+.4f} |"
+            )
+
+
+PRECISION_WORLDS = {"25% clicks": 0.25, "3% clicks": 0.03}
+
+
+def precision_study(size: int, validation_rows: int, work: Path, seeds: list[int]) -> None:
+    """Model quality trained in bf16 against fp32 (``training.precision``), the learning curve's settings, on the
+    same rows, over seeds (each seed the same initial model and batches for both precisions), at 25% and 3% clicks.
+    bf16 holds when its mean AUC and log loss are within one standard error (of the mean over seeds) of fp32's."""
+    from machine import describe_machine
+
+    describe_machine()
+    days = size // DAY_ROWS
+    results = []
+    for world, ctr in PRECISION_WORLDS.items():
+        paths = []
+        for day in range(days + 1):
+            folder = work / world.replace("%", "").replace(" ", "_") / f"day_{day}"
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            write_day(
+                folder, validation_rows if day == days else DAY_ROWS, day=day, model=ClickModel(WORLD_SEED, ctr=ctr)
+            )
+            paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
+        encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
+        for seed in seeds:
+            for precision in ("fp32", "bf16"):
+                options = {**CURVE_SETTINGS, "training.seed": seed, "training.precision": precision}
+                got = fit_dlrm(encoded, options, work / "tb")
+                results.append({"world": world, "precision": precision, "seed": seed, **got})
+                print(
+                    f"{world}, {precision}, seed {seed}: AUC {got['auc']:.4f}, log loss {got['log_loss']:.5f}, "
+                    f"best at step {got['step']:,}, {got['seconds_total']:.0f} s",
+                    flush=True,
+                )
+    print(
+        f"\n{size:,} training rows ({days} days), {validation_rows:,} validation rows, seeds {seeds}; "
+        "mean +- standard error over seeds:\n"
+    )
+    print(
+        "| world | precision | AUC | log loss | AUC - fp32's | log loss - fp32's | within one standard error |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |"
+    )
+    for world in PRECISION_WORLDS:
+        by = {
+            precision: {
+                metric: np.array([r[metric] for r in results if r["world"] == world and r["precision"] == precision])
+                for metric in ("auc", "log_loss")
+            }
+            for precision in ("fp32", "bf16")
+        }
+        for precision, metrics in by.items():
+            cells, within = [], []
+            for metric, values in metrics.items():
+                error = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+                cells.append(f"{values.mean():.5f} +- {error:.5f}")
+                base = by["fp32"][metric]
+                base_error = base.std(ddof=1) / np.sqrt(len(base)) if len(base) > 1 else 0.0
+                within.append(abs(values.mean() - base.mean()) <= base_error)
+            differences = [f"{metrics[m].mean() - by['fp32'][m].mean():+.5f}" for m in metrics]
+            print(
+                f"| {world} | {precision} | {' | '.join(cells)} | {' | '.join(differences)} | "
+                f"{'-' if precision == 'fp32' else ('yes' if all(within) else 'no')} |"
             )
 
 
@@ -639,7 +703,8 @@ def main() -> None:
     parser.add_argument("--min-frequencies", type=int, nargs="+", help="only compare these metadata.min_frequency")
     parser.add_argument("--ctr", type=float, default=0.25, help="the planted click model's base rate")
     parser.add_argument("--loaders", type=int, metavar="ROWS", help="only compare the ways of shuffling at this size")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --loaders")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="with --loaders or --precisions")
+    parser.add_argument("--precisions", type=int, metavar="ROWS", help="only compare bf16 with fp32 at this size")
     parser.add_argument("--chunk-rows", type=int, default=1024, help="with --loaders: the loader's chunk")
     parser.add_argument(
         "--small-data",
@@ -653,6 +718,10 @@ def main() -> None:
     if args.loaders:
         with tempfile.TemporaryDirectory() as tmp:
             loader_study(args.loaders, args.validation_rows, Path(tmp), args.seeds, args.chunk_rows)
+        return
+    if args.precisions:
+        with tempfile.TemporaryDirectory() as tmp:
+            precision_study(args.precisions, args.validation_rows, Path(tmp), args.seeds)
         return
     if args.small_data is not None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -214,7 +214,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.chunk_digests import write_digests
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+    from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.raw import convert_days
     from criteo_dlrm.data.stored import open_encoded
     from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -251,7 +251,7 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
         lambda: compute_feature_metadata(train, MetadataConfig(min_frequency=3), progress=False),
         train_rows,
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     encoded = data / "encoded"
 
     def encode():
@@ -263,13 +263,13 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
 
     conf = Path(__file__).resolve().parents[1] / "conf" / "base" / "parameters_training.yml"
     config = TrainingConfig.from_dict(yaml.safe_load(conf.read_text())["training"])  # what `kedro run` trains
-    sizes = FeatureMetadata(metadata).table_sizes
+    sizes = metadata.table_sizes
 
     def train_steps():
         import torch
 
         torch.manual_seed(0)
-        model_config = config.model_config(sizes, metadata["label"]["ctr"])
+        model_config = config.model_config(sizes, metadata.click_rate)
         step = TrainStep(build_mode(model_config, config, torch.device("cpu")), config)
         loader = BatchLoader(open_encoded(encoded), config.batch_size.train, shuffle=True)
         for index, batch in enumerate(loader.batches()):

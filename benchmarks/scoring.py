@@ -25,12 +25,12 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine import scoring
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.calibration import Identity
 from criteo_dlrm.engine.export import export_onnx
 from criteo_dlrm.engine.scoring import score_days, write_predictions
 from criteo_dlrm.models import DLRM
@@ -55,7 +55,7 @@ def main() -> None:
         metadata, vocabularies = compute_feature_metadata(
             [parquet], MetadataConfig(min_expected_clicks=0, min_frequency=3), progress=False
         )
-        encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+        encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         torch.manual_seed(0)
         # The project's default model (parameters_training.yml), built as training builds it.
         config = TrainingConfig().model_config(encoder.table_sizes)
@@ -99,7 +99,7 @@ def main() -> None:
                         (work / "p.parquet").unlink(missing_ok=True)
                         or write_predictions(
                             model,
-                            Calibration(None),
+                            Identity(),
                             encoder,
                             [("day_0", parquet)],
                             work / "p.parquet",

@@ -40,14 +40,13 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
     """Run one stage with ``engine`` in this (fresh) process."""
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
-    from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+    from criteo_dlrm.data.feature_metadata import FeatureMetadata
     from criteo_dlrm.data.parquet import count_rows
     from criteo_dlrm.data.raw import convert_days
-    from criteo_dlrm.spark.tasks import runner
+    from criteo_dlrm.spark.engines import preprocessing_engine
 
-    session_seconds = 0.0
+    session_seconds, chosen = 0.0, preprocessing_engine({"engine": engine})
     if engine == "spark":
-        from criteo_dlrm.spark.metadata import count_on_spark
         from criteo_dlrm.spark.session import spark_session
 
         started = time.perf_counter()
@@ -56,9 +55,9 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
     raw = sorted(data.glob("raw/day_*.gz"))
     parquet = [data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet" for path in raw]
     config = MetadataConfig()
-    run = runner(engine)
+    run = chosen.run
     if stage == "encoding":
-        metadata = FeatureMetadata(json.loads((data / "metadata.json").read_text()))
+        metadata = FeatureMetadata.from_dict(json.loads((data / "metadata.json").read_text()))
         encoder = FeatureEncoder.from_metadata(metadata, dict(np.load(data / "vocabularies.npz")))
     rows = count_rows(parquet)
     for previous in (data / f"parquet_{engine}", data / f"encoded_{engine}"):  # a repeat converts, never reuses
@@ -68,9 +67,8 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
         pairs = [(s, output / p.name) for s, p in zip(raw, parquet, strict=True)]
         _, figures = measured(lambda: convert_days(pairs, run=run))
     elif stage == "metadata":
-        compute = count_on_spark if engine == "spark" else compute_feature_metadata
-        (metadata, _), figures = measured(lambda: compute(parquet, config))
-        (data / f"metadata_{engine}.json").write_text(json.dumps(metadata, sort_keys=True))
+        (metadata, _), figures = measured(lambda: chosen.count_metadata(parquet, config))
+        (data / f"metadata_{engine}.json").write_text(json.dumps(metadata.to_dict(), sort_keys=True))
     else:
         into = data / f"encoded_{engine}"
         _, figures = measured(lambda: encoder.encode_days(parquet, into=into, workers=None, shuffle=True, run=run))
@@ -135,7 +133,7 @@ def main() -> None:
         parquet = [data / "parquet" / f"{path.name.removesuffix('.gz')}.parquet" for path in raw]
         convert_days(list(zip(raw, parquet, strict=True)))
         metadata, vocabularies = compute_feature_metadata(parquet, MetadataConfig(), progress=False)
-        (data / "metadata.json").write_text(json.dumps(metadata))
+        (data / "metadata.json").write_text(json.dumps(metadata.to_dict()))
         np.savez(data / "vocabularies.npz", **vocabularies)
         runs = {(stage, engine): [] for stage in STAGES for engine in engines}
         for _ in range(args.repeats):  # interleaved: on a shared machine the slow runs measure the neighbours

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import shutil
@@ -137,8 +138,9 @@ def tiny_features(tmp_path_factory):
     """Encoded training and validation rows (3,000 + 1,000) from the planted click model, plus their metadata."""
     from criteo_dlrm.config.metadata import MetadataConfig
     from criteo_dlrm.data.encoding import FeatureEncoder
+    from criteo_dlrm.data.feature_metadata import FeatureVocabularies
     from criteo_dlrm.data.lineage import day_lineage, encoded_lineage
-    from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, compute_feature_metadata
+    from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.raw import convert_day
     from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -150,20 +152,20 @@ def tiny_features(tmp_path_factory):
     metadata, vocabularies = compute_feature_metadata(
         parquet[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
-    metadata["source_days"] = {
+    source_days = {
         "train": [day_lineage("day_0", parquet[0])],
         "validation": [
             {**day_lineage("day_1", parquet[1]), "click_probability": str(folder / "day_1.click_probability.npy")}
         ],
     }
     version = "2026-01-01T00.00.00.000Z"
-    typed = FeatureMetadata(metadata)
+    typed = dataclasses.replace(metadata, source_days=source_days)
     encoder = FeatureEncoder.from_metadata(typed, vocabularies)
     train, validation = encoder.encode_days(parquet[:1]), encoder.encode_days(parquet[1:])
     train.lineage = encoded_lineage(typed, version, typed.source_days["train"])
     validation.lineage = encoded_lineage(typed, version, typed.source_days["validation"])
     return {
-        "metadata": metadata,
+        "metadata": typed.to_dict(),  # the stored form, as the catalog holds it
         "vocabularies": FeatureVocabularies(vocabularies, version=version),
         "train": train,
         "validation": validation,

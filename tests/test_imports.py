@@ -33,3 +33,47 @@ def test_a_lower_part_never_imports_or_names_a_higher_one(part):
     for path in (PACKAGE / part).rglob("*.py"):
         upward = _named(path) - BELOW[part] - {part}
         assert not upward, f"{path.relative_to(PROJECT_ROOT)} reaches up to {sorted(upward)}"
+
+
+def _module_imports(path) -> set[str]:
+    """criteo_dlrm modules ``path`` imports, at its top or inside functions, under ``TYPE_CHECKING`` too."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("criteo_dlrm.")}
+
+
+def test_no_module_of_the_package_imports_itself_back_through_others():
+    modules = {
+        ".".join(("criteo_dlrm", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+    }
+    graph = {name: {m for m in _module_imports(path) if m in modules and m != name} for name, path in modules.items()}
+    # Importing a module runs the __init__ of the packages above it, except those the importer is inside (running).
+    for name in graph:
+        above = {p for m in graph[name] for p in _parents(m) if p in modules and not name.startswith(p + ".")}
+        graph[name] |= above - {name}
+    circles, state = [], {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                circles.append(trail[trail.index(target) :] + [target])
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(circle) for circle in circles)
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(2, len(parts))]

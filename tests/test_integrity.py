@@ -6,6 +6,7 @@ the file's name (or rebuilds what can be rebuilt), never returning a wrong resul
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -27,7 +28,7 @@ from criteo_dlrm.common.storage import DiskFullError, atomic_file, create_exclus
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import encoded_lineage
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import IngestionError, convert_day, convert_or_reuse, scan_raw_folder
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -107,9 +108,11 @@ def test_ingestion_rebuilds_a_damaged_day_instead_of_calling_it_converted(day, t
 def _encoded(day, tmp_path) -> tuple[EncodedArraysDataset, EncodedDays]:
     _, parquet, _ = day
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
-    metadata["source_days"] = {"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
-    lineage = encoded_lineage(FeatureMetadata(metadata), "v1", metadata["source_days"]["train"])
+    metadata = dataclasses.replace(
+        metadata, source_days={"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
+    )
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    lineage = encoded_lineage(metadata, "v1", metadata.source_days["train"])
     return EncodedArraysDataset(str(tmp_path / "train_features")), EncodedDays(encoder, [str(parquet)], lineage, 1)
 
 
@@ -451,13 +454,13 @@ def _checkpoint(tmp_path: Path) -> dict:
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
     parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
-    metadata["source_days"] = {"train": [], "validation": []}
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    metadata = dataclasses.replace(metadata, source_days={"train": [], "validation": []})
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     rows = encoder.encode_days([parquet])
     config = TrainingConfig.from_dict(
         {"num_epochs": 1, "resume": False, "tensorboard_dir": str(tmp_path / "tb"), "validations_per_epoch": 1}
     )
-    checkpoint, _ = run_training(config, rows, rows, FeatureMetadata(metadata), vocabularies, "r")
+    checkpoint, _ = run_training(config, rows, rows, metadata, vocabularies, "r")
     return {**checkpoint, "catalog_version": "v"}
 
 

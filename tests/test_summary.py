@@ -9,7 +9,8 @@ def _day(name: str, reused: bool) -> dict:
 
 def _metadata(**extra) -> dict:
     sparse = {f"SPARSE_{i}": {"table_size": 10} for i in range(26)}
-    return {"label": {"rows": 40_000, "ctr": 0.25}, "sparse": sparse, **extra}
+    return {"format": 2, "encoding": "vocabulary", "label": {"rows": 40_000, "ctr": 0.25}, "dense": {}, "sparse": sparse,
+            "vocabulary_sha256": "0" * 64, **extra}  # fmt: skip
 
 
 def _training(resumed: int | None) -> dict:

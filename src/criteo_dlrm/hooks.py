@@ -9,8 +9,8 @@
   killed run never leaves a half set of versions as the latest;
 - ``InProgressCheckpointHooks``: a finished run's in-progress checkpoint removed once its checkpoint is stored;
 - ``SummaryHooks``: outputs recorded for the run's summary (``summary``);
-- ``SparkHooks``: with ``preprocessing.engine: spark``, the Spark session from ``conf/*/spark.yml``
-  (``criteo_dlrm.spark.session``), started for a run that preprocesses and stopped after it.
+- ``PreprocessingEngineHooks``: what ``preprocessing.engine`` needs for a run (``criteo_dlrm.spark.engines``;
+  Spark: the session from ``conf/*/spark.yml``), started for a run that preprocesses and stopped after it.
 
 ``project_hooks()`` builds them in the order Kedro is to call them (``settings.HOOKS``).
 """
@@ -210,31 +210,34 @@ class SummaryHooks:
             self.record.split = _split_of(configs["metadata"], data)
 
 
-class SparkHooks:
-    """The Spark session of a run whose preprocessing runs on Spark, configured the Kedro way: ``spark.yml``'s keys
-    are Spark properties (Kedro's PySpark starter), read when the context is created, the session started after
-    the preflight checks and only when the pipeline has a preprocessing node."""
+class PreprocessingEngineHooks:
+    """What the run's preprocessing engine needs for a run (``spark.engines``; Spark: its session), configured the
+    Kedro way: its settings file's keys (``spark.yml``: Spark properties, as Kedro's PySpark starter) read when the
+    context is created, the engine started after the preflight checks and only when the pipeline has a
+    preprocessing node, and stopped after the run."""
 
     def __init__(self, parameters: ParameterHooks) -> None:
         self.parameters = parameters
-        self.settings: dict | None = None
-        self.session = None
+        self.engine = None
+        self.settings: dict = {}
+        self.started = False
 
     @hook_impl
     def after_context_created(self, context) -> None:
-        if self.parameters.configs["preprocessing"].engine != "spark":
-            return
-        try:
-            self.settings = dict(context.config_loader["spark"])
-        except (KeyError, MissingConfigException):
-            self.settings = {}
+        from criteo_dlrm.spark.engines import preprocessing_engine
+
+        self.engine = preprocessing_engine(self.parameters.configs["preprocessing"])
+        if self.engine.settings_key is not None:
+            try:
+                self.settings = dict(context.config_loader[self.engine.settings_key])
+            except (KeyError, MissingConfigException):
+                self.settings = {}
 
     @hook_impl
     def before_pipeline_run(self, pipeline) -> None:
-        if self.settings is not None and preprocesses(pipeline):
-            from criteo_dlrm.spark.session import spark_session
-
-            self.session = spark_session(self.settings)
+        if self.engine is not None and preprocesses(pipeline):
+            self.engine.start(self.settings)
+            self.started = True
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -245,9 +248,9 @@ class SparkHooks:
         self._stop()
 
     def _stop(self) -> None:
-        if self.session is not None:
-            self.session.stop()
-            self.session = None
+        if self.started:
+            self.engine.stop()
+            self.started = False
 
 
 def project_hooks() -> tuple:
@@ -257,7 +260,7 @@ def project_hooks() -> tuple:
     checkpoint removed (after each save: never removed before its checkpoint's version is complete)."""
     parameters = ParameterHooks()
     return (
-        SparkHooks(parameters),
+        PreprocessingEngineHooks(parameters),
         InProgressCheckpointHooks(),
         OutputVersionHooks(),
         SummaryHooks(parameters),

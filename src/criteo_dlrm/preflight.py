@@ -22,7 +22,8 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import check_free_space, check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
 from criteo_dlrm.config.metadata import check_day_names
-from criteo_dlrm.data.metadata import FeatureMetadata, MismatchedVersionsError
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
@@ -154,7 +155,7 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     # this run's training reads.
     check_table_memory(
         config,
-        FeatureMetadata(catalog.load("feature_metadata")).table_sizes,
+        FeatureMetadata.from_dict(catalog.load("feature_metadata")).table_sizes,
         device,
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "

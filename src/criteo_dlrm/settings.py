@@ -30,6 +30,6 @@ CONFIG_LOADER_ARGS = {
     "merge_strategy": {"parameters": "soft", "mlflow": "soft"},
     # ${project_path:} in mlflow.yml: the tracking store's absolute place inside the project.
     "custom_resolvers": {"project_path": _tracking.project_path},
-    # spark.yml: the Spark session's properties (read by hooks.SparkHooks when preprocessing.engine is spark).
+    # spark.yml: the Spark session's properties (read by hooks.PreprocessingEngineHooks when preprocessing.engine is spark).
     "config_patterns": {"spark": ["spark*", "spark*/**"]},
 }

@@ -9,7 +9,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from criteo_dlrm.common.schema import NUM_SPARSE
-from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
@@ -91,8 +91,8 @@ def render(record: RunRecord) -> str:
         if record.split:
             lines.append(f"            {record.split}")
     if stored := saved.get("feature_metadata"):
-        metadata = FeatureMetadata(stored)
-        reused = f"reused version {stored['counted_in']}" if stored.get("counted_in") else "counted"
+        metadata = FeatureMetadata.from_dict(stored)
+        reused = f"reused version {metadata.counted_in}" if metadata.counted_in else "counted"
         lines.append(
             f"metadata    {reused}: {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
             f"{sum(metadata.table_sizes):,} embedding rows"

@@ -163,3 +163,59 @@ def test_an_error_while_preparing_a_batch_reaches_the_step_and_closing_early_sto
     next(endless)
     endless.close()
     assert not endless._thread.is_alive(), "stopped, not left filling a queue nobody reads"
+
+
+def test_reading_ahead_reads_each_next_window_while_the_one_before_is_still_being_cut_into_batches(monkeypatch):
+    """With a reader slowed down, the read of window k + 1 is under way before window k's last batch is handed
+    out (the consumer never waits for a whole window's read); the batches are the same as without."""
+    import threading
+    import time
+
+    loader = BatchLoader(_arrays(16_000), 250, shuffle=True, seed=3, chunk_rows=500, window_chunks=4)  # 8 windows
+    plain = _rows(loader.batches(epoch=1, start=3))
+    events, lock, original = [], threading.Lock(), BatchLoader._read_window
+
+    def slowed(self, chunks, start, epoch):
+        with lock:
+            events.append(("read", start))
+        time.sleep(0.02)
+        return original(self, chunks, start, epoch)
+
+    monkeypatch.setattr(BatchLoader, "_read_window", slowed)
+    got = []
+    for batch in loader.batches(epoch=1, start=3, read_ahead=True):
+        with lock:
+            events.append(("batch", len(got)))
+        got.append(batch)
+    assert _rows(got) == plain
+    window_rows = 2_000  # 8 batches a window; from batch 3 on, windows start at batches 5, 13, 21, ...
+    for start in range(window_rows, 16_000, window_rows):
+        read = events.index(("read", start))
+        last_of_previous = start // 250 - 1 - 3  # the previous window's last batch, counted from batch 3
+        assert read < events.index(("batch", last_of_previous)), f"window at row {start} read only when needed"
+    assert [e for e in events if e[0] == "read"] == [("read", s) for s in range(0, 16_000, window_rows)]
+
+
+def test_a_window_read_ahead_fails_on_the_batch_that_needs_it_and_an_early_stop_leaves_no_thread_behind(monkeypatch):
+    import threading
+
+    from criteo_dlrm.common.storage import DamagedFileError
+
+    loader = BatchLoader(_arrays(8_000), 250, shuffle=True, seed=3, chunk_rows=500, window_chunks=4)  # 4 windows
+    original = BatchLoader._read_window
+
+    def damaged_third(self, chunks, start, epoch):
+        if start == 4_000:
+            raise DamagedFileError("window 3 is damaged")
+        return original(self, chunks, start, epoch)
+
+    monkeypatch.setattr(BatchLoader, "_read_window", damaged_third)
+    batches = loader.batches(read_ahead=True)
+    taken = list(itertools.islice(batches, 16))  # windows 1 and 2: the third's read has failed by now
+    with pytest.raises(DamagedFileError, match="window 3"):
+        next(batches)
+    assert len(taken) == 16
+    early = loader.batches(read_ahead=True)
+    next(early)
+    early.close()  # a run stopping mid-epoch (early stopping, the last step)
+    assert not [t for t in threading.enumerate() if t.name.startswith("window-read-ahead")]

@@ -2,7 +2,7 @@ import numpy as np
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -15,7 +15,7 @@ def test_days_encoded_in_parallel_give_the_same_arrays_as_one_process(tmp_path):
     metadata, vocabularies = compute_feature_metadata(
         days[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2, workers=1)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     in_memory = encoder.encode_days(days)
     one = encoder.encode_days(days, into=tmp_path / "one", workers=1)
     two = encoder.encode_days(days, into=tmp_path / "two", workers=2)
@@ -27,7 +27,8 @@ def test_days_encoded_in_parallel_give_the_same_arrays_as_one_process(tmp_path):
 
 
 def test_missing_and_unseen_values_land_on_rows_of_their_own_and_the_earlier_layout_still_encodes():
-    from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
+    from criteo_dlrm.data.encoding import FeatureEncoder
+    from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW
 
     vocabularies = [np.array([7, 3, 9])] + [np.array([1])] * 25
     encoder = FeatureEncoder([5] + [3] * 25, np.zeros(13), np.ones(13), vocabularies)
@@ -50,7 +51,7 @@ def test_the_reference_recipes_dense_transform_is_log_x_plus_3_with_missing_as_0
     write_day(tmp_path / "day_0", 3000, day=0, model=ClickModel(seed=8))
     day = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
     metadata, vocabularies = compute_feature_metadata([day], MetadataConfig(min_expected_clicks=0, workers=1))
-    metadata = FeatureMetadata(metadata)
+    metadata = metadata
     counts = np.array([[0, 5, -2, -7, 1000] + [0] * 8], dtype=np.float32)
     missing = np.zeros_like(counts, dtype=bool)
     missing[0, 1] = True

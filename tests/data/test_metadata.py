@@ -13,7 +13,7 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data import metadata as metadata_module
 from criteo_dlrm.data import parquet as parquet_module
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, ValueCounter, build_vocabulary, compute_feature_metadata
+from criteo_dlrm.data.metadata import ValueCounter, build_vocabulary, compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -38,20 +38,20 @@ def _expected_vocabulary(series: pd.Series, min_frequency: int, cap: int) -> lis
 def _check_against_pandas(paths, settings, threshold: int | None = None):
     metadata, vocabularies = compute_feature_metadata(paths, settings)
     frame = pd.concat([pd.read_parquet(path) for path in paths], ignore_index=True)
-    assert metadata["label"] == {
+    assert metadata.to_dict()["label"] == {
         "rows": len(frame),
         "positives": int(frame["labels"].sum()),
         "ctr": frame["labels"].mean(),
     }
     for name in SPARSE_COLUMNS:
-        column, stats = frame[name], metadata["sparse"][name]
+        column, stats = frame[name], metadata.sparse[name]
         assert stats["missing"] == column.isna().sum()
         assert stats["distinct"] == column.nunique()
         expected = _expected_vocabulary(column, threshold or settings.min_frequency, settings.cap(name))
         assert vocabularies[name].tolist() == expected, name
         assert stats["table_size"] == len(expected) + 2, "the vocabulary, a row for unseen and one for missing"
     for name in DENSE_COLUMNS:
-        column, stats = frame[name].dropna(), metadata["dense"][name]
+        column, stats = frame[name].dropna(), metadata.dense[name]
         transformed = np.log1p(np.maximum(column.to_numpy(dtype=float), 0))
         assert stats["count"] == len(column) and stats["missing"] == frame[name].isna().sum()
         assert stats["min"] == column.min() and stats["max"] == column.max()
@@ -73,7 +73,7 @@ def test_metadata_matches_pandas_on_real_rows(tmp_path, real_data):
     metadata, _ = _check_against_pandas(
         paths, MetadataConfig(min_expected_clicks=0, min_frequency=1, max_vocabulary_size=10**6)
     )
-    assert metadata["label"]["rows"] == 14_584
+    assert metadata.rows == 14_584
 
 
 def test_frequency_threshold_and_cap_at_their_edges():
@@ -103,7 +103,7 @@ def test_per_feature_cap_override(generated_days):
         min_expected_clicks=0, min_frequency=1, max_vocabulary_size=100, vocabulary_size_overrides={"SPARSE_2": 7}
     )
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
-    assert len(vocabularies["SPARSE_2"]) == 7 and metadata["sparse"]["SPARSE_2"]["table_size"] == 9
+    assert len(vocabularies["SPARSE_2"]) == 7 and metadata.sparse["SPARSE_2"]["table_size"] == 9
     assert len(vocabularies["SPARSE_3"]) == 100
 
 
@@ -111,7 +111,7 @@ def test_missing_and_unseen_values_encode_to_rows_of_their_own(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=1)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     vocabulary = vocabularies["SPARSE_0"]
     values = np.array([vocabulary[0], vocabulary[-1], -1, 2**40, vocabulary[3]])
     assert encoder.encode_sparse_column(0, values).tolist() == [2, len(vocabulary) + 1, 1, 0, 5]
@@ -121,14 +121,14 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     table = pq.read_table(generated_days[1])
     encoded = encoder.encode_batch(table)
     for feature, name in enumerate(SPARSE_COLUMNS):
         lookup = {int(v): i + 2 for i, v in enumerate(vocabularies[name])}
         expected = [1 if v is None else lookup.get(v, 0) for v in table.column(name).to_pylist()]
         assert encoded.sparse[:, feature].tolist() == expected, name
-    stats = metadata["dense"]["DENSE_4"]
+    stats = metadata.dense["DENSE_4"]
     raw = table.column("DENSE_4").to_pylist()
     expected = [0.0 if v is None else (np.log1p(max(v, 0)) - stats["log1p_mean"]) / stats["log1p_std"] for v in raw]
     np.testing.assert_allclose(encoded.dense[:, 4], expected, rtol=1e-5, atol=1e-5)
@@ -138,24 +138,24 @@ def test_encoder_matches_a_python_dict_lookup(generated_days):
 def test_modulus_hash_mode(generated_days):
     settings = MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True, modulus_hash_size=1000)
     metadata, vocabularies = compute_feature_metadata(generated_days, settings)
-    assert metadata["encoding"] == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
-    assert all(metadata["sparse"][name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    assert metadata.encoding == "modulus_hash" and all(len(v) == 0 for v in vocabularies.values())
+    assert all(metadata.sparse[name]["table_size"] == 1000 for name in SPARSE_COLUMNS)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     values = np.array([0, 997, 998, 123456, -1])
     assert encoder.encode_sparse_column(5, values).tolist() == [2, 999, 2, 2 + 123456 % 998, 1]
     default = compute_feature_metadata(
         generated_days,
         MetadataConfig(min_frequency=1, min_expected_clicks=0, use_modulus_hash=True, max_vocabulary_size=50),
     )[0]
-    assert default["sparse"]["SPARSE_8"]["table_size"] == default["sparse"]["SPARSE_8"]["distinct"] + 2
-    assert default["sparse"]["SPARSE_2"]["table_size"] == 52
+    assert default.sparse["SPARSE_8"]["table_size"] == default.sparse["SPARSE_8"]["distinct"] + 2
+    assert default.sparse["SPARSE_2"]["table_size"] == 52
 
 
 def test_encoder_state_round_trips(generated_days):
     metadata, vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     restored = FeatureEncoder.from_state_dict(encoder.state_dict())
     table = pq.read_table(generated_days[0])
     left, right = encoder.encode_batch(table), restored.encode_batch(table)
@@ -202,7 +202,7 @@ def test_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
         _bounded_vocabulary_days(tmp_path / "many", 4, rows=40_000),
         MetadataConfig(min_frequency=1, min_expected_clicks=0),
     )
-    assert metadata["label"]["rows"] == 160_000 and metadata["sparse"]["SPARSE_0"]["distinct"] == 500
+    assert metadata.rows == 160_000 and metadata.sparse["SPARSE_0"]["distinct"] == 500
     assert many < 1.2 * few, f"4x the rows took {many / few:.2f}x the memory"
 
 
@@ -222,8 +222,8 @@ def test_splitting_the_same_rows_into_more_days_changes_nothing(tmp_path):
     metadata_split, vocab_split = compute_feature_metadata(
         pieces, MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
-    dense_whole, dense_split = metadata_whole.pop("dense"), metadata_split.pop("dense")
-    assert metadata_whole == metadata_split
+    dense_whole, dense_split = metadata_whole.dense, metadata_split.dense
+    assert dataclasses.replace(metadata_whole, dense={}) == dataclasses.replace(metadata_split, dense={})
     for name in DENSE_COLUMNS:  # sums in another order: equal up to rounding
         assert dense_whole[name] == pytest.approx(dense_split[name], rel=1e-12)
     assert all(np.array_equal(vocab_whole[n], vocab_split[n]) for n in SPARSE_COLUMNS)
@@ -288,10 +288,10 @@ def test_the_predecessor_projects_parquet_loads_with_its_minus_one_as_missing(tm
         [path], MetadataConfig(min_expected_clicks=0, min_frequency=1), progress=False
     )
     for name in SPARSE_COLUMNS:
-        assert metadata["sparse"][name]["missing"] == (frame[name] == -1).sum()
+        assert metadata.sparse[name]["missing"] == (frame[name] == -1).sum()
         assert -1 not in vocabularies[name]
-    assert metadata["dense"]["DENSE_2"]["missing"] == 1
-    encoded = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies).encode_days([path])
+    assert metadata.dense["DENSE_2"]["missing"] == 1
+    encoded = FeatureEncoder.from_metadata(metadata, vocabularies).encode_days([path])
     assert (encoded.sparse[(frame[SPARSE_COLUMNS] == -1).to_numpy()] == 1).all(), "the missing row"
     assert np.isfinite(encoded.dense).all() and encoded.dense[3, 2] == 0.0
 
@@ -346,20 +346,12 @@ def test_metadata_at_a_low_click_rate_applies_and_records_the_raised_threshold(g
     )
     config = MetadataConfig(min_frequency=2, min_expected_clicks=20 * labels.mean() * 0.999, max_vocabulary_size=10**6)
     metadata, vocabularies = _check_against_pandas(generated_days, config, 20)
-    assert metadata["min_frequency"] == 20
+    assert metadata.min_frequency == 20
     plain, plain_vocabularies = compute_feature_metadata(
         generated_days, MetadataConfig(min_expected_clicks=0, min_frequency=2)
     )
-    assert plain["min_frequency"] == 2
+    assert plain.min_frequency == 2
     assert sum(map(len, vocabularies.values())) < sum(map(len, plain_vocabularies.values()))
-
-
-def test_feature_metadata_gives_table_sizes_in_column_order_whatever_order_it_lists_them_in():
-    from criteo_dlrm.common.schema import SPARSE_COLUMNS
-
-    listed_backwards = {name: {"table_size": 2 + i} for i, name in reversed(list(enumerate(SPARSE_COLUMNS)))}
-    assert list(listed_backwards) != SPARSE_COLUMNS
-    assert FeatureMetadata({"sparse": listed_backwards}).table_sizes == [2 + i for i in range(26)]
 
 
 def test_dense_statistics_are_the_same_bits_whatever_the_batches_and_match_an_exact_reference():

@@ -8,7 +8,7 @@ import numpy as np
 import criteo_dlrm.data.shuffle as shuffle
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -28,7 +28,7 @@ def _days_and_encoder(tmp_path, monkeypatch) -> tuple[list, FeatureEncoder]:
         write_day(tmp_path / f"day_{day}", 3000, day=day, model=ClickModel(seed=8))
         days.append(convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata(days[:1], MetadataConfig(min_expected_clicks=0, workers=1))
-    return days, FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    return days, FeatureEncoder.from_metadata(metadata, vocabularies)
 
 
 def test_shuffled_rows_are_the_same_rows_in_a_uniform_order_whatever_the_workers(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ import numpy as np
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
@@ -45,7 +45,7 @@ def test_stored_rows_take_fewer_bytes_and_folders_of_the_old_layout_still_load(t
     metadata, vocabularies = compute_feature_metadata(
         [day], MetadataConfig(min_expected_clicks=0, min_frequency=2, workers=1)
     )
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     in_memory = encoder.encode_days([day])
     stored = encoder.encode_days([day], into=tmp_path / "stored")
     assert bytes_per_row(in_memory) == 160

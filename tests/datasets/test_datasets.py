@@ -3,7 +3,7 @@ import pytest
 import torch
 from kedro.io.core import Version
 
-from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies
+from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, TorchCheckpointDataset
 
@@ -77,7 +77,7 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
     from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 
     encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
+        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
     )
     days = EncodedDays(encoder, [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]])
     assert len(days) == 3000
@@ -93,7 +93,7 @@ def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, 
     from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 
     encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
+        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
     )
     paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
     lineage = tiny_features["train"].lineage

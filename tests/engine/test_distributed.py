@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.recipe import run_training
@@ -47,7 +47,7 @@ def _run(features, config: TrainingConfig, name: str) -> tuple[dict, dict]:
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata(features["metadata"]),
+        FeatureMetadata.from_dict(features["metadata"]),
         vocabularies.arrays,
         name,
         "v",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.engine.calibration import Calibration, fit_calibration
+from criteo_dlrm.engine.calibration import calibrator, from_state
 from criteo_dlrm.engine.export import (
     ExportError,
     ScoringModel,
@@ -70,8 +70,8 @@ def test_the_onnx_graph_applies_the_calibration_as_numpy_does(model, method):
     with torch.no_grad():
         logits = model(dense, sparse).numpy().astype(np.float64)
     labels = (np.random.default_rng(0).random(500) < 1 / (1 + np.exp(-(1.5 * logits + 0.3)))).astype(np.int8)
-    state = fit_calibration(labels, logits, method)
-    onnx_model = export_onnx(ScoringModel(model, Calibration(state)), model.config.table_sizes)
+    state = calibrator(method).fit(labels, logits).state()
+    onnx_model = export_onnx(ScoringModel(model, from_state(state)), model.config.table_sizes)
     session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
     probability, logit = session.run(["probability", "logit"], {"dense": dense.numpy(), "sparse": sparse.numpy()})
     if method == "platt":
@@ -80,7 +80,7 @@ def test_the_onnx_graph_applies_the_calibration_as_numpy_does(model, method):
         expected = np.interp(logits, state["knots_logit"].numpy(), state["knots_probability"].numpy())
     np.testing.assert_allclose(logit, logits, atol=1e-5)
     np.testing.assert_allclose(probability, expected, atol=1e-5)
-    assert check_onnx(onnx_model, ScoringModel(model, Calibration(state)), model.config.table_sizes, 64, 1e-5)
+    assert check_onnx(onnx_model, ScoringModel(model, from_state(state)), model.config.table_sizes, 64, 1e-5)
 
 
 def test_serving_encoder_holds_what_preprocessing_needs():

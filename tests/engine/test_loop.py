@@ -287,7 +287,7 @@ def _poison_after_step(trainer: Trainer, step: int) -> None:
 
     def poisoned(batch, *args):
         loss = original_step(batch, *args)
-        if trainer.step == step - 1:
+        if trainer.state.step == step - 1:
             with torch.no_grad():
                 trainer.mode.model.prediction_mlp[0].weight.fill_(float("nan"))
         return loss
@@ -313,7 +313,7 @@ def test_a_non_finite_loss_between_log_lines_is_never_validated(tiny_features, t
     _poison_after_step(trainer, 11)
     with pytest.raises(TrainingDivergedError, match=r"at step 12\b"):
         trainer.fit()
-    assert [h["step"] for h in trainer.history] == [3, 6, 9]
+    assert [h["step"] for h in trainer.state.history] == [3, 6, 9]
 
 
 def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tmp_path, monkeypatch):
@@ -453,11 +453,11 @@ def test_a_non_finite_loss_from_rows_damaged_after_their_first_check_names_the_f
     trainer = tiny_trainer(tiny_features, config, tmp_path / "run", train=stored)
     stored.check_rows(0, len(stored))  # every chunk verified once, as the first epoch does
     with pytest.raises(TrainingDivergedError, match="The rows it read were verified again, whole, and are intact"):
-        trainer._check_finite([torch.tensor(float("nan"))])
+        trainer.check.losses([torch.tensor(float("nan"))], trainer.state.step)
     dense = np.load(folder / "dense.npy", mmap_mode="r")
     with open(folder / "dense.npy", "r+b") as handle:  # 256 bytes overwritten while the run goes on
         handle.seek(dense.offset + 100 * dense.strides[0])
         handle.write(b"\xff" * 256)
     with pytest.raises(DamagedFileError, match=r"dense.npy is damaged: rows 0-.*kedro run --pipelines=training"):
-        trainer._check_finite([torch.tensor(float("nan"))])
+        trainer.check.losses([torch.tensor(float("nan"))], trainer.state.step)
     assert (folder / "damaged.txt").exists(), "recorded, so the next run encodes the rows again"

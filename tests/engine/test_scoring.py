@@ -6,8 +6,8 @@ import torch
 
 from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.engine.calibration import Identity, Platt
 from criteo_dlrm.engine.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
 from criteo_dlrm.models import DLRM
 from tests.conftest import tiny_model_config
@@ -17,7 +17,7 @@ from tests.conftest import tiny_model_config
 def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), tiny_features["vocabularies"].arrays)
+    encoder = FeatureEncoder.from_metadata(FeatureMetadata.from_dict(metadata), tiny_features["vocabularies"].arrays)
     config = tiny_model_config(encoder.table_sizes, prediction_hidden_sizes=[128, 64])
     return DLRM(config).eval(), encoder, metadata["source_days"]
 
@@ -28,7 +28,7 @@ def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_
     labels, logits = score_days(model, encoder, paths, torch.device("cpu"))
     scores, written_labels, _ = write_predictions(
         model,
-        Calibration(None),
+        Identity(),
         encoder,
         [("a", paths[0]), ("b", paths[1])],
         tmp_path / "p.parquet",
@@ -51,7 +51,7 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
     pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
     _, logits = score_days(model, encoder, [path], torch.device("cpu"))
     scores, labels, _ = write_predictions(
-        model, Calibration(None), encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
+        model, Identity(), encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
     )
     assert labels is None and np.array_equal(scores, torch.sigmoid(torch.from_numpy(logits)).numpy())
     assert pq.read_table(tmp_path / "p.parquet").column("label").null_count == 1000
@@ -61,7 +61,7 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
 def test_written_probabilities_are_the_calibration_of_the_written_logits(scorer, tmp_path):
     model, encoder, days = scorer
     path = days["validation"][0]["parquet"]
-    calibration = Calibration({"method": "platt", "slope": 0.5, "intercept": -1.25, "rows": 10})
+    calibration = Platt(0.5, -1.25, rows=10).eval()
     write_predictions(model, calibration, encoder, [("d", path)], tmp_path / "p.parquet", torch.device("cpu"))
     table = pq.read_table(tmp_path / "p.parquet")
     logits = table.column("logit").to_numpy().astype(np.float64)
@@ -75,7 +75,8 @@ from pathlib import Path
 import torch
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.engine.scoring import score_days
 from criteo_dlrm.models import DLRM
 from tests.conftest import tiny_model_config
@@ -87,7 +88,7 @@ def anon():
 
 day = Path(sys.argv[1])
 metadata, vocabularies = compute_feature_metadata([day], MetadataConfig(min_expected_clicks=0, workers=1))
-encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
 model = DLRM(tiny_model_config(encoder.table_sizes)).eval()
 peak, done = [0], threading.Event()
 def watch():

@@ -20,7 +20,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.loop import Trainer
@@ -186,7 +186,7 @@ def _run(features, config: TrainingConfig, name: str, metadata: dict | None = No
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata(metadata or features["metadata"]),
+        FeatureMetadata.from_dict(metadata or features["metadata"]),
         features["vocabularies"].arrays,
         name,
         "v",
@@ -358,7 +358,7 @@ def test_two_processes_shards_load_into_one_process_exactly_as_they_were_written
         one = _resumable(tmp_path / "run", 1)
         trainer = tiny_trainer(tiny_features, one, tmp_path / "one", resume_path=progress,
                                fingerprint=values["fingerprint"])  # fmt: skip
-        assert trainer.step == values["step"]
+        assert trainer.state.step == values["step"]
         loaded = trainer.mode.sharded.model_state()
         fused = trainer.mode.sharded.optimizer_state()
     finally:

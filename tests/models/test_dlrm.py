@@ -157,7 +157,7 @@ def _naive_dlrm_logits(model: DLRM, dense: torch.Tensor, sparse: torch.Tensor, i
             z = np.concatenate(vectors)
         if interaction == "dcn":  # DCN-v2, low rank: x_{l+1} = x_0 * (W_l V_l x_l + b_l) + x_l
             z0 = z
-            for down, up in zip(model.cross.down, model.cross.up, strict=True):
+            for down, up in zip(model.interaction.cross.down, model.interaction.cross.up, strict=True):
                 v = down.weight.detach().double().numpy()
                 w, b = up.weight.detach().double().numpy(), up.bias.detach().double().numpy()
                 z = z0 * (w @ (v @ z) + b) + z
@@ -178,7 +178,7 @@ def test_whole_forward_pass_matches_a_naive_float64_dlrm(interaction):
     model = DLRM(config)
     if interaction == "dcn":  # weights larger than the default initialisation make every cross term count
         with torch.no_grad():
-            for up in model.cross.up:
+            for up in model.interaction.cross.up:
                 up.weight.normal_(0, 0.3), up.bias.normal_(0, 0.3)
     model = model.double().eval()
     dense, sparse = _inputs(batch=16, seed=5)
@@ -234,12 +234,39 @@ def test_dcn_s_cross_layers_start_as_the_mlperf_reference_s_when_asked():
     """Issue 47 item 5: MLPerf's DLRM-DCNv2 initialises the cross layers xavier_normal with zero biases."""
     torch.manual_seed(0)
     model = DLRM(_config(interaction="dcn", dcn=DCN(num_layers=2, low_rank=16, init="xavier_normal")))
-    for layer in [*model.cross.down, *model.cross.up]:
+    for layer in [*model.interaction.cross.down, *model.interaction.cross.up]:
         fan_out, fan_in = layer.weight.shape
         wanted = (2 / (fan_in + fan_out)) ** 0.5  # xavier_normal's standard deviation
         assert abs(layer.weight.std().item() / wanted - 1) < 0.1 and abs(layer.weight.mean().item()) < 0.1 * wanted
-    assert all(torch.equal(up.bias, torch.zeros_like(up.bias)) for up in model.cross.up)
+    assert all(torch.equal(up.bias, torch.zeros_like(up.bias)) for up in model.interaction.cross.up)
     default = DLRM(_config(interaction="dcn", dcn=DCN(num_layers=2, low_rank=16)))
-    assert all(up.bias.abs().sum() > 0 for up in default.cross.up), "torch's default: uniform biases"
+    assert all(up.bias.abs().sum() > 0 for up in default.interaction.cross.up), "torch's default: uniform biases"
     with pytest.raises(ConfigError, match="dcn.init must be one of"):
         _config(interaction="dcn", dcn=DCN(init="glorot"))
+
+
+def test_a_dcn_model_stores_its_cross_weights_under_the_names_checkpoints_have_always_held():
+    torch.manual_seed(0)
+    model = DLRM(_config(interaction="dcn"))
+    state = model.state_dict()
+    assert {k for k in state if "cross" in k} == {
+        f"cross.{side}.{i}.weight" for side in ("down", "up") for i in range(3)
+    } | {f"cross.up.{i}.bias" for i in range(3)}
+    fresh = DLRM(_config(interaction="dcn"))
+    fresh.load_state_dict(state)  # strict: every name found
+    assert torch.equal(fresh.interaction.cross.up[2].bias, model.interaction.cross.up[2].bias)
+    wrapped = torch.nn.ModuleDict({"model": model}).state_dict()  # a parent's prefix (DDP's module., DMP's)
+    assert "model.cross.down.0.weight" in wrapped and not any("interaction" in k for k in wrapped)
+
+
+def test_every_interaction_is_one_class_whose_output_width_is_what_the_prediction_mlp_takes():
+    from criteo_dlrm.models.dlrm import INTERACTIONS
+
+    dense, sparse = _inputs()
+    for name, kind in INTERACTIONS.items():
+        dims = [4] * 26 if name in ("dot", "dot_cat") else [2] * 10 + [6] * 16
+        model = DLRM(_config(interaction=name, sparse_embedding_sizes=dims))
+        assert type(model.interaction) is kind
+        out = model.interact(model.dense_mlp(dense), model.embed(sparse))
+        assert out.shape == (len(dense), model.config.interaction_size)
+        assert model.config.interaction_size == model.prediction_mlp[0].in_features

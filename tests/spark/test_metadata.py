@@ -39,8 +39,8 @@ def _same(paths, config: MetadataConfig) -> dict:
 def test_spark_counts_the_local_engines_metadata(spark, tmp_path, ctr):
     paths = _days(tmp_path, ctr)
     metadata = _same(paths, MetadataConfig())  # min_expected_clicks raises min_frequency at either rate
-    assert metadata["min_frequency"] == math.ceil(3 / metadata["label"]["ctr"])  # 13 and 95 here
-    assert sum(metadata["sparse"][name]["vocabulary_size"] for name in SPARSE_COLUMNS) > 26
+    assert metadata.min_frequency == math.ceil(3 / metadata.click_rate)  # 13 and 95 here
+    assert sum(metadata.sparse[name]["vocabulary_size"] for name in SPARSE_COLUMNS) > 26
 
 
 def test_caps_per_feature_overrides_and_ties_follow_the_local_rule(spark, tmp_path):
@@ -52,10 +52,10 @@ def test_caps_per_feature_overrides_and_ties_follow_the_local_rule(spark, tmp_pa
         vocabulary_size_overrides={"SPARSE_2": 3, "SPARSE_20": 1},
     )
     metadata = _same(paths, config)
-    sizes = {name: metadata["sparse"][name]["vocabulary_size"] for name in SPARSE_COLUMNS}
+    sizes = {name: metadata.sparse[name]["vocabulary_size"] for name in SPARSE_COLUMNS}
     assert sizes["SPARSE_2"] == 3 and sizes["SPARSE_20"] == 1 and max(sizes.values()) == 50
     # With min_frequency 1 many values are seen once: the cap cuts through a tie, broken by the smaller value.
-    assert any(metadata["sparse"][name]["distinct"] > 50 for name in SPARSE_COLUMNS)
+    assert any(metadata.sparse[name]["distinct"] > 50 for name in SPARSE_COLUMNS)
 
 
 def test_modulus_hash_mode_counts_the_same(spark, tmp_path):
@@ -69,7 +69,7 @@ def test_the_real_criteo_rows_count_the_same(spark, real_data, tmp_path):
         convert_day(source, tmp_path / f"{source.stem}.parquet").parquet for source in sorted(real_data.glob("*.tsv"))
     ]
     metadata = _same(paths, MetadataConfig())
-    assert metadata["label"]["rows"] == 10_000 + 4_584 + 10_000
+    assert metadata.rows == 10_000 + 4_584 + 10_000
 
 
 def test_no_rows_is_refused_as_locally(spark, tmp_path):

@@ -31,7 +31,9 @@ def test_the_whole_job_on_spark_equals_the_local_one(tmp_path):
     needs_spark()
     projects = {engine: copy_project(tmp_path / engine) for engine in ("local", "spark")}
     raw = projects["local"] / "data" / "01_raw"  # both read the same raw files: the days record their path and time
-    (projects["spark"] / "conf" / "local" / "spark.yml").write_text(SPARK_YML)  # read by the project's SparkHooks
+    (projects["spark"] / "conf" / "local" / "spark.yml").write_text(
+        SPARK_YML
+    )  # read by the project's PreprocessingEngineHooks
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off"}
     runs = {
         engine: subprocess.Popen(

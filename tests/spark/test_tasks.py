@@ -13,7 +13,7 @@ import pytest
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata, compute_feature_metadata
+from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import DayRows
 from criteo_dlrm.data.raw import IngestionError, convert_days
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -139,7 +139,7 @@ def test_the_real_criteo_rows_with_damaged_lines_give_the_local_engines_days_and
 
     days = [report.parquet for report in on_spark]
     metadata, vocabularies = compute_feature_metadata(days[:2], MetadataConfig())
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     for engine, run in (("local", {}), ("spark", {"run": run_on_spark})):
         encoder.encode_days(days, into=tmp_path / f"encoded_{engine}", shuffle=True, **run)
     names = sorted(path.name for path in (tmp_path / "encoded_local").iterdir())
@@ -160,7 +160,7 @@ def test_spark_encoding_writes_the_local_engines_files(spark, tmp_path, shuffle)
     sources = _raw_days(tmp_path / "raw")
     days = [report.parquet for report in convert_days([(s, tmp_path / f"{i}.parquet") for i, s in enumerate(sources)])]
     metadata, vocabularies = compute_feature_metadata(days[:2], MetadataConfig(min_expected_clicks=0, min_frequency=2))
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata(metadata), vocabularies)
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     paths = [days[0], days[1], DayRows(days[2], 0, 3_000)]  # a validation day's first rows, as the split makes
     encoder.encode_days(paths, into=tmp_path / "local", workers=1, shuffle=shuffle)
     encoder.encode_days(paths, into=tmp_path / "spark", shuffle=shuffle, run=run_on_spark)

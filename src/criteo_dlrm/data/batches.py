@@ -129,11 +129,13 @@ class BatchLoader:
     def __len__(self) -> int:
         return -(-len(self.arrays) // self.batch_size)
 
-    def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
-        """Batches ``start``, ``start + 1``, ... of epoch ``epoch``."""
+    def batches(self, epoch: int = 0, start: int = 0, read_ahead: bool = False) -> Iterator[Batch]:
+        """Batches ``start``, ``start + 1``, ... of epoch ``epoch``. ``read_ahead`` (shuffled): the next window is
+        read in a thread of its own while this one's batches are cut, so no batch waits for a window's read (two
+        windows in memory instead of one)."""
         rows = len(self.arrays)
         if self.shuffle:
-            yield from self._shuffled(epoch, start)
+            yield from self._shuffled(epoch, start, read_ahead)
             return
         for begin in range(start * self.batch_size, rows, self.batch_size):
             end = min(begin + self.batch_size, rows)
@@ -147,25 +149,29 @@ class BatchLoader:
     def _chunk_size(self, chunk: int) -> int:
         return min(self.chunk_rows, len(self.arrays) - chunk * self.chunk_rows)
 
-    def _shuffled(self, epoch: int, start: int) -> Iterator[Batch]:
+    def _shuffled(self, epoch: int, start: int, read_ahead: bool) -> Iterator[Batch]:
         order = epoch_chunks(self.chunks, self.seed, epoch)
         windows = [order[i : i + self.window_chunks] for i in range(0, self.chunks, self.window_chunks)]
         starts = np.concatenate([[0], np.cumsum([sum(map(self._chunk_size, window)) for window in windows])])
         rows, window = len(self.arrays), None
-        for begin in range(start * self.batch_size, rows, self.batch_size):
-            end = min(begin + self.batch_size, rows)
-            parts = []
-            position = begin
-            while position < end:
-                if window is None or position >= window.end:
-                    index = int(np.searchsorted(starts, position, side="right")) - 1
-                    window = None  # one window in memory at a time: its rows for this batch are taken already
-                    window = self._read_window(windows[index], int(starts[index]), epoch)
-                stop = min(end, window.end)
-                take = window.positions(position, stop)
-                parts.append(tuple(field[take] for field in window.rows))
-                position = stop
-            yield self._gather(parts, end - begin)
+        reader = _WindowReader(self, windows, starts, epoch, read_ahead)
+        try:
+            for begin in range(start * self.batch_size, rows, self.batch_size):
+                end = min(begin + self.batch_size, rows)
+                parts = []
+                position = begin
+                while position < end:
+                    if window is None or position >= window.end:
+                        index = int(np.searchsorted(starts, position, side="right")) - 1
+                        window = None  # its rows for this batch are taken already: one window held, and the next
+                        window = reader.window(index)
+                    stop = min(end, window.end)
+                    take = window.positions(position, stop)
+                    parts.append(tuple(field[take] for field in window.rows))
+                    position = stop
+                yield self._gather(parts, end - begin)
+        finally:
+            reader.close()
 
     def _read_window(self, chunks: np.ndarray, start: int, epoch: int) -> _Window:
         """Read this process's chunks of a window (each one sequential read, checked), rows permuted."""
@@ -216,6 +222,35 @@ class BatchLoader:
             if self.arrays.digests is not None:
                 self.arrays.digests.record_damage(message)
             raise DamagedFileError(f"{message}. It was not used. {reencode()}") from error
+
+
+class _WindowReader:
+    """An epoch's windows for ``BatchLoader._shuffled``: read when asked (``read_ahead`` off), or each one's
+    successor read in a thread of its own as soon as it is handed out (on)."""
+
+    def __init__(self, loader: BatchLoader, windows: list[np.ndarray], starts: np.ndarray, epoch: int, ahead: bool):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.loader, self.windows, self.starts, self.epoch = loader, windows, starts, epoch
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="window-read-ahead") if ahead else None
+        self.next: tuple | None = None  # (index, future) of the window being read ahead
+
+    def _read(self, index: int) -> _Window:
+        return self.loader._read_window(self.windows[index], int(self.starts[index]), self.epoch)
+
+    def window(self, index: int) -> _Window:
+        if self.pool is None:
+            return self._read(index)
+        ahead, self.next = self.next, None
+        found = ahead[1].result() if ahead is not None and ahead[0] == index else self._read(index)
+        if index + 1 < len(self.windows):
+            self.next = (index + 1, self.pool.submit(self._read, index + 1))
+        return found
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.next = None
 
 
 class Prefetcher:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,12 +26,10 @@ from criteo_dlrm.common.schema import (
 )
 from criteo_dlrm.common.storage import size_text
 from criteo_dlrm.data import WORKER_MODULES
+from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW, RESERVED_ROWS, FeatureMetadata
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.shuffle import BucketWriter, day_buckets, shuffle_destinations
 from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
-
-if TYPE_CHECKING:
-    from criteo_dlrm.data.metadata import FeatureMetadata
 
 
 @dataclass
@@ -58,15 +55,6 @@ class EncodedDays:
         return self.encoder.encode_days(
             self.paths, into=folder, workers=self.workers, shuffle=self.shuffle, run=self.run
         )
-
-
-# Table rows of each categorical feature: a value the vocabulary does not hold, a missing value (a row of
-# its own: in click logs a missing value has an effect of its own, while rare values average out), then the
-# vocabulary, most frequent first. feature_metadata of format 1 (and the checkpoints made with it) kept
-# missing and unseen values together in row 0, the vocabulary from row 1.
-OUT_OF_VOCABULARY_ROW = 0
-MISSING_ROW = 1
-RESERVED_ROWS = 2
 
 
 def reserved_rows(missing_row: bool) -> int:
@@ -143,7 +131,7 @@ class FeatureEncoder:
             dense_mean=mean,
             dense_std=std,
             vocabularies=None if modulus else [np.asarray(vocabularies[name]) for name in SPARSE_COLUMNS],
-            missing_row=metadata.format >= 2,
+            missing_row=metadata.has_missing_row,
             dense_offset=offset,
             dense_missing=missing,
         )

@@ -13,15 +13,12 @@ import hashlib
 import os
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
 from criteo_dlrm.common.errors import DataError
-
-if TYPE_CHECKING:
-    from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
 # Stored in a day's Parquet metadata: 2 = page checksums and a fingerprint sidecar (``data.parquet``). Days

@@ -7,7 +7,6 @@ outgrow the merged ones, so the total merge work stays O(distinct values x log b
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,22 +22,17 @@ from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data import WORKER_MODULES
-from criteo_dlrm.data.encoding import RESERVED_ROWS
+from criteo_dlrm.data.feature_metadata import (
+    METADATA_FORMAT,
+    RESERVED_ROWS,
+    FeatureMetadata,
+    FeatureVocabularies,
+    vocabulary_digest,
+)
 from criteo_dlrm.data.parquet import count_rows, dense_values, iter_batches, sparse_values
 
-# 2: each table has a row for missing values of its own (``encoding.MISSING_ROW``); 1: missing and unseen
-# values shared row 0.
-METADATA_FORMAT = 2
 # Buffered (value, count) pairs per feature before a merge: at most max(distinct values, this) pairs.
 MERGE_FLOOR = 1 << 16
-
-
-@dataclass
-class FeatureVocabularies:
-    """The vocabularies of one ``feature_metadata`` version: ``{SPARSE_i: int64 values, most frequent first}``."""
-
-    arrays: dict[str, np.ndarray]
-    version: str | None = None
 
 
 class ValueCounter:
@@ -79,7 +73,7 @@ def build_vocabulary(values: np.ndarray, counts: np.ndarray, min_frequency: int,
     """Values seen at least ``min_frequency`` times, most frequent first, at most ``cap`` of them.
 
     Ties are broken by the smaller value, so the vocabulary never depends on the input order.
-    Entry ``i`` gets table index ``i + 2`` (``encoding.RESERVED_ROWS``): 0 is out of vocabulary, 1 missing.
+    Entry ``i`` gets table index ``i + 2`` (``RESERVED_ROWS``): 0 is out of vocabulary, 1 missing.
     """
     keep = counts >= min_frequency
     values, counts = values[keep], counts[keep]
@@ -180,64 +174,6 @@ class SparseCounts:
         return cls(len(values), missing, vocabulary, int(counts[np.isin(values, vocabulary)].sum()))
 
 
-@dataclass(frozen=True)
-class FeatureMetadata:
-    """``feature_metadata`` read through one object: table sizes in column order, the dense statistics, the
-    training rows' count and click rate, the vocabularies' digest, the days. Made where it comes in (the nodes,
-    from the catalog's JSON: ``FeatureMetadata(feature_metadata)``); ``values`` is the stored form
-    ``compute_feature_metadata`` returns."""
-
-    values: dict
-
-    @property
-    def format(self) -> int:
-        """2: missing values have a table row of their own; 1 (older): they share row 0 with unseen values."""
-        return self.values.get("format", 1)
-
-    @property
-    def table_sizes(self) -> list[int]:
-        """Each categorical feature's table size, in column order (``SPARSE_COLUMNS``), whatever order the
-        stored form lists them in."""
-        return [int(self.values["sparse"][name]["table_size"]) for name in SPARSE_COLUMNS]
-
-    @property
-    def uses_modulus_hash(self) -> bool:
-        return self.values["encoding"] == "modulus_hash"
-
-    @property
-    def dense_means(self) -> np.ndarray:
-        return np.array([self.values["dense"][name]["log1p_mean"] for name in DENSE_COLUMNS])
-
-    @property
-    def dense_stds(self) -> np.ndarray:
-        return np.array([self.values["dense"][name]["log1p_std"] for name in DENSE_COLUMNS])
-
-    @property
-    def rows(self) -> int:
-        """Training rows counted."""
-        return self.values["label"]["rows"]
-
-    @property
-    def click_rate(self) -> float:
-        """The training rows' click rate."""
-        return self.values["label"]["ctr"]
-
-    @property
-    def vocabulary_sha256(self) -> str:
-        return self.values["vocabulary_sha256"]
-
-    @property
-    def source_days(self) -> dict | None:
-        """The days (and row ranges) it split into training, validation and test (None: made before splits)."""
-        return self.values.get("source_days")
-
-    def counted_in(self, version: str | None) -> str | None:
-        """The version that counted this content: ``version`` (the one it was loaded from), or the earlier one a
-        rerun reused it from unchanged. Rows encoded from it and runs trained on it carry this one, so a rerun
-        of the same command reuses and resumes them."""
-        return self.values.get("counted_in") or version
-
-
 class MismatchedVersionsError(DataError):
     """Two inputs that must come from one run (metadata and its vocabularies) come from two."""
 
@@ -251,15 +187,6 @@ def check_vocabularies(metadata: FeatureMetadata, vocabularies: FeatureVocabular
             f"counted (sha256 {metadata.vocabulary_sha256[:12]}...). Pin both to the same version: "
             f"`{kedro_run('training', load_versions=pin)}`."
         )
-
-
-def vocabulary_digest(vocabularies: dict[str, np.ndarray]) -> str:
-    """sha256 of the vocabularies, to tie a checkpoint to the exact vocabularies it was trained with."""
-    digest = hashlib.sha256()
-    for name in sorted(vocabularies):
-        digest.update(name.encode())
-        digest.update(np.ascontiguousarray(vocabularies[name], dtype=np.int64).tobytes())
-    return digest.hexdigest()
 
 
 def _sparse_summary(name: str, counted: SparseCounts, rows: int, config: MetadataConfig) -> dict:
@@ -380,23 +307,26 @@ def assemble_metadata(
     sparse: dict[str, SparseCounts],
     dense: dict[str, DenseStatistics],
     config: MetadataConfig,
-) -> tuple[dict, dict[str, np.ndarray]]:
+) -> tuple[FeatureMetadata, dict[str, np.ndarray]]:
     """``feature_metadata`` and the vocabularies from what a counting engine counted (the same whichever)."""
-    metadata = {
-        "format": METADATA_FORMAT,
-        "encoding": "modulus_hash" if config.use_modulus_hash else "vocabulary",
-        "label": {"rows": rows, "positives": positives, "ctr": positives / rows},
-        "min_frequency": config.min_frequency,  # the threshold applied (after the small-data rule)
-        "dense": {name: dense[name].summary() for name in DENSE_COLUMNS},
-        "sparse": {name: _sparse_summary(name, sparse[name], rows, config) for name in SPARSE_COLUMNS},
-        "vocabulary_sha256": vocabulary_digest({name: sparse[name].vocabulary for name in SPARSE_COLUMNS}),
-    }
-    return metadata, {name: sparse[name].vocabulary for name in SPARSE_COLUMNS}
+    vocabularies = {name: sparse[name].vocabulary for name in SPARSE_COLUMNS}
+    metadata = FeatureMetadata(
+        format=METADATA_FORMAT,
+        encoding="modulus_hash" if config.use_modulus_hash else "vocabulary",
+        rows=rows,
+        positives=positives,
+        click_rate=positives / rows,
+        min_frequency=config.min_frequency,
+        dense={name: dense[name].summary() for name in DENSE_COLUMNS},
+        sparse={name: _sparse_summary(name, sparse[name], rows, config) for name in SPARSE_COLUMNS},
+        vocabulary_sha256=vocabulary_digest(vocabularies),
+    )
+    return metadata, vocabularies
 
 
 def compute_feature_metadata(
     train_paths: Sequence[str | Path], config: MetadataConfig, progress: bool | None = None
-) -> tuple[dict, dict[str, np.ndarray]]:
+) -> tuple[FeatureMetadata, dict[str, np.ndarray]]:
     """Streaming passes over the training days, one per group of features, in ``config.workers`` processes.
 
     Each pass reads only its columns from Parquet and keeps exact counts for its features only, so peak
@@ -405,8 +335,8 @@ def compute_feature_metadata(
     ``criteo_dlrm.spark.metadata`` counts the same with Spark).
 
     Returns:
-        ``(metadata, vocabularies)``: ``metadata`` is JSON-ready (label, dense and sparse statistics,
-        table sizes); ``vocabularies`` maps each sparse feature to its int64 values, most frequent first
+        ``(metadata, vocabularies)``: ``metadata`` the label, dense and sparse statistics and table sizes
+        (``to_dict``: the catalog's stored form); ``vocabularies`` maps each sparse feature to its int64 values, most frequent first
         (empty arrays in modulus-hash mode).
     """
     check_training_paths(train_paths)

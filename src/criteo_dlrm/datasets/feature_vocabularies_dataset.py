@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 
 from criteo_dlrm.common.storage import DamagedFileError
-from criteo_dlrm.data.metadata import FeatureVocabularies
+from criteo_dlrm.data.feature_metadata import FeatureVocabularies
 
 from .versioned_file import VersionedFileDataset
 

@@ -2,12 +2,13 @@
 validation rows after training, stored in the checkpoint, and applied wherever a probability leaves the
 project (evaluation, batch scoring, the ONNX and ``torch.export`` graphs).
 
-- ``platt``: ``sigmoid(slope * logit + intercept)``, a logistic regression on the logit (Platt scaling).
-  It keeps the order of the predictions, so AUC is unchanged.
-- ``isotonic``: a non-decreasing piecewise-linear curve through scikit-learn's isotonic regression of the label on
-  the logit, interpolated linearly between its knots and flat beyond them. Equal predictions it creates can
-  move AUC a little.
-- ``none``: ``sigmoid(logit)``, the model's own output (also what checkpoints made before calibration get).
+- ``platt`` (``Platt``): ``sigmoid(slope * logit + intercept)``, a logistic regression on the logit (Platt
+  scaling). It keeps the order of the predictions, so AUC is unchanged.
+- ``isotonic`` (``Isotonic``): a non-decreasing piecewise-linear curve through scikit-learn's isotonic regression
+  of the label on the logit, interpolated linearly between its knots and flat beyond them. Equal predictions it
+  creates can move AUC a little.
+- ``none`` (``Identity``): ``sigmoid(logit)``, the model's own output (also what checkpoints made before
+  calibration get).
 
 The state stored in a checkpoint holds plain values and tensors only (``weights_only`` loading).
 """
@@ -29,37 +30,6 @@ PROBABILITY_FLOOR = 1e-6
 MAX_ISOTONIC_KNOTS = 512
 
 
-def fit_calibration(labels: np.ndarray, logits: np.ndarray, method: str) -> dict:
-    """Fit ``method`` on (label, logit) pairs: labels (N,) 0/1, logits (N,) float.
-
-    Returns:
-        the state ``Calibration`` is built from: ``method``, its parameters, and ``rows`` (N).
-    """
-    labels = np.asarray(labels, dtype=np.float64).ravel()
-    logits = np.asarray(logits, dtype=np.float64).ravel()
-    state: dict = {"method": method, "rows": int(len(labels))}
-    if method == "none":
-        return state
-    if labels.min() == labels.max():
-        raise ValueError(f"calibration needs both clicks and non-clicks; the {len(labels):,} rows have one class")
-    if method == "platt":
-        from sklearn.linear_model import LogisticRegression
-
-        # A large C: the two parameters are fitted by maximum likelihood (a penalty would pull the slope to 0).
-        fitted = LogisticRegression(C=1e6, tol=1e-8, max_iter=1000).fit(logits[:, None], labels)
-        state.update(slope=float(fitted.coef_[0, 0]), intercept=float(fitted.intercept_[0]))
-    elif method == "isotonic":
-        from sklearn.isotonic import IsotonicRegression
-
-        fitted = IsotonicRegression(out_of_bounds="clip", y_min=PROBABILITY_FLOOR, y_max=1 - PROBABILITY_FLOOR)
-        fitted.fit(logits, labels)
-        x, y = thin_knots(np.asarray(fitted.X_thresholds_, np.float64), np.asarray(fitted.y_thresholds_, np.float64))
-        state.update(knots_logit=torch.from_numpy(x), knots_probability=torch.from_numpy(y))
-    else:
-        raise ValueError(f"unknown calibration method {method!r}: use one of {CALIBRATION_METHODS}")
-    return state
-
-
 def thin_knots(x: np.ndarray, y: np.ndarray, limit: int = MAX_ISOTONIC_KNOTS) -> tuple[np.ndarray, np.ndarray]:
     """At most ``limit`` knots of the piecewise-linear curve through ``(x, y)``: the first, the last, and knots
     spread evenly in order between them (their values are the curve's own, so it stays non-decreasing)."""
@@ -69,48 +39,155 @@ def thin_knots(x: np.ndarray, y: np.ndarray, limit: int = MAX_ISOTONIC_KNOTS) ->
     return x[keep], y[keep]
 
 
-class Calibration(nn.Module):
-    """logits (B,) float32 -> calibrated click probabilities (B,) float32 (``fit_calibration``'s state; None: raw)."""
+class Calibrator(nn.Module):
+    """logits (B,) float32 -> calibrated click probabilities (B,) float32. One class per ``training.calibration``
+    method (``CALIBRATORS``): ``fit`` on (label, logit) pairs, ``state`` the plain values a checkpoint stores,
+    ``describe`` a line for logs; ``from_state`` builds any of them back. A new method is one more class."""
 
-    def __init__(self, state: dict | None = None):
+    method = ""
+
+    def __init__(self, rows: int = 0):
         super().__init__()
-        state = state or {"method": "none"}
-        self.method = state["method"]
-        if self.method == "platt":
-            self.register_buffer("slope", torch.tensor(state["slope"], dtype=torch.float32))
-            self.register_buffer("intercept", torch.tensor(state["intercept"], dtype=torch.float32))
-        elif self.method == "isotonic":
-            x = state["knots_logit"].to(torch.float32)
-            y = state["knots_probability"].to(torch.float32)
-            # Linear pieces between consecutive knots, as (start, width, rise): f(z) = y0 + sum rise * clamp((z - start) / width, 0, 1).
-            self.register_buffer("first", y[:1].clone())
-            self.register_buffer("starts", x[:-1].clone())
-            self.register_buffer("widths", (x[1:] - x[:-1]).clamp_min(1e-12))
-            self.register_buffer("rises", y[1:] - y[:-1])
-        elif self.method != "none":
-            raise ValueError(f"unknown calibration method {self.method!r}: use one of {CALIBRATION_METHODS}")
+        self.rows = rows  # the validation rows it was fitted on
+
+    @classmethod
+    def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Calibrator:
+        """Fitted on labels (N,) 0/1 and logits (N,)."""
+        raise NotImplementedError
+
+    @classmethod
+    def restore(cls, state: dict) -> Calibrator:
+        """Built from ``state``'s own keys (a checkpoint's state also holds the log losses it was judged by)."""
+        return cls(rows=state.get("rows", 0))
+
+    def parameters_state(self) -> dict:
+        return {}
+
+    def state(self) -> dict:
+        """``method``, ``rows`` and its parameters: what a checkpoint stores (``from_state`` reads it)."""
+        return {"method": self.method, "rows": self.rows, **self.parameters_state()}
+
+    def detail(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for logs and summaries, e.g. ``platt (slope 0.981, intercept -0.042) fitted on 20,000
+        validation rows``."""
+        return f"{self.method} ({self.detail()}) fitted on {self.rows:,} validation rows"
+
+
+class Identity(Calibrator):
+    """``sigmoid(logit)``: the model's own output (what checkpoints made before calibration score with)."""
+
+    method = "none"
+
+    @classmethod
+    def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Identity:
+        return cls(len(np.ravel(labels)))
+
+    def describe(self) -> str:
+        return "none (the model's own output)"
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.method == "platt":
-            return torch.sigmoid(logits * self.slope + self.intercept)
-        if self.method == "isotonic":
-            # z: (B, 1) against the knots (K-1,): written with clamps so that ONNX exports it as plain arithmetic.
-            share = ((logits.unsqueeze(-1) - self.starts) / self.widths).clamp(0.0, 1.0)  # (B, K-1)
-            return self.first + share @ self.rises
         return torch.sigmoid(logits)
 
 
-def calibration_from_checkpoint(checkpoint: dict) -> Calibration:
-    """The checkpoint's calibration; checkpoints made before calibration score with the raw output (``none``)."""
-    return Calibration(checkpoint.get("calibration")).eval()
+class Platt(Calibrator):
+    """``sigmoid(slope * logit + intercept)``: a logistic regression on the logit."""
+
+    method = "platt"
+
+    def __init__(self, slope: float, intercept: float, rows: int = 0):
+        super().__init__(rows)
+        self.register_buffer("slope", torch.tensor(slope, dtype=torch.float32))
+        self.register_buffer("intercept", torch.tensor(intercept, dtype=torch.float32))
+        self._values = (float(slope), float(intercept))
+
+    @classmethod
+    def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Platt:
+        from sklearn.linear_model import LogisticRegression
+
+        labels, logits = _pairs(labels, logits)
+        # A large C: the two parameters are fitted by maximum likelihood (a penalty would pull the slope to 0).
+        fitted = LogisticRegression(C=1e6, tol=1e-8, max_iter=1000).fit(logits[:, None], labels)
+        return cls(float(fitted.coef_[0, 0]), float(fitted.intercept_[0]), len(labels))
+
+    @classmethod
+    def restore(cls, state: dict) -> Platt:
+        return cls(state["slope"], state["intercept"], state.get("rows", 0))
+
+    def parameters_state(self) -> dict:
+        return {"slope": self._values[0], "intercept": self._values[1]}
+
+    def detail(self) -> str:
+        return f"slope {self._values[0]:.3f}, intercept {self._values[1]:+.3f}"
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logits * self.slope + self.intercept)
 
 
-def describe(state: dict | None) -> str:
-    """One line for logs and summaries, e.g. ``platt (slope 0.981, intercept -0.042) fitted on 20,000 validation rows``."""
-    if not state or state["method"] == "none":
-        return "none (the model's own output)"
-    if state["method"] == "platt":
-        detail = f"slope {state['slope']:.3f}, intercept {state['intercept']:+.3f}"
-    else:
-        detail = f"{len(state['knots_logit']):,} knots"
-    return f"{state['method']} ({detail}) fitted on {state['rows']:,} validation rows"
+class Isotonic(Calibrator):
+    """A non-decreasing piecewise-linear curve through knots (logit, probability), flat beyond the first and last."""
+
+    method = "isotonic"
+
+    def __init__(self, knots_logit: torch.Tensor, knots_probability: torch.Tensor, rows: int = 0):
+        super().__init__(rows)
+        self._knots = (knots_logit, knots_probability)
+        x, y = knots_logit.to(torch.float32), knots_probability.to(torch.float32)
+        # Linear pieces between consecutive knots, as (start, width, rise): f(z) = y0 + sum rise * clamp((z - start) / width, 0, 1).
+        self.register_buffer("first", y[:1].clone())
+        self.register_buffer("starts", x[:-1].clone())
+        self.register_buffer("widths", (x[1:] - x[:-1]).clamp_min(1e-12))
+        self.register_buffer("rises", y[1:] - y[:-1])
+
+    @classmethod
+    def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Isotonic:
+        from sklearn.isotonic import IsotonicRegression
+
+        labels, logits = _pairs(labels, logits)
+        fitted = IsotonicRegression(out_of_bounds="clip", y_min=PROBABILITY_FLOOR, y_max=1 - PROBABILITY_FLOOR)
+        fitted.fit(logits, labels)
+        x, y = thin_knots(np.asarray(fitted.X_thresholds_, np.float64), np.asarray(fitted.y_thresholds_, np.float64))
+        return cls(torch.from_numpy(x), torch.from_numpy(y), len(labels))
+
+    @classmethod
+    def restore(cls, state: dict) -> Isotonic:
+        return cls(state["knots_logit"], state["knots_probability"], state.get("rows", 0))
+
+    def parameters_state(self) -> dict:
+        return {"knots_logit": self._knots[0], "knots_probability": self._knots[1]}
+
+    def detail(self) -> str:
+        return f"{len(self._knots[0]):,} knots"
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        # z: (B, 1) against the knots (K-1,): written with clamps so that ONNX exports it as plain arithmetic.
+        share = ((logits.unsqueeze(-1) - self.starts) / self.widths).clamp(0.0, 1.0)  # (B, K-1)
+        return self.first + share @ self.rises
+
+
+# ``training.calibration``'s methods.
+CALIBRATORS: dict[str, type[Calibrator]] = {kind.method: kind for kind in (Identity, Platt, Isotonic)}
+
+
+def calibrator(method: str) -> type[Calibrator]:
+    """The class of ``training.calibration``'s ``method``."""
+    if method not in CALIBRATORS:
+        raise ValueError(f"unknown calibration method {method!r}: use one of {CALIBRATION_METHODS}")
+    return CALIBRATORS[method]
+
+
+def from_state(state: dict | None) -> Calibrator:
+    """The calibrator a checkpoint stored (``Calibrator.state``), in eval mode; None (checkpoints made before
+    calibration): ``Identity``, the raw output."""
+    state = state or {"method": "none"}
+    return calibrator(state["method"]).restore(state).eval()
+
+
+def _pairs(labels: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    logits = np.asarray(logits, dtype=np.float64).ravel()
+    if labels.min() == labels.max():
+        raise ValueError(f"calibration needs both clicks and non-clicks; the {len(labels):,} rows have one class")
+    return labels, logits

@@ -202,10 +202,10 @@ class Checkpoint:
         return checkpoint_encoder(self.values, self.source)
 
     def calibration(self):
-        """Its calibration (``engine.calibration.Calibration``, in eval mode): ``none`` when it has none."""
-        from criteo_dlrm.engine.calibration import calibration_from_checkpoint
+        """Its calibration (an ``engine.calibration.Calibrator``, in eval mode): ``Identity`` when it has none."""
+        from criteo_dlrm.engine.calibration import from_state
 
-        return calibration_from_checkpoint(self.values)
+        return from_state(self.values.get("calibration"))
 
 
 def training_checkpoint(

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from criteo_dlrm.config.evaluation import EvaluationConfig
 from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.data.parquet import recorded_rows
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.calibration import Identity
 from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
@@ -69,7 +69,7 @@ def score_checkpoint(
     if not checkpoint.calibrated:
         logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
     predictions = {
-        "raw": calibrated(Calibration(None), logits),
+        "raw": calibrated(Identity(), logits),
         "calibrated": calibrated(checkpoint.calibration(), logits),
     }
     scores = binary_metrics(labels, predictions["calibrated"])

@@ -26,8 +26,9 @@ from torch import nn
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.common.schema import NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS
-from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW
+from criteo_dlrm.engine.calibration import Calibrator, Identity
 
 INPUT_NAMES = ["dense", "sparse"]
 OUTPUT_NAMES = ["probability", "logit"]
@@ -47,10 +48,10 @@ class ExportError(UserError, RuntimeError):
 class ScoringModel(nn.Module):
     """A DLRM and its calibration: the function a serving system calls."""
 
-    def __init__(self, model: nn.Module, calibration: Calibration | None = None):
+    def __init__(self, model: nn.Module, calibration: Calibrator | None = None):
         super().__init__()
         self.model = model
-        self.calibration = calibration if calibration is not None else Calibration(None)
+        self.calibration = calibration if calibration is not None else Identity()
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """dense: (B, 13) float32; sparse: (B, 26) int64 -> ((B,) calibrated probabilities, (B,) logits)."""

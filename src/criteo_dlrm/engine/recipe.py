@@ -27,9 +27,9 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
-from criteo_dlrm.engine.calibration import Calibration, describe, fit_calibration
+from criteo_dlrm.engine.calibration import Identity, calibrator
 from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.distributed import launch
@@ -287,13 +287,13 @@ def calibrate(
     loader = BatchLoader(validation, config.batch_size.validation)
     scores = predict(model, loader, device, precision, output="logit")
     labels = validation.checked_labels()
-    state = fit_calibration(labels, scores, config.calibration)
+    fitted = calibrator(config.calibration).fit(labels, scores)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them
-    probabilities = calibrated(Calibration(None), scores)  # the model's own output, as evaluation's "raw"
+    probabilities = calibrated(Identity(), scores)  # the model's own output, as evaluation's "raw"
     raw = log_loss(labels, probabilities)
-    after = log_loss(labels, calibrated(Calibration(state), scores))
-    state["validation_log_loss"] = {"raw": raw, "calibrated": after}
-    logger.info("calibration: {}; validation log loss {:.5f} -> {:.5f}", describe(state), raw, after)
+    after = log_loss(labels, calibrated(fitted.eval(), scores))
+    state = {**fitted.state(), "validation_log_loss": {"raw": raw, "calibrated": after}}
+    logger.info("calibration: {}; validation log loss {:.5f} -> {:.5f}", fitted.describe(), raw, after)
     raw_calibration = float(np.mean(probabilities, dtype=np.float64) / max(np.mean(labels, dtype=np.float64), 1e-12))
     if warning := calibration_warning(state, raw_calibration):
         state["warning"] = warning

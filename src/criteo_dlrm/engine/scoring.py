@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -21,14 +20,12 @@ from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import FEATURE_COLUMNS, LABEL_COLUMN, LINE_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.common.storage import create_exclusive, disk_full_error, is_disk_full
-from criteo_dlrm.data.encoding import MISSING_ROW, OUT_OF_VOCABULARY_ROW, FeatureEncoder
-from criteo_dlrm.data.metadata import vocabulary_digest
+from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW, vocabulary_digest
 from criteo_dlrm.data.parquet import Day, count_rows, iter_batches, open_day
-from criteo_dlrm.engine.calibration import Calibration
+from criteo_dlrm.engine.calibration import Calibrator
 from criteo_dlrm.engine.device import autocast
-
-if TYPE_CHECKING:
-    from criteo_dlrm.data.batches import BatchLoader
 
 PREDICTION_COLUMN = "click_probability"
 LOGIT_COLUMN = "logit"
@@ -97,7 +94,7 @@ def probabilities(
 
 
 @torch.no_grad()
-def calibrated(calibration: Calibration, scores: np.ndarray) -> np.ndarray:
+def calibrated(calibration: Calibrator, scores: np.ndarray) -> np.ndarray:
     """logits (N,) float32 -> calibrated click probabilities (N,) float32, a slice at a time (an isotonic
     calibration holds a (rows, knots) matrix while it runs)."""
     calibration = calibration.cpu().eval()
@@ -178,7 +175,7 @@ PREDICTIONS_SCHEMA = pa.schema(
 
 def write_predictions(
     model: torch.nn.Module,
-    calibration: Calibration,
+    calibration: Calibrator,
     encoder: FeatureEncoder,
     days: Sequence[tuple[str, str | Path]],
     destination: str | Path,

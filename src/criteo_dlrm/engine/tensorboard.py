@@ -66,3 +66,14 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def flat_hparams(values: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists become strings (TensorBoard's hparams take scalars only)."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_hparams(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value) if isinstance(value, list | tuple) or value is None else value
+    return flat

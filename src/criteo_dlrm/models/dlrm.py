@@ -22,10 +22,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_DENSE
 from criteo_dlrm.models.multi_hot import MultiHot
 
-__all__ = ["DCN", "DLRM", "ConfigError", "DLRMConfig", "DenseMLP"]
-
-INTERACTIONS = ("dot", "dot_cat", "cat", "dcn")
-DOT_INTERACTIONS = ("dot", "dot_cat")
+__all__ = ["DCN", "DLRM", "INTERACTIONS", "ConfigError", "DLRMConfig", "DenseMLP"]
 
 
 @dataclass
@@ -91,15 +88,10 @@ class DLRMConfig:
                 "features: give one number for all, or one per feature"
             )
         if self.interaction not in INTERACTIONS:
-            problems.append(f"interaction must be one of {INTERACTIONS}, got {self.interaction!r}")
+            problems.append(f"interaction must be one of {tuple(INTERACTIONS)}, got {self.interaction!r}")
+        else:
+            problems += INTERACTIONS[self.interaction].problems(self)
         output = self.dense_mlp.output_size
-        if self.interaction in DOT_INTERACTIONS and any(size != output for size in self.sparse_embedding_sizes):
-            problems.append(
-                f"interaction '{self.interaction}' needs every embedding size equal to dense_mlp.output_size "
-                f"({output}), got "
-                f"sparse_embedding_sizes {sorted(set(self.sparse_embedding_sizes))}: make them equal, or use "
-                "interaction 'cat'"
-            )
         sizes = [
             *self.dense_mlp.hidden_layer_sizes,
             output,
@@ -110,10 +102,6 @@ class DLRMConfig:
             problems.append(f"layer and embedding sizes must be positive, got {sizes}")
         if any(int(size) < 1 for size in self.table_sizes):
             problems.append("every table needs at least one row (check feature_metadata)")
-        if self.interaction == "dcn" and (self.dcn.num_layers < 1 or self.dcn.low_rank < 1):
-            problems.append(
-                f"dcn.num_layers and dcn.low_rank must be >= 1, got {self.dcn.num_layers}, {self.dcn.low_rank}"
-            )
         if self.multi_hot_sizes is not None and (
             len(self.multi_hot_sizes) != len(self.table_sizes) or any(int(k) < 1 for k in self.multi_hot_sizes)
         ):
@@ -121,8 +109,6 @@ class DLRMConfig:
                 f"multi_hot_sizes must be {len(self.table_sizes)} lookup counts of at least 1 (one per feature), got "
                 f"{self.multi_hot_sizes}"
             )
-        if self.interaction == "dcn" and self.dcn.init not in DCN_INITS:
-            problems.append(f"dcn.init must be one of {DCN_INITS}, got {self.dcn.init!r}")
         if not 0.0 <= self.prediction_dropout < 1.0:
             problems.append(f"prediction_dropout must be in [0, 1), got {self.prediction_dropout}")
         if self.initial_ctr is not None and not 0.0 < self.initial_ctr < 1.0:
@@ -159,12 +145,8 @@ class DLRMConfig:
 
     @property
     def interaction_size(self) -> int:
-        pairs = self.num_features * (self.num_features - 1) // 2
-        if self.interaction == "dot":
-            return self.dense_mlp.output_size + pairs
-        if self.interaction == "dot_cat":
-            return self.dense_mlp.output_size + pairs + sum(self.sparse_embedding_sizes)
-        return self.dense_mlp.output_size + sum(self.sparse_embedding_sizes)
+        """Width of the interaction's output: the prediction MLP's input."""
+        return INTERACTIONS[self.interaction].output_size(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -207,6 +189,101 @@ class LowRankCrossNet(nn.Module):
         for down, up in zip(self.down, self.up, strict=True):
             x = x0 * up(down(x)) + x
         return x
+
+
+class Interaction(nn.Module):
+    """How the dense output meets the embeddings: ``forward(x, embedded)``, x: (B, D) the dense MLP's output,
+    embedded: per embedding group (B, T_g, D_g) -> (B, output_size). One class per ``interaction`` setting
+    (``INTERACTIONS``); a new interaction is one more class."""
+
+    @staticmethod
+    def problems(config: DLRMConfig) -> list[str]:
+        """What in ``config`` this interaction cannot work with (empty: nothing)."""
+        return []
+
+    @staticmethod
+    def output_size(config: DLRMConfig) -> int:
+        return config.dense_mlp.output_size + sum(config.sparse_embedding_sizes)
+
+
+class Cat(Interaction):
+    """The dense output and every embedding side by side; the prediction MLP finds the crosses."""
+
+    def __init__(self, config: DLRMConfig):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat([e.flatten(1) for e in embedded], dim=1)  # (B, sum T_g * D_g), grouped order
+        return torch.cat([x, flat], dim=1)  # (B, D + sum T_g * D_g)
+
+
+class DCNv2(Cat):
+    """``Cat``'s vector through DCN-v2's low-rank cross network (``training.dcn``)."""
+
+    def __init__(self, config: DLRMConfig):
+        super().__init__(config)
+        dcn = config.dcn
+        self.cross = LowRankCrossNet(self.output_size(config), dcn.num_layers, dcn.low_rank, dcn.init)
+
+    @staticmethod
+    def problems(config: DLRMConfig) -> list[str]:
+        dcn, found = config.dcn, []
+        if dcn.num_layers < 1 or dcn.low_rank < 1:
+            found.append(f"dcn.num_layers and dcn.low_rank must be >= 1, got {dcn.num_layers}, {dcn.low_rank}")
+        if dcn.init not in DCN_INITS:
+            found.append(f"dcn.init must be one of {DCN_INITS}, got {dcn.init!r}")
+        return found
+
+    def forward(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        return self.cross(super().forward(x, embedded))
+
+
+class Dot(Interaction):
+    """The paper's: the dense output and the 351 dot products of every pair of the 27 vectors."""
+
+    def __init__(self, config: DLRMConfig):
+        super().__init__()
+        # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
+        # index_select is cheaper forward and backward than indexing rows and columns separately.
+        rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
+        self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
+
+    @staticmethod
+    def problems(config: DLRMConfig) -> list[str]:
+        output = config.dense_mlp.output_size
+        if all(size == output for size in config.sparse_embedding_sizes):
+            return []
+        return [
+            f"interaction '{config.interaction}' needs every embedding size equal to dense_mlp.output_size "
+            f"({output}), got sparse_embedding_sizes {sorted(set(config.sparse_embedding_sizes))}: make them "
+            "equal, or use interaction 'cat'"
+        ]
+
+    @staticmethod
+    def output_size(config: DLRMConfig) -> int:
+        return config.dense_mlp.output_size + config.num_features * (config.num_features - 1) // 2
+
+    def forward(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
+        pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal
+        return torch.cat([x, pairs], dim=1)  # (B, D + 351)
+
+
+class DotCat(Dot):
+    """``Dot``'s products and the embeddings themselves: each value a first-order effect of its own."""
+
+    @staticmethod
+    def output_size(config: DLRMConfig) -> int:
+        return Dot.output_size(config) + sum(config.sparse_embedding_sizes)
+
+    def forward(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
+        own = [e.flatten(1) for e in embedded]  # per group (B, T_g * D)
+        return torch.cat([super().forward(x, embedded), *own], dim=1)  # (B, D + 351 + 26 * D)
+
+
+# ``training.interaction``'s values.
+INTERACTIONS: dict[str, type[Interaction]] = {"dot": Dot, "dot_cat": DotCat, "cat": Cat, "dcn": DCNv2}
 
 
 class FusedEmbedding(nn.Module):
@@ -295,14 +372,10 @@ class DLRM(nn.Module):
         )
         self.embeddings = GroupedTables(config, sparse_gradients) if embeddings is None else embeddings
         self.multi_hot = config.multi_hot()  # no state: a fixed function of the indices (or None: single-hot)
-        # Upper triangle without the diagonal, as positions in the flattened (27 x 27) product: one
-        # index_select is cheaper forward and backward than indexing rows and columns separately.
-        rows, cols = torch.triu_indices(config.num_features, config.num_features, offset=1)
-        self.register_buffer("pairs", rows * config.num_features + cols, persistent=False)
-        if config.interaction == "dcn":
-            self.cross = LowRankCrossNet(
-                config.interaction_size, config.dcn.num_layers, config.dcn.low_rank, config.dcn.init
-            )
+        self.interaction = INTERACTIONS[config.interaction](config)
+        # The cross network's weights keep the names they were stored under before interactions were modules.
+        self.register_state_dict_post_hook(_store_former_names)
+        self.register_load_state_dict_pre_hook(_load_former_names)
         self.prediction_mlp = mlp(
             [config.interaction_size, *config.prediction_hidden_sizes, 1],
             final_activation=False,
@@ -322,16 +395,7 @@ class DLRM(nn.Module):
 
     def interact(self, x: torch.Tensor, embedded: list[torch.Tensor]) -> torch.Tensor:
         """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""
-        if self.config.interaction in ("cat", "dcn"):
-            flat = torch.cat([e.flatten(1) for e in embedded], dim=1)  # (B, sum T_g * D_g), grouped order
-            combined = torch.cat([x, flat], dim=1)  # (B, D + sum T_g * D_g)
-            return self.cross(combined) if self.config.interaction == "dcn" else combined
-        vectors = torch.cat([x.unsqueeze(1), *embedded], dim=1)  # (B, 27, D)
-        dots = torch.bmm(vectors, vectors.transpose(1, 2))  # (B, 27, 27)
-        pairs = dots.flatten(1).index_select(1, self.pairs)  # (B, 351) upper triangle, no diagonal
-        if self.config.interaction == "dot_cat":  # and the embeddings themselves: first-order terms
-            return torch.cat([x, pairs, *(e.flatten(1) for e in embedded)], dim=1)  # (B, D + 351 + 26 * D)
-        return torch.cat([x, pairs], dim=1)  # (B, D + 351)
+        return self.interaction(x, embedded)
 
     def forward(
         self, dense: torch.Tensor, sparse: torch.Tensor, embedding_squares: bool = False
@@ -350,3 +414,17 @@ class DLRM(nn.Module):
 
     def dense_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("embeddings.")]
+
+
+_STORED_PREFIX, _MODULE_PREFIX = "cross.", "interaction.cross."
+
+
+def _store_former_names(module: nn.Module, state: dict, prefix: str, local_metadata: dict) -> None:
+    """``interaction.cross.*`` stored as ``cross.*``: checkpoints (torch, sharded) keep one set of names."""
+    for key in [k for k in state if k.startswith(prefix + _MODULE_PREFIX)]:
+        state[prefix + _STORED_PREFIX + key[len(prefix + _MODULE_PREFIX) :]] = state.pop(key)
+
+
+def _load_former_names(module: nn.Module, state: dict, prefix: str, *args) -> None:
+    for key in [k for k in state if k.startswith(prefix + _STORED_PREFIX)]:
+        state[prefix + _MODULE_PREFIX + key[len(prefix + _STORED_PREFIX) :]] = state.pop(key)

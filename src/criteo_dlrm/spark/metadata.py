@@ -21,6 +21,7 @@ from loguru import logger
 from criteo_dlrm.common.errors import DataError, UserError
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.metadata import (
     DenseStatistics,
     SparseCounts,
@@ -150,7 +151,9 @@ def verify_days(session, train_paths: Sequence[str | Path]) -> None:
         raise DamagedDayError(problem)
 
 
-def count_on_spark(train_paths: Sequence[str | Path], config: MetadataConfig) -> tuple[dict, dict[str, np.ndarray]]:
+def count_on_spark(
+    train_paths: Sequence[str | Path], config: MetadataConfig
+) -> tuple[FeatureMetadata, dict[str, np.ndarray]]:
     """``compute_feature_metadata`` on Spark: the same ``(metadata, vocabularies)`` (``metadata.workers`` and
     ``features_per_pass`` are the local engine's; Spark's executors and its spilling aggregation take their place).
     """

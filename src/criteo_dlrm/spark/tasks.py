@@ -21,7 +21,6 @@ from typing import Any
 from loguru import logger
 
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.common.parallel import Runner, run_parallel
 from criteo_dlrm.spark.session import master, spark_session
 
 
@@ -35,11 +34,6 @@ def _last_python_error(error: Exception) -> str:
     found = re.findall(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b: .*)$", text, flags=re.MULTILINE)
     python = [line for line in found if not line.startswith(("org.", "java.", "py4j.", "pyspark."))]
     return (python or found or [text.strip().splitlines()[0] if text.strip() else type(error).__name__])[-1]
-
-
-def runner(engine: str) -> Runner:
-    """Where preprocessing tasks run for ``preprocessing.engine``: Spark, or this machine's worker processes."""
-    return run_on_spark if engine == "spark" else run_parallel
 
 
 def run_on_spark(

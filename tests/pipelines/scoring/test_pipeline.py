@@ -14,7 +14,7 @@ from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.engine.calibration import calibration_from_checkpoint
+from criteo_dlrm.engine.calibration import from_state
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.scoring import calibrated, score_days
@@ -86,7 +86,7 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
         torch.device("cpu"),
     )
     assert np.array_equal(predictions["logit"].to_numpy(), logits), "the same rows in the same batches: bit for bit"
-    expected = calibrated(calibration_from_checkpoint(checkpoint), logits)
+    expected = calibrated(from_state(checkpoint["calibration"]), logits)
     assert np.array_equal(predictions["click_probability"].to_numpy(), expected)
     assert predictions["row"].tolist() == list(range(1, 20_001)), "line numbers of the raw file"
 

@@ -12,7 +12,7 @@ from kedro.runner import SequentialRunner
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.metadata import FeatureMetadata
+from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
 from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.hooks import MissingInputError
@@ -207,7 +207,9 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     other["source_days"]["validation"][0].update(day="day_7", fingerprint="f" * 16)
     validation = dataclasses.replace(
         tiny_features["validation"],
-        lineage=encoded_lineage(FeatureMetadata(other), vocabularies.version, other["source_days"]["validation"]),
+        lineage=encoded_lineage(
+            FeatureMetadata.from_dict(other), vocabularies.version, other["source_days"]["validation"]
+        ),
     )
     _, summary = train_dlrm(tiny_features["train"], validation, other, vocabularies, params, "r2")
     assert summary["history"][0]["step"] == 5 and summary["tensorboard_run"].endswith("r2"), "started afresh"

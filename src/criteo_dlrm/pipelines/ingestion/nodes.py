@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from criteo_dlrm.config import IngestionConfig, PreprocessingConfig
+from criteo_dlrm.config import IngestionConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, parquet_folder, scan_raw_folder
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
-from criteo_dlrm.spark.tasks import runner
+from criteo_dlrm.spark.engines import preprocessing_engine
 
 
 def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
@@ -26,7 +26,7 @@ def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
         that were not used, with the reason.
     """
     config = IngestionConfig.from_dict(ingestion, "ingestion.")
-    engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
+    engine = preprocessing_engine(preprocessing)
     raw = scan_raw_folder(config.raw_dir)
     output_dir = parquet_folder(config.output_dir, raw.folder)
     reports = convert_days(
@@ -36,7 +36,7 @@ def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
         rows_per_day=config.rows_per_day,
         max_reject_fraction=config.max_reject_fraction,
         block_size=config.block_size,
-        run=runner(engine),
+        run=engine.run,
     )
     days = []
     for report in reports:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from loguru import logger
 
-from criteo_dlrm.config import MetadataConfig, PreprocessingConfig
-from criteo_dlrm.data.metadata import (
-    FeatureMetadata,
-    FeatureVocabularies,
-    MismatchedVersionsError,
-    check_vocabularies,
-    compute_feature_metadata,
-)
+from criteo_dlrm.config import MetadataConfig
+from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
+from criteo_dlrm.data.metadata import MismatchedVersionsError, check_vocabularies
 from criteo_dlrm.data.splits import split_days
 from criteo_dlrm.datasets import Previous
+from criteo_dlrm.spark.engines import preprocessing_engine
 
 
 def compute_metadata(
@@ -29,31 +27,25 @@ def compute_metadata(
     version that counted them (``counted_in``), so rows encoded from them and a run trained on them are reused
     and resumed as theirs."""
     config = MetadataConfig.from_dict(metadata, "metadata.")
-    engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
+    engine = preprocessing_engine(preprocessing)
     train, validation, test = split_days(ingestion_report["days"], config)
     # test: what evaluation reports on, never used to choose or calibrate the model (empty: the validation rows).
     source_days = {"train": train, "validation": validation, "test": test}
     reused = _reusable(previous_feature_metadata, previous_feature_vocabularies, source_days, config)
     if reused is not None:
         return reused
-    if engine == "spark":
-        from criteo_dlrm.spark.metadata import count_on_spark as compute
-    else:
-        compute = compute_feature_metadata
-    feature_metadata, vocabularies = compute([day["parquet"] for day in train], config)
-    feature_metadata["source_days"] = source_days
-    feature_metadata["parameters"] = config.to_dict()
-    typed = FeatureMetadata(feature_metadata)
-    tables = typed.table_sizes
+    counted, vocabularies = engine.count_metadata([day["parquet"] for day in train], config)
+    counted = replace(counted, source_days=source_days, parameters=config.to_dict())
+    tables = counted.table_sizes
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",
-        typed.rows,
-        typed.click_rate,
+        counted.rows,
+        counted.click_rate,
         len(tables),
         sum(tables),
         max(tables),
     )
-    return feature_metadata, FeatureVocabularies(vocabularies)
+    return counted.to_dict(), FeatureVocabularies(vocabularies)
 
 
 def _reusable(
@@ -71,7 +63,7 @@ def _reusable(
         )
         return None
     try:
-        check_vocabularies(FeatureMetadata(stored), vocabularies.value)
+        check_vocabularies(FeatureMetadata.from_dict(stored), vocabularies.value)
     except MismatchedVersionsError:
         logger.info("feature metadata: counting afresh (version {}'s vocabularies are not its own)", metadata.version)
         return None

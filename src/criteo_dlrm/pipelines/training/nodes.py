@@ -5,18 +5,18 @@ from __future__ import annotations
 from loguru import logger
 
 from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.config.preprocessing import PreprocessingConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
+from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
 from criteo_dlrm.data.lineage import LineageError, check_days, encoded_lineage
-from criteo_dlrm.data.metadata import FeatureMetadata, FeatureVocabularies, check_vocabularies
+from criteo_dlrm.data.metadata import check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import Previous
 from criteo_dlrm.engine.device import resolve_device
 from criteo_dlrm.engine.memory import check_table_memory
 from criteo_dlrm.engine.recipe import FinishedRun, run_training
-from criteo_dlrm.spark.tasks import runner
+from criteo_dlrm.spark.engines import preprocessing_engine
 
 
 def encode_features(
@@ -35,8 +35,8 @@ def encode_features(
         ConfigError: the tables would not fit in memory.
     """
     config = TrainingConfig.from_dict(training, "training.")
-    engine = PreprocessingConfig.from_dict(preprocessing, "preprocessing.").engine
-    metadata = FeatureMetadata(feature_metadata)
+    engine = preprocessing_engine(preprocessing)
+    metadata = FeatureMetadata.from_dict(feature_metadata)
     days = metadata.source_days
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
@@ -47,11 +47,11 @@ def encode_features(
             encoder,
             [recorded_rows(day) for day in days[split]],
             encoded_lineage(
-                metadata, metadata.counted_in(feature_vocabularies.version), days[split], config.dense_transform
+                metadata, metadata.counting_version(feature_vocabularies.version), days[split], config.dense_transform
             ),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
-            run=runner(engine),
+            run=engine.run,
         )
         for split in ("train", "validation")
     )
@@ -97,11 +97,11 @@ def train_dlrm(
         ConfigError: every problem of ``params:training`` at once (names, types, ranges).
     """
     config = TrainingConfig.from_dict(training, prefix="training.")
-    metadata = FeatureMetadata(feature_metadata)
+    metadata = FeatureMetadata.from_dict(feature_metadata)
     days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
         expected = encoded_lineage(
-            metadata, metadata.counted_in(feature_vocabularies.version), days[split], config.dense_transform
+            metadata, metadata.counting_version(feature_vocabularies.version), days[split], config.dense_transform
         )
         _check_encoded(features, expected, f"{split}_features")
     previous = None
