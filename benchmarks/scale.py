@@ -102,15 +102,42 @@ def _previous_loader(folder: Path, batches: int):
         yield len(take), (arrays.labels[take], arrays.dense[take], arrays.sparse[take])
 
 
-def _current_loader(folder: Path, batches: int):
+def _current_loader(folder: Path, batches: int, read_ahead: bool = False):
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.stored import open_encoded
 
     loader = BatchLoader(open_encoded(folder), BATCH, shuffle=True)
-    for index, batch in enumerate(loader.batches()):
+    for index, batch in enumerate(loader.batches(read_ahead=read_ahead)):
         if index == batches:
             return
         yield len(batch), batch
+
+
+# The training loop's use of the loader, with a step that takes STEP_SECONDS and leaves the CPU to the loader's
+# threads (as a GPU step does): batches prepared PREFETCH ahead in a thread (``data.batches.Prefetcher``).
+STEP_SECONDS = 0.02  # 16,384 rows in 20 ms: 819,200 rows/s, a GPU's rate on Criteo 1TB-sized batches
+PREFETCH = 2
+
+
+def input_waits(folder: Path, batches: int, read_ahead: bool) -> dict:
+    """Per step, how long the loop waited for its batch (the loader behind a ``Prefetcher``), in a fresh process
+    with the rows' files dropped from the page cache."""
+    from criteo_dlrm.data.batches import BatchLoader, Prefetcher
+    from criteo_dlrm.data.stored import open_encoded
+
+    drop_from_cache(folder)
+    loader = BatchLoader(open_encoded(folder), BATCH, shuffle=True)
+    waits = []
+    with Prefetcher(loader.batches(read_ahead=read_ahead), PREFETCH) as prefetched:
+        for _ in range(batches):
+            tick = time.perf_counter()
+            if next(prefetched, None) is None:
+                break
+            waits.append(time.perf_counter() - tick)
+            time.sleep(STEP_SECONDS)
+    steady = np.array(waits[1:])  # the first batch waits for the first window either way
+    return {"waits_ms": float(steady.sum() * 1000), "steps_waiting": int((steady > 0.001).sum()),
+            "longest_ms": float(steady.max(initial=0.0) * 1000), "steps": len(steady)}  # fmt: skip
 
 
 def measure_loader(folder: Path, which: str, batches: int) -> dict:
@@ -124,7 +151,10 @@ def measure_loader(folder: Path, which: str, batches: int) -> dict:
     memory.start()
     read_before = read_bytes()
     start = time.perf_counter()
-    loader = _previous_loader(folder, batches) if which == "previous" else _current_loader(folder, batches)
+    if which == "previous":
+        loader = _previous_loader(folder, batches)
+    else:
+        loader = _current_loader(folder, batches, read_ahead=which == "current, reading ahead")
     first, rows = None, 0
     for count, _ in loader:
         first = first or time.perf_counter() - start
@@ -291,10 +321,14 @@ def main() -> None:
         "--out", type=Path, default=None, help="folder for the generated data (default: a temporary one)"
     )
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)  # internal: folder, loader, batches
+    parser.add_argument("--waits", nargs=3, help=argparse.SUPPRESS)  # internal: folder, read ahead, batches
     parser.add_argument("--pipeline", nargs=3, help=argparse.SUPPRESS)  # internal: folder, rows, steps
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure_loader(Path(args.measure[0]), args.measure[1], int(args.measure[2]))))
+        return
+    if args.waits:
+        print(json.dumps(input_waits(Path(args.waits[0]), int(args.waits[2]), args.waits[1] == "ahead")))
         return
     if args.pipeline:
         print(json.dumps(pipeline(Path(args.pipeline[0]), int(args.pipeline[1]), int(args.pipeline[2]))))
@@ -306,17 +340,34 @@ def main() -> None:
             print(f"Training loader, shuffled batches of {BATCH:,} rows, first {args.batches} batches, cold cache:\n")
             print("| rows | loader | first batch (s) | rows/s | bytes read per byte delivered | memory added (MB) |")
             print("|---:|---|---:|---:|---:|---:|")
+            waits = {}
             for rows in args.loader_rows:
                 folder = base / f"rows_{rows}"
                 write_rows(folder, rows)
-                for which in ("previous", "current"):
+                for which in ("previous", "current", "current, reading ahead"):
                     got = _fresh("--measure", str(folder), which, str(args.batches))
                     print(
                         f"| {rows:,} | {which} | {got['first_batch_s']:.2f} | {got['rows_per_s']:,.0f} | "
                         f"{got['read_per_delivered']:.2f} | {got['memory_mb']:,.0f} |",
                         flush=True,
                     )
+                waits[rows] = {
+                    ahead: _fresh("--waits", str(folder), ahead, str(args.batches)) for ahead in ("one", "ahead")
+                }
                 shutil.rmtree(folder)
+            print(
+                f"\nThe loop's wait for its batch, steps of {STEP_SECONDS * 1000:.0f} ms (the CPU left to the loader, as "
+                f"on a GPU), {PREFETCH} batches prefetched, cold cache, after the first batch:\n"
+            )
+            print(
+                "| rows | windows read | steps | steps that waited (> 1 ms) | waited in all (ms) | longest wait (ms) |"
+            )
+            print("|---:|---|---:|---:|---:|---:|")
+            for rows, both in waits.items():
+                for ahead, got in both.items():
+                    how = "one at a time" if ahead == "one" else "the next one ahead"
+                    print(f"| {rows:,} | {how} | {got['steps']} | {got['steps_waiting']} | {got['waits_ms']:,.0f} | "
+                          f"{got['longest_ms']:,.0f} |")  # fmt: skip
         if args.pipeline_rows:
             print("\nWhole pipeline (4 generated gzip days; training rows: 3 of them), cold start:\n")
             print(
