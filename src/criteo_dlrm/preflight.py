@@ -29,7 +29,7 @@ from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import check_process_count, resolve_device
 from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_table_memory
-from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
+from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
 from criteo_dlrm.pipelines.ingestion.nodes import convert_raw_days
 from criteo_dlrm.pipelines.metadata.nodes import compute_metadata
@@ -138,9 +138,7 @@ def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, inges
 def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_metadata: bool, catalog) -> None:
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)
-    if config.embedding_backend == "torchrec":
-        require_torchrec()
-        check_fused_optimizer(config, device.type)
+    mode_class(config).check(config, device)
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
             sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)

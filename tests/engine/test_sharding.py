@@ -26,6 +26,7 @@ from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint, model_fro
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.modes import build_mode, mode_class
 from criteo_dlrm.engine.progress import load_best
 from criteo_dlrm.engine.recipe import finish_run, run_training
 from criteo_dlrm.engine.scoring import probabilities
@@ -178,7 +179,9 @@ def test_an_optimiser_without_a_fused_cpu_kernel_is_refused_naming_the_ones_that
 ):
     config = _config(tmp_path, embedding_optimizer="sparse_adam")
     with pytest.raises(ConfigError, match=r"'sparse_adam' has no fused TorchRec kernel on cpu: use one of .*rowwise"):
-        shard_model(config.model_config(_table_sizes(tiny_features)), config, torch.device("cpu"), SPARSE_COLUMNS)
+        mode_class(config).check(config, torch.device("cpu"))  # what preflight and the recipe ask
+    with pytest.raises(ConfigError, match=r"'sparse_adam' has no fused TorchRec kernel on cpu"):
+        build_mode(config.model_config(_table_sizes(tiny_features)), config, torch.device("cpu"))
 
 
 def _run(features, config: TrainingConfig, name: str, metadata: dict | None = None):

@@ -33,7 +33,7 @@ from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.progress import ProgressFiles
 from criteo_dlrm.engine.scoring import predict
-from criteo_dlrm.engine.sharding import ShardedDLRM, log_plan, shard_model
+from criteo_dlrm.engine.sharding import ShardedDLRM, check_fused_optimizer, log_plan, require_torchrec, shard_model
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 
 
@@ -66,6 +66,15 @@ class SingleProcess:
         self.rank, self.world_size = self._place()
         self.optimizers = build_optimizers(model, config)
         self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
+
+    @staticmethod
+    def check(config: TrainingConfig, device: torch.device) -> None:
+        """What this mode needs of the settings and the machine, refused with the fix before any work (by the
+        preflight checks, the recipe before it starts a process, and ``build``): here, nothing.
+
+        Raises:
+            ConfigError: a setting this mode cannot run with on ``device``.
+        """
 
     @classmethod
     def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
@@ -277,9 +286,16 @@ class Sharded(_ProcessGroup):
         super().__init__(sharded.module, config, device)
         self.train_model = sharded.model
 
+    @staticmethod
+    def check(config: TrainingConfig, device: torch.device) -> None:
+        """TorchRec installed, and FBGEMM's fused kernel for ``training.embedding_optimizer`` on ``device``."""
+        require_torchrec()
+        check_fused_optimizer(config, device.type)
+
     @classmethod
     def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> Sharded:
         """The model with TorchRec tables, sharded over the process group (``engine.sharding.shard_model``)."""
+        cls.check(config, device)
         sharded = shard_model(model_config, config, device, SPARSE_COLUMNS)
         if config.compile:
             compile_model(sharded.module, config.compile_mode)

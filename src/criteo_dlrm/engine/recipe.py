@@ -36,10 +36,10 @@ from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.metrics import log_loss
+from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.engine.process import train_process
 from criteo_dlrm.engine.progress import best_path_for, load_best, remove_checkpoint
 from criteo_dlrm.engine.scoring import calibrated, predict
-from criteo_dlrm.engine.sharding import check_fused_optimizer, require_torchrec
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
@@ -102,9 +102,7 @@ def run_training(
     model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
     check_replicated_memory(config, model_config)
     device = resolve_device(config.device, "training.device")
-    if config.embedding_backend == "torchrec":
-        require_torchrec()
-        check_fused_optimizer(config, device.type)
+    mode_class(config).check(config, device)  # before any process starts
     everything = config.to_dict()
     settings = {k: v for k, v in everything.items() if k not in NOT_IN_FINGERPRINT}
     job = TrainingJob(

@@ -183,7 +183,6 @@ def shard_model(
     from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    check_fused_optimizer(config, device.type)
     # TorchRec's tables are ShardedTensors, which torch says it deprecates whenever one's state is read (each
     # in-progress checkpoint): TorchRec's choice, nothing a user of this project can act on.
     warnings.filterwarnings("ignore", message="Please use DTensor instead and we are deprecating ShardedTensor")
