@@ -23,6 +23,7 @@ SMALLEST = {
     "distributed": ["--processes", "1", "--steps", "3", "--rows", "10000"],
     "sharding": ["--processes", "1", "--steps", "3", "--rows", "10000", "--skip-budget"],
     "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],
+    "step_profile": ["--steps", "2"],
     "training": ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"],
     "threads": ["--steps", "5", "--repeats", "1"],
     "recipes": ["--rows", "10000", "--batch", "256", "--steps", "2", "--max-table-rows", "2000"],
