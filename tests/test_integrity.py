@@ -13,7 +13,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from kedro.io.core import Version
 
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.common.locks import LockedError, exclusive
-from criteo_dlrm.common.storage import DiskFullError, atomic_file, create_exclusive
+from criteo_dlrm.common.storage import DiskFullError
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import encoded_lineage
@@ -197,35 +196,6 @@ def test_planted_job_and_outcome_files_never_run_code(tmp_path):
     assert not marker.exists(), "the planted payload ran"
 
 
-def _lock_holder(target: Path, what: str) -> subprocess.Popen:
-    """Another process holding the lock on ``target``, once this returns."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import sys, time; from criteo_dlrm.common.locks import exclusive\n"
-            f"with exclusive({str(target)!r}, {what!r}):\n    print('held', flush=True); time.sleep(60)"
-        )],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert holder.stdout.readline().strip() == "held"
-    return holder
-
-
-def test_a_second_writer_is_refused_naming_the_process_that_holds_the_lock(tmp_path):
-    target = tmp_path / "train_features"
-    holder = _lock_holder(target, "rows")
-    try:
-        with (
-            pytest.raises(LockedError, match=rf"being written by process {holder.pid} on .*-c"),
-            exclusive(target, "rows"),
-        ):
-            pass
-    finally:
-        holder.kill()
-        holder.wait()
-    with exclusive(target, "rows"):  # the OS released the lock of the killed holder
-        pass
-
-
 def test_concurrent_saves_of_one_dataset_folder_never_mix(day, tmp_path):
     dataset, days = _encoded(day, tmp_path)
     other, _ = _encoded(day, tmp_path)
@@ -233,18 +203,6 @@ def test_concurrent_saves_of_one_dataset_folder_never_mix(day, tmp_path):
         _fails_with(LockedError, lambda: other.save(days), f"being written by process {os.getpid()}")
     dataset.save(days)
     assert len(dataset.load()) == 3000
-
-
-def test_staging_files_never_follow_a_planted_link(tmp_path):
-    victim = tmp_path / "victim.txt"
-    victim.write_text("precious")
-    link = tmp_path / "planted.partial"
-    link.symlink_to(victim)
-    with pytest.raises(OSError):
-        create_exclusive(link)
-    with atomic_file(tmp_path / "out.bin") as handle:
-        handle.write(b"new")
-    assert victim.read_text() == "precious" and (tmp_path / "out.bin").read_bytes() == b"new"
 
 
 def test_a_full_disk_while_a_version_is_written_leaves_the_last_complete_version_as_the_latest(tmp_path, monkeypatch):
@@ -310,45 +268,6 @@ def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refu
     assert "'day 5.gz': looks like a day file but its name is not one" in message
 
 
-def test_a_run_that_finds_the_lock_of_a_killed_run_says_how_that_run_ended(tmp_path, logged):
-    """Issue 50 item 3: the next run said nothing of the run a kill -9 (or the OOM killer) ended."""
-    target = tmp_path / "train_features"
-    holder = _lock_holder(target, "the encoded rows")
-    holder.kill()
-    holder.wait()
-    with exclusive(target, "the encoded rows"):
-        pass
-    said = "".join(logged)
-    assert f"the encoded rows ({target}): the run that wrote it last, process {holder.pid} on" in said
-    assert "ended without finishing: its process was killed" in said
-    logged.clear()
-    with exclusive(target, "the encoded rows"):
-        pass
-    assert not logged, "a run that finished leaves nothing to say"
-
-
-def test_no_lock_file_is_left_behind_and_stale_ones_go_unless_held(tmp_path):
-    """A run left a zero-byte lock file per in-progress checkpoint; those an earlier version left are removed at
-    the next run, except one a running process holds."""
-    from filelock import FileLock
-
-    from criteo_dlrm.common.locks import remove_stale_locks
-
-    with exclusive(tmp_path / "dlrm_a.pt", "the in-progress checkpoint"):
-        assert (tmp_path / ".dlrm_a.pt.lock").exists()
-    assert not list(tmp_path.glob(".*.lock*")), "nothing left once released"
-    (tmp_path / ".dlrm_old.pt.lock").write_bytes(b"")  # left by an earlier version
-    held = FileLock(tmp_path / ".dlrm_running.pt.lock", timeout=0)
-    held.acquire()
-    try:
-        remove_stale_locks(tmp_path)
-        assert sorted(path.name for path in tmp_path.glob(".*.lock")) == [".dlrm_running.pt.lock"]
-    finally:
-        held.release()
-    with exclusive(tmp_path / "dlrm_running.pt", "the in-progress checkpoint"):
-        pass  # taken again after its holder let go
-
-
 def test_a_line_longer_than_a_block_names_the_line_and_the_setting(tmp_path):
     source = tmp_path / "day_0"
     write_day(source, 100, day=0, model=ClickModel(seed=2))
@@ -370,21 +289,6 @@ def test_metadata_and_vocabularies_of_two_runs_are_refused_before_training(tmp_p
     latest = FeatureVocabulariesDataset(str(tmp_path / "v.npz"), version=Version(None, None))
     with pytest.raises(MismatchedVersionsError, match="feature_vocabularies:2026-01-01T00.00.00.000Z"):
         check_same_run(pinned, latest)
-
-
-def test_a_version_a_killed_run_began_is_never_the_latest(tmp_path):
-    path = tmp_path / "feature_metadata.json"
-    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
-    begun = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
-    marker = path / "2026-01-02T00.00.00.000Z" / ".incomplete"  # as another (killed) process wrote it
-    marker.parent.mkdir(parents=True)
-    marker.write_text(json.dumps({"pid": 2**22 + 17, "host": "gone", "token": "0" * 32}))
-    begun.save({"version": 2})  # its node's other outputs never came
-    reader = JSONDataset(str(path), version=Version(None, None))
-    assert reader.load() == {"version": 1}
-    assert list(reader.incomplete_versions()) == [str(path / "2026-01-02T00.00.00.000Z")]
-    begun.mark_complete("2026-01-02T00.00.00.000Z")
-    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 2}
 
 
 def test_json_reports_are_refused_when_damaged(tmp_path):
@@ -677,63 +581,6 @@ def test_stored_rows_with_indices_beyond_their_claimed_tables_are_refused_naming
     finally:
         logger.remove(handler)
     assert any("SPARSE_5" in line and "Encoding them again" in line for line in said), said
-
-
-def test_a_marker_with_this_process_pid_and_host_is_still_another_run_s(tmp_path):
-    import socket
-
-    from criteo_dlrm.preflight import _in_progress
-
-    path = tmp_path / "dlrm_checkpoint.json"
-    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
-    half = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
-    half.save({"version": 2})
-    marker = {"pid": os.getpid(), "host": socket.gethostname(), "run": "2026-01-02T00.00.00.000Z"}
-    (path / "2026-01-02T00.00.00.000Z" / ".incomplete").write_text(json.dumps(marker))  # pid 1 in two containers
-    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 1}
-    assert not _in_progress(marker), "a dead run's marker, reported as such"
-    half.mark_incomplete("2026-01-02T00.00.00.000Z", marker)  # this process's own marker: its own version
-    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 2}
-
-
-@pytest.mark.parametrize("planted", ["owner link", "lock link", "lock folder"])
-def test_a_link_or_folder_planted_at_a_lock_path_is_refused_and_nothing_is_written_through_it(tmp_path, planted):
-    from criteo_dlrm.common.locks import LockError
-
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    target = tmp_path / "data" / "train_features"
-    target.parent.mkdir()
-    lock = target.with_name(".train_features.lock")
-    {
-        "owner link": lambda: Path(f"{lock}.owner").symlink_to(victim),
-        "lock link": lambda: lock.symlink_to(victim),
-        "lock folder": lambda: lock.mkdir(),
-    }[planted]()
-    with pytest.raises(LockError, match=r"is a (symbolic link|folder), where this project keeps the lock .*\(rm -r"):
-        with exclusive(target, "the encoded rows"):
-            pass
-    assert victim.read_text() == "precious"
-
-
-def test_the_owner_record_is_written_beside_the_lock_never_through_a_link_planted_meanwhile(tmp_path, monkeypatch):
-    from criteo_dlrm.common import locks
-
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    target = tmp_path / "train_features"
-    owner = tmp_path / ".train_features.lock.owner"
-    original = locks.FileLock.acquire
-
-    def acquire_then_plant(self, *args, **kwargs):  # a link planted between the check and the write
-        result = original(self, *args, **kwargs)
-        owner.symlink_to(victim)
-        return result
-
-    monkeypatch.setattr(locks.FileLock, "acquire", acquire_then_plant)
-    with exclusive(target, "the encoded rows"):
-        assert json.loads(owner.read_text())["pid"] == os.getpid() and not owner.is_symlink()
-    assert victim.read_text() == "precious"
 
 
 @pytest.mark.parametrize("kind", ["file", "folder", "parquet day"])
@@ -1039,28 +886,3 @@ def test_predictions_that_cannot_fit_are_refused_before_the_export_runs(tmp_path
     assert f"No space left on {predictions} while writing the predictions of 524 rows or more" in message
     assert "(1.0 kB free; it needs 2.1 kB)" in message
     check_before_run(configs, _pipeline("scoring"), DataCatalog())  # the staging folder has room
-
-
-def test_a_run_reads_its_own_outputs_and_the_inputs_that_were_newest_when_it_began(tmp_path):
-    """Issue 46 item 1: a second run started while the first trained saved a newer checkpoint, which the first
-    then evaluated and reported as its own."""
-    from kedro.io import DataCatalog
-    from kedro.pipeline import Node, Pipeline
-
-    from criteo_dlrm.preflight import pin_versions
-
-    def versioned(name: str, save: str | None) -> JSONDataset:
-        return JSONDataset(str(tmp_path / name), version=Version(None, save))
-
-    versioned("inputs.json", "2026-01-01T00.00.00.000Z").save({"made_by": "an earlier run"})
-    run = "2026-01-02T00.00.00.000Z"
-    catalog = DataCatalog({"inputs": versioned("inputs.json", run), "outputs": versioned("outputs.json", run)})
-    pipeline = Pipeline([Node(lambda inputs: inputs, "inputs", "outputs", name="make"),
-                         Node(lambda outputs: None, "outputs", None, name="read")])  # fmt: skip
-    pin_versions(catalog, pipeline, run, {})
-    # Another run, begun later, completes both while this one runs.
-    versioned("inputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
-    versioned("outputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
-    assert catalog.load("inputs") == {"made_by": "an earlier run"}
-    catalog.save("outputs", {"made_by": "this run"})
-    assert catalog.load("outputs") == {"made_by": "this run"}

@@ -1,0 +1,69 @@
+"""Versioned outputs (``datasets.versioned_file``): a version a run began and did not finish is never the latest,
+and a run reads the versions that were newest when it began. Part of the fault injection of
+``tests/test_integrity.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from kedro.io.core import Version
+
+from criteo_dlrm.datasets import JSONDataset
+
+
+def test_a_version_a_killed_run_began_is_never_the_latest(tmp_path):
+    path = tmp_path / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
+    begun = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
+    marker = path / "2026-01-02T00.00.00.000Z" / ".incomplete"  # as another (killed) process wrote it
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"pid": 2**22 + 17, "host": "gone", "token": "0" * 32}))
+    begun.save({"version": 2})  # its node's other outputs never came
+    reader = JSONDataset(str(path), version=Version(None, None))
+    assert reader.load() == {"version": 1}
+    assert list(reader.incomplete_versions()) == [str(path / "2026-01-02T00.00.00.000Z")]
+    begun.mark_complete("2026-01-02T00.00.00.000Z")
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 2}
+
+
+def test_a_marker_with_this_process_pid_and_host_is_still_another_run_s(tmp_path):
+    import socket
+
+    from criteo_dlrm.preflight import _in_progress
+
+    path = tmp_path / "dlrm_checkpoint.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
+    half = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
+    half.save({"version": 2})
+    marker = {"pid": os.getpid(), "host": socket.gethostname(), "run": "2026-01-02T00.00.00.000Z"}
+    (path / "2026-01-02T00.00.00.000Z" / ".incomplete").write_text(json.dumps(marker))  # pid 1 in two containers
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 1}
+    assert not _in_progress(marker), "a dead run's marker, reported as such"
+    half.mark_incomplete("2026-01-02T00.00.00.000Z", marker)  # this process's own marker: its own version
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 2}
+
+
+def test_a_run_reads_its_own_outputs_and_the_inputs_that_were_newest_when_it_began(tmp_path):
+    """Issue 46 item 1: a second run started while the first trained saved a newer checkpoint, which the first
+    then evaluated and reported as its own."""
+    from kedro.io import DataCatalog
+    from kedro.pipeline import Node, Pipeline
+
+    from criteo_dlrm.preflight import pin_versions
+
+    def versioned(name: str, save: str | None) -> JSONDataset:
+        return JSONDataset(str(tmp_path / name), version=Version(None, save))
+
+    versioned("inputs.json", "2026-01-01T00.00.00.000Z").save({"made_by": "an earlier run"})
+    run = "2026-01-02T00.00.00.000Z"
+    catalog = DataCatalog({"inputs": versioned("inputs.json", run), "outputs": versioned("outputs.json", run)})
+    pipeline = Pipeline([Node(lambda inputs: inputs, "inputs", "outputs", name="make"),
+                         Node(lambda outputs: None, "outputs", None, name="read")])  # fmt: skip
+    pin_versions(catalog, pipeline, run, {})
+    # Another run, begun later, completes both while this one runs.
+    versioned("inputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
+    versioned("outputs.json", "2026-01-03T00.00.00.000Z").save({"made_by": "the other run"})
+    assert catalog.load("inputs") == {"made_by": "an earlier run"}
+    catalog.save("outputs", {"made_by": "this run"})
+    assert catalog.load("outputs") == {"made_by": "this run"}
