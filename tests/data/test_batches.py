@@ -166,34 +166,28 @@ def test_an_error_while_preparing_a_batch_reaches_the_step_and_closing_early_sto
 
 
 def test_reading_ahead_reads_each_next_window_while_the_one_before_is_still_being_cut_into_batches(monkeypatch):
-    """With a reader slowed down, the read of window k + 1 is under way before window k's last batch is handed
-    out (the consumer never waits for a whole window's read); the batches are the same as without."""
+    """The read of window k + 1 starts while window k's batches are still being handed out: holding on to window
+    k's last batch, the consumer sees it start (one window at a time, it would start only when the next batch is
+    asked for, and the wait below would run out). The batches are the same as without."""
     import threading
-    import time
 
     loader = BatchLoader(_arrays(16_000), 250, shuffle=True, seed=3, chunk_rows=500, window_chunks=4)  # 8 windows
     plain = _rows(loader.batches(epoch=1, start=3))
-    events, lock, original = [], threading.Lock(), BatchLoader._read_window
+    window_rows, original = 2_000, BatchLoader._read_window  # 8 batches a window
+    started = {begin: threading.Event() for begin in range(0, 16_000, window_rows)}
 
-    def slowed(self, chunks, start, epoch):
-        with lock:
-            events.append(("read", start))
-        time.sleep(0.02)
+    def noted(self, chunks, start, epoch):
+        started[start].set()
         return original(self, chunks, start, epoch)
 
-    monkeypatch.setattr(BatchLoader, "_read_window", slowed)
+    monkeypatch.setattr(BatchLoader, "_read_window", noted)
     got = []
-    for batch in loader.batches(epoch=1, start=3, read_ahead=True):
-        with lock:
-            events.append(("batch", len(got)))
+    for position, batch in enumerate(loader.batches(epoch=1, start=3, read_ahead=True), start=3):
         got.append(batch)
-    assert _rows(got) == plain
-    window_rows = 2_000  # 8 batches a window; from batch 3 on, windows start at batches 5, 13, 21, ...
-    for start in range(window_rows, 16_000, window_rows):
-        read = events.index(("read", start))
-        last_of_previous = start // 250 - 1 - 3  # the previous window's last batch, counted from batch 3
-        assert read < events.index(("batch", last_of_previous)), f"window at row {start} read only when needed"
-    assert [e for e in events if e[0] == "read"] == [("read", s) for s in range(0, 16_000, window_rows)]
+        following = (position + 1) * 250
+        if following % window_rows == 0 and following < 16_000:  # the last batch of its window
+            assert started[following].wait(timeout=60), f"window at row {following} read only when asked for"
+    assert _rows(got) == plain and all(event.is_set() for event in started.values())
 
 
 def test_a_window_read_ahead_fails_on_the_batch_that_needs_it_and_an_early_stop_leaves_no_thread_behind(monkeypatch):
