@@ -5,7 +5,7 @@ DLRM (the bundled sample's sizes, batch 256) with the project's own step for a f
 samples/s, best of ``--repeats``, interleaved. The busy neighbour is one single-threaded process spinning on
 a core, as another job on a shared machine would.
 
-    python benchmarks/threads.py [--steps 400] [--repeats 3]
+    python benchmarks/threads.py [--steps 400] [--repeats 3] [--loads idle 'beside one busy process']
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+LOADS = ("idle", "beside one busy process")
 SETTINGS = {
     "every core (torch's default)": {"threads": "all", "env": {}},
     "every core, OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)": {
@@ -77,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS), help="the machine's states measured")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -88,7 +90,7 @@ def main() -> None:
     print(f"{os.cpu_count()} cores; the matmul rates at torch's default threads:")
     describe_machine()
     results: dict[tuple[str, str], float] = {}
-    for load in ("idle", "beside one busy process"):
+    for load in args.loads:
         neighbour = None
         if load != "idle":
             neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -102,15 +104,12 @@ def main() -> None:
             if neighbour is not None:
                 neighbour.kill()
                 neighbour.wait()
-    baseline = {load: results[(load, "every core (torch's default)")] for load in ("idle", "beside one busy process")}
-    print("| threads | idle: samples/s | x every core | beside one busy process: samples/s | x every core |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    baseline = {load: results[(load, "every core (torch's default)")] for load in args.loads}
+    print("| threads | " + " | ".join(f"{load}: samples/s | x every core" for load in args.loads) + " |")
+    print("| --- |" + " ---: | ---: |" * len(args.loads))
     for name in SETTINGS:
-        idle, busy = results[("idle", name)], results[("beside one busy process", name)]
-        print(
-            f"| {name} | {idle:,.0f} | {idle / baseline['idle']:.2f} | {busy:,.0f} | "
-            f"{busy / baseline['beside one busy process']:.2f} |"
-        )
+        cells = [f"{results[(load, name)]:,.0f} | {results[(load, name)] / baseline[load]:.2f}" for load in args.loads]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

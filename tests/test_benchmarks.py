@@ -25,7 +25,7 @@ SMALLEST = {
     "preprocessing": ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"],
     "step_profile": ["--steps", "2"],
     "training": ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"],
-    "threads": ["--steps", "5", "--repeats", "1"],
+    "threads": ["--steps", "5", "--repeats", "1", "--loads", "idle"],
     "recipes": ["--rows", "10000", "--batch", "256", "--steps", "2", "--max-table-rows", "2000"],
     "spark": ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"],
     "model_state": ["--table-gb", "0.01", "--runs", "torch:1", "torchrec:2", "--metric-rows", "100000"],
