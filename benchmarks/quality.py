@@ -533,6 +533,19 @@ LOADER_WORLDS = {
 }
 
 
+def world_days(work: Path, world: str, days: int, validation_rows: int, ctr_of) -> list[Path]:
+    """``days`` training days of ``DAY_ROWS`` and a validation day of ``validation_rows`` from the planted click
+    model with base rate ``ctr_of(day)``, converted to Parquet under ``work``, in day order."""
+    paths = []
+    for day in range(days + 1):
+        folder = work / world.replace("%", "").replace(" ", "_") / f"day_{day}"
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        model = ClickModel(WORLD_SEED, ctr=ctr_of(day))
+        write_day(folder, validation_rows if day == days else DAY_ROWS, day=day, model=model)
+        paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
+    return paths
+
+
 def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], chunk_rows: int) -> None:
     """Model quality with each way of shuffling, on the same rows, over seeds, one epoch each (the best epoch at
     1M rows): a full permutation of day-ordered rows (the loader before chunks: ``PermutationLoader``); the
@@ -553,13 +566,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
     days = size // DAY_ROWS
     results = []
     for world, ctr_of in LOADER_WORLDS.items():
-        paths = []
-        for day in range(days + 1):
-            folder = work / world.replace("%", "").replace(" ", "_") / f"day_{day}"
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            model = ClickModel(WORLD_SEED, ctr=ctr_of(day))
-            write_day(folder, validation_rows if day == days else DAY_ROWS, day=day, model=model)
-            paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
+        paths = world_days(work, world, days, validation_rows, ctr_of)
         options = {**CURVE_SETTINGS, "training.num_epochs": 1}
         metadata, vocabularies, in_order, validation = encode(paths[:-1], paths[-1:], options)
         stored = paths[0].parent / "train_shuffled"
@@ -612,14 +619,7 @@ def precision_study(size: int, validation_rows: int, work: Path, seeds: list[int
     days = size // DAY_ROWS
     results = []
     for world, ctr in PRECISION_WORLDS.items():
-        paths = []
-        for day in range(days + 1):
-            folder = work / world.replace("%", "").replace(" ", "_") / f"day_{day}"
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            write_day(
-                folder, validation_rows if day == days else DAY_ROWS, day=day, model=ClickModel(WORLD_SEED, ctr=ctr)
-            )
-            paths.append(Path(convert_day(folder, folder.with_suffix(".parquet"), progress=False).parquet))
+        paths = world_days(work, world, days, validation_rows, lambda day, ctr=ctr: ctr)
         encoded = encode(paths[:-1], paths[-1:], CURVE_SETTINGS)
         for seed in seeds:
             for precision in ("fp32", "bf16"):

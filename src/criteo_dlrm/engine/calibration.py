@@ -45,10 +45,12 @@ class Calibrator(nn.Module):
     ``describe`` a line for logs; ``from_state`` builds any of them back. A new method is one more class."""
 
     method = ""
+    stored = ()  # the names of its parameters in ``state``, as ``__init__`` takes them
 
-    def __init__(self, rows: int = 0):
+    def __init__(self, rows: int = 0, **values):
         super().__init__()
         self.rows = rows  # the validation rows it was fitted on
+        self.values = values  # its parameters as fitted: ``stored``'s names
 
     @classmethod
     def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Calibrator:
@@ -58,14 +60,11 @@ class Calibrator(nn.Module):
     @classmethod
     def restore(cls, state: dict) -> Calibrator:
         """Built from ``state``'s own keys (a checkpoint's state also holds the log losses it was judged by)."""
-        return cls(rows=state.get("rows", 0))
-
-    def parameters_state(self) -> dict:
-        return {}
+        return cls(**{name: state[name] for name in cls.stored}, rows=state.get("rows", 0))
 
     def state(self) -> dict:
         """``method``, ``rows`` and its parameters: what a checkpoint stores (``from_state`` reads it)."""
-        return {"method": self.method, "rows": self.rows, **self.parameters_state()}
+        return {"method": self.method, "rows": self.rows, **self.values}
 
     def detail(self) -> str:
         raise NotImplementedError
@@ -96,12 +95,12 @@ class Platt(Calibrator):
     """``sigmoid(slope * logit + intercept)``: a logistic regression on the logit."""
 
     method = "platt"
+    stored = ("slope", "intercept")
 
     def __init__(self, slope: float, intercept: float, rows: int = 0):
-        super().__init__(rows)
+        super().__init__(rows, slope=float(slope), intercept=float(intercept))
         self.register_buffer("slope", torch.tensor(slope, dtype=torch.float32))
         self.register_buffer("intercept", torch.tensor(intercept, dtype=torch.float32))
-        self._values = (float(slope), float(intercept))
 
     @classmethod
     def fit(cls, labels: np.ndarray, logits: np.ndarray) -> Platt:
@@ -112,15 +111,8 @@ class Platt(Calibrator):
         fitted = LogisticRegression(C=1e6, tol=1e-8, max_iter=1000).fit(logits[:, None], labels)
         return cls(float(fitted.coef_[0, 0]), float(fitted.intercept_[0]), len(labels))
 
-    @classmethod
-    def restore(cls, state: dict) -> Platt:
-        return cls(state["slope"], state["intercept"], state.get("rows", 0))
-
-    def parameters_state(self) -> dict:
-        return {"slope": self._values[0], "intercept": self._values[1]}
-
     def detail(self) -> str:
-        return f"slope {self._values[0]:.3f}, intercept {self._values[1]:+.3f}"
+        return f"slope {self.values['slope']:.3f}, intercept {self.values['intercept']:+.3f}"
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(logits * self.slope + self.intercept)
@@ -130,10 +122,10 @@ class Isotonic(Calibrator):
     """A non-decreasing piecewise-linear curve through knots (logit, probability), flat beyond the first and last."""
 
     method = "isotonic"
+    stored = ("knots_logit", "knots_probability")
 
     def __init__(self, knots_logit: torch.Tensor, knots_probability: torch.Tensor, rows: int = 0):
-        super().__init__(rows)
-        self._knots = (knots_logit, knots_probability)
+        super().__init__(rows, knots_logit=knots_logit, knots_probability=knots_probability)
         x, y = knots_logit.to(torch.float32), knots_probability.to(torch.float32)
         # Linear pieces between consecutive knots, as (start, width, rise): f(z) = y0 + sum rise * clamp((z - start) / width, 0, 1).
         self.register_buffer("first", y[:1].clone())
@@ -151,15 +143,8 @@ class Isotonic(Calibrator):
         x, y = thin_knots(np.asarray(fitted.X_thresholds_, np.float64), np.asarray(fitted.y_thresholds_, np.float64))
         return cls(torch.from_numpy(x), torch.from_numpy(y), len(labels))
 
-    @classmethod
-    def restore(cls, state: dict) -> Isotonic:
-        return cls(state["knots_logit"], state["knots_probability"], state.get("rows", 0))
-
-    def parameters_state(self) -> dict:
-        return {"knots_logit": self._knots[0], "knots_probability": self._knots[1]}
-
     def detail(self) -> str:
-        return f"{len(self._knots[0]):,} knots"
+        return f"{len(self.values['knots_logit']):,} knots"
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:
         # z: (B, 1) against the knots (K-1,): written with clamps so that ONNX exports it as plain arithmetic.
