@@ -77,3 +77,14 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
 def _parents(module: str) -> list[str]:
     parts = module.split(".")
     return [".".join(parts[:i]) for i in range(2, len(parts))]
+
+
+def test_only_the_command_line_and_the_console_read_how_kedro_run_was_started():
+    """The core (and every other module) carries a message's fix as data (``common.errors.Fix``); only ``cli``
+    (an error's last lines) and ``logs`` (a log line) show it merged into the user's command (``common.commands``)."""
+    readers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "criteo_dlrm.common.commands" in _module_imports(path) and path.name != "commands.py"
+    }
+    assert readers == {"cli.py", "logs.py"}

@@ -189,8 +189,9 @@ def split_params(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 class UserErrorExit(click.ClickException):
     """Shows a user error's message alone, in red, and exits with code 1."""
 
-    def __init__(self, error: UserError):
-        super().__init__(f"{type(error).__name__}: {error}")
+    def __init__(self, error: UserError, invocation: Invocation | None = None):
+        message = (invocation or Invocation()).render(str(error), error.fixes)
+        super().__init__(f"{type(error).__name__}: {message}")
 
     def show(self, file: Any = None) -> None:
         click.secho(f"\n{self.message}\n(Full traceback: add --verbose.)", err=True, fg="red")
@@ -251,16 +252,17 @@ EPILOG = (
 @cli.command(name="run", params=_options(), help=kedro_run.help, epilog=EPILOG)
 @click.pass_context
 def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
+    typed = invocation(kwargs)
     try:
         check_pipelines([*(kwargs.get("pipelines") or []), *filter(None, [kwargs.get("pipeline")])])
         check_conf_files(Path(kwargs.get("conf_source") or "conf"), kwargs.get("env"))
-        with invoked(invocation(kwargs)):
+        with invoked(typed):
             result = ctx.invoke(kedro_run, **kwargs)
     except Exception as error:
         found = user_error(error)
         if found is None or verbose:
             raise
-        raise UserErrorExit(found) from None
+        raise UserErrorExit(found, typed) from None
     summary = render(_summary_hooks().record)
     if summary:
         click.echo("\n" + summary)

@@ -23,8 +23,7 @@ import socket
 from kedro.config import MissingConfigException
 from kedro.framework.hooks import hook_impl
 
-from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
-from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.errors import WHOLE_JOB, Fix, UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.recipe import finish_run
@@ -113,10 +112,11 @@ class PreflightHooks:
             wrong = [_missing_version_message(n, pinned[n], catalog.get(n)) for n in missing if n in pinned]
             if wrong:
                 raise MissingVersionError("\n".join(wrong))
-            first = pipelines_to_run_first(missing, catalog)
+            first, whole = Fix(pipelines=tuple(pipelines_to_run_first(missing, catalog))), Fix(pipelines=WHOLE_JOB)
             raise MissingInputError(
                 f"This run needs {', '.join(missing)}, which no earlier run has written. "
-                f"Run `{kedro_run(first)}` first, or `{kedro_run(WHOLE_JOB)}` for the whole job."
+                f"Run `{first}` first, or `{whole}` for the whole job.",
+                fix=[first, whole],
             )
         check_before_run(self.parameters.configs, pipeline, catalog)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))

@@ -28,6 +28,7 @@ import yaml
 from kedro.framework.session import KedroSession
 from loguru import logger
 
+from criteo_dlrm.common.commands import current_invocation
 from criteo_dlrm.log_filters import UnactionableWarnings, ignore_warnings, quiet_child_processes
 
 
@@ -35,6 +36,9 @@ class _PropagateHandler(logging.Handler):
     """Hands loguru records to the standard logger of the same module name, which Kedro configures."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        fixes = getattr(record, "extra", {}).get("fixes")
+        if fixes:  # a line that shows a fix alone (``logger.bind(fixes=...)``) shows it merged into the user's command
+            record.msg, record.args = current_invocation().render(record.getMessage(), fixes), ()
         logging.getLogger(record.name).handle(record)
 
 

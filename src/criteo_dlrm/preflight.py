@@ -16,8 +16,7 @@ from kedro.io.core import Version
 from kedro.pipeline import Pipeline
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.errors import Fix, UserError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import check_free_space, check_writable, process_alive
 from criteo_dlrm.config import Config, IngestionConfig, MetadataConfig, TrainingConfig
@@ -165,10 +164,11 @@ def check_same_run(metadata: VersionedFileDataset, vocabularies: VersionedFileDa
     """``feature_metadata`` and ``feature_vocabularies`` are saved together: their versions must be one."""
     first, second = metadata.loaded_version(), vocabularies.loaded_version()
     if first != second:
+        fix = Fix(pipelines="training", load_versions={"feature_metadata": first, "feature_vocabularies": first})
         raise MismatchedVersionsError(
             f"feature_metadata version {first} and feature_vocabularies version {second} were written by different "
-            "runs: vocabularies must be the ones their metadata counted. Pin both to one version: "
-            f"`{kedro_run('training', load_versions={'feature_metadata': first, 'feature_vocabularies': first})}`."
+            f"runs: vocabularies must be the ones their metadata counted. Pin both to one version: `{fix}`.",
+            fix=fix,
         )
 
 
@@ -228,9 +228,11 @@ def pin_versions(catalog, pipeline: Pipeline, run_version: str, pinned: dict[str
         if latest is None:
             continue
         if latest > run_version:
+            fix = Fix(load_versions={name: latest})
             raise FutureVersionError(
                 f"{name}'s newest version, {latest}, is dated after this run began ({run_version}): the clock was "
                 "set back, or the version was copied from a machine whose clock is ahead, so which version is the "
-                f"newest cannot be told by its name. Pin the version to read: `{kedro_run(load_versions={name: latest})}`."
+                f"newest cannot be told by its name. Pin the version to read: `{fix}`.",
+                fix=fix,
             )
         dataset._version = Version(latest, save)

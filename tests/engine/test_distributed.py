@@ -231,3 +231,25 @@ def test_the_failure_report_survives_any_error_file_a_worker_writes(tmp_path, er
     message = _describe_failure(ChildFailedError("worker", {1: failure}), job)
     assert message.startswith("Training process rank 1 (pid 4242) failed: exit code 1") and shown in message
     assert "Run the same command again to resume" in message
+
+
+def test_a_user_error_in_a_training_process_reaches_the_launcher_with_its_fix(tiny_features, tmp_path):
+    """A process's error arrives as the text of its traceback; its ``Fix`` comes with it, so the command line can
+    show the user's own command merged in (as for an error of the launching process)."""
+    from criteo_dlrm.common.errors import Fix
+    from criteo_dlrm.data.stored import open_encoded, write_encoded
+    from criteo_dlrm.engine.distributed import TrainingWorkerError
+
+    rows = tmp_path / "train_rows"
+    write_encoded(tiny_features["train"], rows)
+    labels = rows / "labels.npy"
+    data = bytearray(labels.read_bytes())
+    data[-1] ^= 0xFF  # the last chunk's rows: found when the process first reads them
+    labels.write_bytes(bytes(data))
+    train = open_encoded(rows)
+    with pytest.raises(TrainingWorkerError) as raised:
+        _run({**tiny_features, "train": train}, _config(tmp_path, 2), "damaged")
+    assert "rank 0" in str(raised.value) and "labels.npy" in str(raised.value)
+    assert raised.value.fixes == (Fix(pipelines="training"),)
+    assert f"`{Fix(pipelines='training')}`" in str(raised.value)
+    assert not list((tmp_path / "progress").glob("*.fixes.json")), "the fixes' file is removed with the run"

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import DataError, Fix
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -73,9 +72,11 @@ def check_parquet_schema(schema: pa.Schema, source: str, labelled: bool = True) 
     expected = COLUMNS if labelled else FEATURE_COLUMNS
     missing = [name for name in expected if name not in schema.names]
     if missing:
+        fix = Fix(pipelines="ingestion", params={"ingestion.force": True})
         raise DataError(
             f"{source}: not a Criteo day in ingestion's layout: missing columns {missing[:5]}"
-            f"{' ...' if len(missing) > 5 else ''}. Re-create it with `{kedro_run('ingestion', {'ingestion.force': True})}`."
+            f"{' ...' if len(missing) > 5 else ''}. Re-create it with `{fix}`.",
+            fix=fix,
         )
     bad = [
         f"{name}: {schema.field(name).type}"

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from criteo_dlrm.common.errors import DataError, UserError
+from criteo_dlrm.common.errors import Advice, DataError, UserError
 
 _STAGED = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)(\.[0-9a-f]+)?\.partial$")
 # Digests read files in pieces of this size, hashed in threads (hashlib releases the GIL): a file of many
@@ -280,20 +280,21 @@ def file_digest(path: str | os.PathLike, threads: int | None = None) -> str:
     return hashlib.sha256(str(size).encode() + b"".join(digests)).hexdigest()
 
 
-def check_digest(path: str | os.PathLike, expected: str, fix: str, what: str | None = None) -> None:
+def check_digest(path: str | os.PathLike, expected: str, fix: Advice, what: str | None = None) -> None:
     """Raise ``DamagedFileError`` naming ``path`` (as ``what``) and ``fix`` unless its digest is ``expected``."""
     named = f"{what}: {path}" if what else str(path)
     if not Path(path).exists():
-        raise DamagedFileError(f"{named} is missing. {fix}")
+        raise DamagedFileError(f"{named} is missing. {fix}", fix=fix)
     actual = file_digest(path)
     if actual != expected.strip().lower():
         raise DamagedFileError(
             f"{named} is damaged: its content (sha256 {actual[:12]}...) is not what was written "
-            f"(sha256 {expected[:12]}...). {fix}"
+            f"(sha256 {expected[:12]}...). {fix}",
+            fix=fix,
         )
 
 
-def reading(path: str | os.PathLike, action: Callable[[], object], fix: str, what: str | None = None) -> object:
+def reading(path: str | os.PathLike, action: Callable[[], object], fix: Advice, what: str | None = None) -> object:
     """Run ``action`` (which reads ``path``); a failure that means a damaged or truncated file becomes a
     ``DamagedFileError`` naming the file and ``fix``, instead of a library's traceback."""
     try:
@@ -304,13 +305,14 @@ def reading(path: str | os.PathLike, action: Callable[[], object], fix: str, wha
         named = f"{what}: {path}" if what else str(path)
         raise DamagedFileError(
             f"{named} is not a file this project wrote: it holds objects that could run code when loaded "
-            f"({_first_line(error)}). It was not loaded. {fix}"
+            f"({_first_line(error)}). It was not loaded. {fix}",
+            fix=fix,
         ) from error
     except (OSError, ValueError, RuntimeError, EOFError, KeyError, IndexError) as error:
         if is_disk_full(error):
             raise
         named = f"{what}: {path}" if what else str(path)
-        raise DamagedFileError(f"{named} cannot be read ({_first_line(error)}). {fix}") from error
+        raise DamagedFileError(f"{named} cannot be read ({_first_line(error)}). {fix}", fix=fix) from error
 
 
 def _first_line(error: BaseException) -> str:

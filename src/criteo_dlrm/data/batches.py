@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from criteo_dlrm.common.storage import DamagedFileError
-from criteo_dlrm.data.chunk_digests import reencode
+from criteo_dlrm.data.chunk_digests import REENCODE
 from criteo_dlrm.data.stored import EncodedArrays, PackedIndices, read_rows
 
 
@@ -221,7 +221,7 @@ class BatchLoader:
             message = f"{error}: the file is not what was written (shorter: truncated while this run read it?)"
             if self.arrays.digests is not None:
                 self.arrays.digests.record_damage(message)
-            raise DamagedFileError(f"{message}. It was not used. {reencode()}") from error
+            raise DamagedFileError(f"{message}. It was not used. {REENCODE}", fix=REENCODE) from error
 
 
 class _WindowReader:

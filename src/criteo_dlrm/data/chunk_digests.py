@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.errors import Fix, Remedy
 from criteo_dlrm.common.storage import DamagedFileError, check_digest, file_digest, reading, write_bytes_atomically
 
 DIGESTS = "digests.json"
@@ -37,9 +37,9 @@ DIGEST_CHUNK_ROWS = 65_536
 DIGESTS_FORMAT = 2
 
 
-def reencode() -> str:
-    """The fix for damaged encoded rows: the user's command, merged (``kedro_run``)."""
-    return f"Encode the rows again: `{kedro_run('training')}` (damaged encoded rows are rebuilt)."
+_ENCODE_AGAIN = Fix(pipelines="training")
+# The fix for damaged encoded rows.
+REENCODE = Remedy(f"Encode the rows again: `{_ENCODE_AGAIN}` (damaged encoded rows are rebuilt).", _ENCODE_AGAIN)
 
 
 def _rows_layout(path: Path) -> tuple[int, int, int]:
@@ -71,7 +71,9 @@ def write_digests(folder: Path, chunk_rows: int = DIGEST_CHUNK_ROWS, threads: in
     layouts = {name: _rows_layout(folder / name) for name in CHUNKED}
     rows = {layout[2] for layout in layouts.values()}
     if len(rows) != 1:
-        raise DamagedFileError(f"{folder}: its files hold different numbers of rows ({sorted(rows)}). {reencode()}")
+        raise DamagedFileError(
+            f"{folder}: its files hold different numbers of rows ({sorted(rows)}). {REENCODE}", fix=REENCODE
+        )
     count = _chunks(rows.pop(), chunk_rows)
     tasks = [(index, name, chunk) for index, name in enumerate(CHUNKED) for chunk in range(count)]
     digests = np.zeros((len(CHUNKED), count, 32), dtype=np.uint8)
@@ -119,13 +121,13 @@ class ChunkDigests:
                 continue
             path = self.folder / CHUNKED[index]
             byte_range = _chunk_range(*self._layouts[CHUNKED[index]], self.chunk_rows, chunk)
-            actual = reading(path, lambda path=path, byte_range=byte_range: _read_digest(path, *byte_range), reencode())
+            actual = reading(path, lambda path=path, byte_range=byte_range: _read_digest(path, *byte_range), REENCODE)
             if actual != self.digests[index, chunk].tobytes():
                 rows = self._layouts[CHUNKED[index]][2]
                 where = f"rows {chunk * self.chunk_rows:,}-{min((chunk + 1) * self.chunk_rows, rows) - 1:,}"
                 message = f"{path} is damaged: {where} are not what was written (chunk {chunk} of its digests)"
                 self.record_damage(message)
-                raise DamagedFileError(f"{message}. It was not used. {reencode()}")
+                raise DamagedFileError(f"{message}. It was not used. {REENCODE}", fix=REENCODE)
             self._checked[index, chunk] = True
 
     def check_all(self, name: str) -> None:
@@ -157,29 +159,31 @@ def open_digests(folder: Path) -> ChunkDigests | None:
     path = folder / DIGESTS
     if (folder / DAMAGED).exists():
         recorded = (folder / DAMAGED).read_text(errors="replace").strip()
-        raise DamagedFileError(f"{recorded} (found by an earlier run). {reencode()}")
+        raise DamagedFileError(f"{recorded} (found by an earlier run). {REENCODE}", fix=REENCODE)
     if not path.exists():
         raise DamagedFileError(
-            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {reencode()}"
+            f"{path} is missing: the encoded rows in {folder} cannot be checked against what was written. {REENCODE}",
+            fix=REENCODE,
         )
-    record = reading(path, lambda: json.loads(path.read_text()), reencode())
+    record = reading(path, lambda: json.loads(path.read_text()), REENCODE)
     if record.get("format") != DIGESTS_FORMAT:  # one digest per file: check them all now
         for name, digest in record.items():
-            check_digest(folder / name, digest, reencode())
+            check_digest(folder / name, digest, REENCODE)
         return None
     for name, digest in record["files"].items():
-        check_digest(folder / name, digest, reencode())
+        check_digest(folder / name, digest, REENCODE)
     chunk_rows = record["chunk_rows"]
-    digests = reading(folder / CHUNK_DIGESTS, lambda: np.load(folder / CHUNK_DIGESTS), reencode())
+    digests = reading(folder / CHUNK_DIGESTS, lambda: np.load(folder / CHUNK_DIGESTS), REENCODE)
     for name in CHUNKED:
         if not (folder / name).exists():
-            raise DamagedFileError(f"{folder / name} is missing. {reencode()}")
-        offset, row_bytes, rows = reading(folder / name, lambda name=name: _rows_layout(folder / name), reencode())
+            raise DamagedFileError(f"{folder / name} is missing. {REENCODE}", fix=REENCODE)
+        offset, row_bytes, rows = reading(folder / name, lambda name=name: _rows_layout(folder / name), REENCODE)
         size = os.path.getsize(folder / name)
         if size != offset + rows * row_bytes or digests.shape[1] != _chunks(rows, chunk_rows):
             raise DamagedFileError(
                 f"{folder / name} is damaged: {size:,} bytes where its header and digests say "
-                f"{offset + rows * row_bytes:,}. {reencode()}"
+                f"{offset + rows * row_bytes:,}. {REENCODE}",
+                fix=REENCODE,
             )
     return ChunkDigests(folder, chunk_rows, digests)
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from criteo_dlrm.common.commands import WHOLE_JOB, kedro_run
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import WHOLE_JOB, DataError, Fix
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
@@ -133,6 +132,10 @@ def _only_time_changed(source: dict) -> bool:
     return stat.st_size == source["size"] and stat.st_mtime_ns != source["mtime_ns"]
 
 
+# Training on the data as it is now: the whole job, none of the user's pinned versions.
+CURRENT_DATA = Fix(pipelines=WHOLE_JOB)
+
+
 def _split_setting(day: dict, days: list[dict]) -> dict:
     """``{"ingestion.rows_per_day": R}`` when ``day`` is one of the days a big raw file was split into (recorded
     in its lineage, or, for lineage recorded before that, the largest of the recorded days of the same file),
@@ -152,7 +155,7 @@ def check_days(days: list[dict], artifact: str) -> None:
             lineage was recorded) are only checked for existence.
         artifact: what recorded them, for the message (e.g. ``dlrm_checkpoint version 2026-...``).
     """
-    problems = []
+    problems, fixes = [], []
     for day in days:
         parquet = Path(day["parquet"])
         if not parquet.exists():
@@ -165,23 +168,25 @@ def check_days(days: list[dict], artifact: str) -> None:
         raw = _raw_state(day.get("source"))
         source = day.get("source") or {}
         if raw and _only_time_changed(source):
-            folder = Path(source["path"]).parent
+            restore = Fix(pipelines="ingestion", params={"ingestion.raw_dir": Path(source["path"]).parent})
             seconds, nanoseconds = divmod(source["mtime_ns"], 10**9)
             fix = (
                 f" Its raw file {source['path']} has the same size, but another modification time. If only its "
                 f"time changed (touch, a copy), give it back (`touch -d @{seconds}.{nanoseconds:09d} "
-                f"'{source['path']}'`) and restore the day with "
-                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder})}`; otherwise train on the current data "
-                f"with `{kedro_run(WHOLE_JOB)}`."
+                f"'{source['path']}'`) and restore the day with `{restore}`; otherwise train on the current data "
+                f"with `{CURRENT_DATA}`."
             )
+            fixes += [restore, CURRENT_DATA]
         elif raw:
-            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{kedro_run(WHOLE_JOB)}`."
+            fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{CURRENT_DATA}`."
+            fixes.append(CURRENT_DATA)
         else:
             folder = Path(day["source"]["path"]).parent
-            fix = (
-                f" Restore it from its unchanged raw file with "
-                f"`{kedro_run('ingestion', {'ingestion.raw_dir': folder, **_split_setting(day, days)})}`."
-            )
+            restore = Fix(pipelines="ingestion", params={"ingestion.raw_dir": folder, **_split_setting(day, days)})
+            fix = f" Restore it from its unchanged raw file with `{restore}`."
+            fixes.append(restore)
         problems.append(f"{day['day']}: {change}.{fix}")
     if problems:
-        raise LineageError(f"{artifact} was made from data that is not on disk any more:\n  " + "\n  ".join(problems))
+        raise LineageError(
+            f"{artifact} was made from data that is not on disk any more:\n  " + "\n  ".join(problems), fix=fixes
+        )

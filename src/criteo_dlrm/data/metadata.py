@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError, DataError
+from criteo_dlrm.common.errors import ConfigError, DataError, Fix
 from criteo_dlrm.common.parallel import choose_workers, peak_rss_bytes, run_parallel
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import DENSE_COLUMNS, LABEL_COLUMN, SPARSE_COLUMNS
@@ -181,11 +180,11 @@ class MismatchedVersionsError(DataError):
 def check_vocabularies(metadata: FeatureMetadata, vocabularies: FeatureVocabularies) -> None:
     """Refuse vocabularies that are not the ones ``metadata`` counted (its recorded sha256)."""
     if vocabulary_digest(vocabularies.arrays) != metadata.vocabulary_sha256:
-        pin = {"feature_metadata": "<v>", "feature_vocabularies": "<v>"}
+        fix = Fix(pipelines="training", load_versions={"feature_metadata": "<v>", "feature_vocabularies": "<v>"})
         raise MismatchedVersionsError(
             f"feature_vocabularies version {vocabularies.version} are not the vocabularies this feature_metadata "
-            f"counted (sha256 {metadata.vocabulary_sha256[:12]}...). Pin both to the same version: "
-            f"`{kedro_run('training', load_versions=pin)}`."
+            f"counted (sha256 {metadata.vocabulary_sha256[:12]}...). Pin both to the same version: `{fix}`.",
+            fix=fix,
         )
 
 

@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import DataError, Fix, Remedy
 from criteo_dlrm.common.schema import COLUMNS, LABEL_COLUMN, PREDECESSOR_SPARSE_MISSING, check_parquet_schema
 from criteo_dlrm.common.storage import write_bytes_atomically
 from criteo_dlrm.data.lineage import FORMAT_KEY, PARQUET_FORMAT, parquet_fingerprint
@@ -30,9 +29,9 @@ WRITE_OPTIONS = {"write_page_checksum": True}
 FINGERPRINT_SUFFIX = ".fingerprint"
 
 
-def reingest() -> str:
-    """The fix for a damaged file: the user's command, merged (``kedro_run``)."""
-    return f"Convert it again: `{kedro_run('ingestion')}` (a damaged day is rebuilt from its raw file)."
+_CONVERT_AGAIN = Fix(pipelines="ingestion")
+# The fix for a damaged day.
+REINGEST = Remedy(f"Convert it again: `{_CONVERT_AGAIN}` (a damaged day is rebuilt from its raw file).", _CONVERT_AGAIN)
 
 
 class MissingDataError(DataError, FileNotFoundError):
@@ -68,7 +67,9 @@ def sealed(path: str | Path) -> bool:
 def _check_sealed(path: Path) -> None:
     sidecar = fingerprint_path(path)
     if sidecar.exists() and sidecar.read_text().strip() != parquet_fingerprint(path):
-        raise DamagedDayError(f"{path}: its footer is not what ingestion wrote (damaged or edited). {reingest()}")
+        raise DamagedDayError(
+            f"{path}: its footer is not what ingestion wrote (damaged or edited). {REINGEST}", fix=REINGEST
+        )
 
 
 def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
@@ -79,11 +80,11 @@ def open_day(path: str | Path, labelled: bool = True) -> pq.ParquetFile:
     """
     path = Path(path)
     if not path.exists():
-        raise MissingDataError(f"{path}: Parquet day not found. Run `{kedro_run('ingestion')}` first.")
+        raise MissingDataError(f"{path}: Parquet day not found. Run `{_CONVERT_AGAIN}` first.", fix=_CONVERT_AGAIN)
     try:
         day = pq.ParquetFile(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as error:
-        raise DamagedDayError(f"{path}: not a readable Parquet file ({error}). {reingest()}") from error
+        raise DamagedDayError(f"{path}: not a readable Parquet file ({error}). {REINGEST}", fix=REINGEST) from error
     _check_sealed(path)
     check_parquet_schema(day.schema_arrow, str(path), labelled)
     return day
@@ -94,7 +95,7 @@ def read_checked(path: str | Path, batches: Iterator[pa.RecordBatch]) -> Iterato
     try:
         yield from batches
     except (OSError, pa.ArrowException) as error:
-        raise DamagedDayError(f"{path}: a data page is damaged ({error}). {reingest()}") from error
+        raise DamagedDayError(f"{path}: a data page is damaged ({error}). {REINGEST}", fix=REINGEST) from error
 
 
 def verify_day(path: str | Path) -> None:

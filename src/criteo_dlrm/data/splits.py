@@ -3,8 +3,7 @@ each with its lineage record: what every later stage checks its rows against."""
 
 from __future__ import annotations
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.config.metadata import MetadataConfig, check_day_names
 from criteo_dlrm.data.lineage import check_days, day_lineage
 
@@ -24,10 +23,11 @@ def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], li
     if not train:
         # One big file (Kaggle's train.txt has no day structure): split it into 7 days, as Kaggle's 7 days.
         rows_per_day = -(-days[0].get("rows", 7) // 7)
+        fix = Fix(params={"ingestion.rows_per_day": rows_per_day})
         raise ConfigError(
             f"metadata: the only ingested day, {names[0]}, would validate and none would train. Split the file "
-            f"into days: `{kedro_run(params={'ingestion.rows_per_day': rows_per_day})}` (7 days of {rows_per_day:,} "
-            "rows; the last one validates and tests)."
+            f"into days: `{fix}` (7 days of {rows_per_day:,} rows; the last one validates and tests).",
+            fix=fix,
         )
     by_name = {day["day"]: day for day in days}
     check_days([by_name[name] for name in train + validation + test], "ingestion_report")
@@ -42,11 +42,12 @@ def split_days(days: list[dict], config: MetadataConfig) -> tuple[list[dict], li
             rows = records[name]["rows"]
             test_rows = int(rows * config.test_share)
             if test_rows < 1 or test_rows >= rows:
+                fix = Fix(params={"metadata.test_share": 0})
                 raise ConfigError(
                     f"metadata: the validation day {name} has {rows:,} rows, too few to keep "
                     f"{config.test_share:.0%} of them for testing (metadata.test_share). Name whole test days with "
-                    f"metadata.test_days, or report on the validation rows: "
-                    f"`{kedro_run(params={'metadata.test_share': 0})}`."
+                    f"metadata.test_days, or report on the validation rows: `{fix}`.",
+                    fix=fix,
                 )
             validating.append({**records[name], "row_range": [0, rows - test_rows]})
             testing.append({**records[name], "row_range": [rows - test_rows, rows]})

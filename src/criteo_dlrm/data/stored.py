@@ -22,7 +22,7 @@ from criteo_dlrm.common.storage import (
     reserve,
     write_bytes_atomically,
 )
-from criteo_dlrm.data.chunk_digests import ChunkDigests, open_digests, reencode, write_digests
+from criteo_dlrm.data.chunk_digests import REENCODE, ChunkDigests, open_digests, write_digests
 
 
 def index_widths(table_sizes: list[int]) -> list[int]:
@@ -208,23 +208,24 @@ def open_encoded(
     digests = open_digests(folder) if verify and not writable else None
     mode = "r+" if writable else "r"
     arrays = [
-        reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), reencode())
+        reading(folder / f"{name}.npy", lambda name=name: np.load(folder / f"{name}.npy", mmap_mode=mode), REENCODE)
         for name in STORED_FIELDS
     ]
     labels, dense, sparse = arrays
     layout = {}
     if (folder / LAYOUT).exists():
-        layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), reencode())
-        sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), reencode())
+        layout = reading(folder / LAYOUT, lambda: json.loads((folder / LAYOUT).read_text()), REENCODE)
+        sparse = reading(folder / "sparse.npy", lambda: PackedIndices(sparse, layout["sparse_widths"]), REENCODE)
     elif sparse.dtype == np.uint8:  # packed indices, which only their layout can read
-        raise DamagedFileError(f"{folder / LAYOUT} is missing. {reencode()}")
+        raise DamagedFileError(f"{folder / LAYOUT} is missing. {REENCODE}", fix=REENCODE)
     if not len(labels) == len(dense) == len(sparse):
         raise DamagedFileError(
-            f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {reencode()}"
+            f"{folder}: its files hold {len(labels):,}, {len(dense):,} and {len(sparse):,} rows. {REENCODE}",
+            fix=REENCODE,
         )
     maxima_path = folder / INDEX_MAXIMA
     maxima = (
-        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), reencode()) if maxima_path.exists() else None
+        reading(maxima_path, lambda: json.loads(maxima_path.read_text()), REENCODE) if maxima_path.exists() else None
     )
     return EncodedArrays(
         labels, dense, sparse, lineage, maxima, digests=digests, row_order=layout.get("row_order", "as read")
@@ -264,7 +265,8 @@ def check_index_range(rows: EncodedArrays, table_sizes: list[int], what: str) ->
         where = rows.folder or what
         raise DamagedFileError(
             f"{where}: {what} were not encoded with the tables of the metadata they are used with "
-            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {reencode()}"
+            f"({'; '.join(beyond[:3])}{'; ...' if len(beyond) > 3 else ''}). {REENCODE}",
+            fix=REENCODE,
         )
 
 

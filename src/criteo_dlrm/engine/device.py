@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.common.parallel import available_cores
 from criteo_dlrm.common.storage import write_bytes_atomically
 
@@ -40,9 +39,11 @@ def resolve_device(name: str = "auto", parameter: str = "device") -> torch.devic
         raise ConfigError(f"{parameter} {name!r} is not a device: use auto, cpu, cuda or cuda:N") from error
     if device.type == "cuda":
         if not torch.cuda.is_available():
+            fix = Fix(params={parameter: "auto"})
             raise ConfigError(
                 f"{parameter} is {name!r} but this machine has no usable CUDA device "
-                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use `{kedro_run(params={parameter: 'auto'})}` (or cpu)."
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). Use `{fix}` (or cpu).",
+                fix=fix,
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"{parameter} is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist.")

@@ -28,7 +28,7 @@ from loguru import logger
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from criteo_dlrm.common.errors import UserError
+from criteo_dlrm.common.errors import Fix, UserError
 from criteo_dlrm.config.training import Distributed
 from criteo_dlrm.data.stored import write_encoded
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
@@ -66,11 +66,27 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
         try:
             elastic_launch(config, worker)(str(job_path), str(outcome_path))
         except ChildFailedError as error:
-            raise TrainingWorkerError(_describe_failure(error, job)) from error
+            rank, _ = error.get_first_failure()
+            raise TrainingWorkerError(_describe_failure(error, job), fix=_rank_fixes(job_path, rank)) from error
         return _collect(job_path, outcome_path)
     finally:
         for rows in stored:
             shutil.rmtree(rows, ignore_errors=True)
+        for fixes in folder.glob(f"{job_path.stem}.rank*.fixes.json"):
+            fixes.unlink(missing_ok=True)
+
+
+def _fixes_path(job_path: Path, rank: int) -> Path:
+    """Where rank ``rank`` leaves the fixes of the user error it failed with: its error reaches the launcher as the
+    text of a traceback, its ``Fix`` as this file (so the command line shows the user's command merged in)."""
+    return job_path.with_name(f"{job_path.stem}.rank{rank}.fixes.json")
+
+
+def _rank_fixes(job_path: Path, rank: int) -> list[Fix]:
+    try:
+        return [Fix.from_dict(values) for values in json.loads(_fixes_path(job_path, rank).read_text())]
+    except (OSError, ValueError, TypeError):  # none written (not a user error), or unreadable: the text stands alone
+        return []
 
 
 def _store_rows_in_memory(job: TrainingJob, folder: Path) -> list[Path]:
@@ -201,6 +217,10 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
         outcome = train_process(job, device)
         if dist.get_rank() == 0 and outcome_path:
             outcome.save(Path(outcome_path))
+    except UserError as error:
+        fixes = json.dumps([fix.to_dict() for fix in error.fixes], default=str)
+        _fixes_path(Path(job_path), dist.get_rank()).write_text(fixes)
+        raise
     finally:
         dist.destroy_process_group()
 

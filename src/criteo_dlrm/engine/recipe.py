@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.common.locks import exclusive, remove_stale_locks
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
@@ -212,12 +211,13 @@ def _say_how_to_resume(resume_path: Path | None) -> None:
     if resume_path is None:
         logger.warning("training interrupted; training.resume is off, so a rerun starts afresh")
     elif resume_path.exists():
-        logger.warning(
+        again = Fix()  # the same command
+        logger.bind(fixes=(again,)).warning(
             "training interrupted: its state as of the last in-progress checkpoint (written at each validation and "
             "every training.checkpoint_every_steps steps) is in {}. Run the same command to continue from it: `{}` "
             "(what was already made is reused).",
             resume_path,
-            kedro_run(),
+            again,
         )
     else:
         logger.warning("training interrupted before its first in-progress checkpoint: the same command starts afresh")

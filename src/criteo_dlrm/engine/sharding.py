@@ -21,8 +21,7 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
-from criteo_dlrm.common.commands import current_invocation, kedro_run
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.sharded_checkpoint import read_state
@@ -67,14 +66,16 @@ def check_fused_optimizer(config: TrainingConfig, device_type: str) -> None:
     (before any process starts: inside the workers it would surface after the launch)."""
     if config.embedding_backend != "torchrec" or config.embedding_optimizer in fused_optimizers(device_type):
         return
-    params = {"training.embedding_backend": "torchrec", "training.embedding_optimizer": "rowwise_adagrad"}
-    if "training.embedding_learning_rate" not in current_invocation().params:
-        # Adagrad's usual rate (docs/torchrec.md), not the default's, which is SparseAdam's.
-        params["training.embedding_learning_rate"] = ROWWISE_ADAGRAD_LEARNING_RATE
+    fix = Fix(
+        params={"training.embedding_backend": "torchrec", "training.embedding_optimizer": "rowwise_adagrad"},
+        # Adagrad's usual rate (docs/torchrec.md), not the default's, which is SparseAdam's; the user's if given.
+        defaults={"training.embedding_learning_rate": ROWWISE_ADAGRAD_LEARNING_RATE},
+    )
     raise ConfigError(
         f"training.embedding_optimizer {config.embedding_optimizer!r} has no fused TorchRec kernel on {device_type}: "
         f"use one of {fused_optimizers(device_type)} with embedding_backend: torchrec (rowwise_adagrad is "
-        f"TorchRec's usual one): `{kedro_run(params=params)}`."
+        f"TorchRec's usual one): `{fix}`.",
+        fix=fix,
     )
 
 

@@ -16,8 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix, Remedy
 
 INSTALL_SPARK = 'pip install -e ".[spark]"'
 # Spark 4 runs on Java 17 and 21 (its documentation's list).
@@ -57,6 +56,11 @@ def java_version(java: str) -> int | None:
     return int(found.group(2) or 0) if major == 1 else major  # "1.8.0": Java 8
 
 
+_LOCAL = Fix(params={"preprocessing.engine": "local"})
+# The way back from a Spark setting that cannot work.
+BACK = Remedy(f"or preprocess on this machine's engine: `{_LOCAL}`", _LOCAL)
+
+
 def _java() -> str | None:
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
@@ -68,12 +72,11 @@ def require_spark(settings: Mapping | None = None) -> None:
     """Refuse the Spark engine before any work when PySpark or (for a session that starts a JVM here) Java is
     missing, naming the install command."""
     local = "preprocessing.engine is spark (parameters_preprocessing.yml)"
-    back = f"or preprocess on this machine's engine: `{kedro_run(params={'preprocessing.engine': 'local'})}`"
     try:
         import pyspark  # noqa: F401
     except ImportError as error:
         raise ConfigError(
-            f"{local}, but PySpark is not installed. Install the spark extra: `{INSTALL_SPARK}`; {back}."
+            f"{local}, but PySpark is not installed. Install the spark extra: `{INSTALL_SPARK}`; {BACK}.", fix=BACK
         ) from error
     if _with_defaults(settings).get("spark.remote", "").startswith("sc://"):
         return  # a Spark Connect server elsewhere: its JVM runs there (spark.remote: local[N] starts one here)
@@ -81,13 +84,15 @@ def require_spark(settings: Mapping | None = None) -> None:
     if java is None:
         raise ConfigError(
             f"{local}, but Java is not installed (Spark runs on a JVM: Java {' or '.join(map(str, JAVA_VERSIONS))}). "
-            f"Install it (Debian and Ubuntu: `{INSTALL_JAVA}`) or set JAVA_HOME; {back}."
+            f"Install it (Debian and Ubuntu: `{INSTALL_JAVA}`) or set JAVA_HOME; {BACK}.",
+            fix=BACK,
         )
     version = java_version(java)
     if version is not None and version < JAVA_VERSIONS[0]:
         raise ConfigError(
             f"{local}, but {java} is Java {version}; Spark 4 needs Java {' or '.join(map(str, JAVA_VERSIONS))}. "
-            f"Install one (Debian and Ubuntu: `{INSTALL_JAVA}`) and point JAVA_HOME at it; {back}."
+            f"Install one (Debian and Ubuntu: `{INSTALL_JAVA}`) and point JAVA_HOME at it; {BACK}.",
+            fix=BACK,
         )
 
 
@@ -105,15 +110,15 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
     JVM output: a master that is not a master URL, a standalone master nothing answers at, a driver or executor
     memory too small or not a size."""
     merged = _with_defaults(settings)
-    back = f"or preprocess on this machine's engine: `{kedro_run(params={'preprocessing.engine': 'local'})}`"
     if "spark.remote" in merged:
-        _check_remote(merged["spark.remote"], timeout, back)
+        _check_remote(merged["spark.remote"], timeout)
         return
     master = merged["spark.master"]
     if not _MASTER.fullmatch(master):
         raise ConfigError(
             f"{SPARK_YML}: spark.master {master!r} is not a Spark master URL (local[*], local[4], spark://host:7077, "
-            f"yarn, k8s://https://host:443). Fix the key, {back}."
+            f"yarn, k8s://https://host:443). Fix the key, {BACK}.",
+            fix=BACK,
         )
     if master.startswith("spark://"):
         for address in master.removeprefix("spark://").split(","):
@@ -123,7 +128,8 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
             except (OSError, ValueError) as error:
                 raise ConfigError(
                     f"{SPARK_YML}: nothing answers at spark.master {master} ({address}: {error}). Start the Spark "
-                    f"master there or point spark.master at one that runs, {back}."
+                    f"master there or point spark.master at one that runs, {BACK}.",
+                    fix=BACK,
                 ) from None
     for key in ("spark.driver.memory", "spark.executor.memory"):
         if key not in merged:
@@ -133,11 +139,12 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
         if size is None or int(size.group(1)) * factor[size.group(2).lower()] < MEMORY_AT_LEAST:
             raise ConfigError(
                 f"{SPARK_YML}: {key} {merged[key]!r} is {'not a size' if size is None else 'too small'}: Spark needs "
-                f"at least {MEMORY_AT_LEAST // 2**20} MB (e.g. 2g). Fix the key, {back}."
+                f"at least {MEMORY_AT_LEAST // 2**20} MB (e.g. 2g). Fix the key, {BACK}.",
+                fix=BACK,
             )
 
 
-def _check_remote(remote: str, timeout: float, back: str) -> None:
+def _check_remote(remote: str, timeout: float) -> None:
     """A Spark Connect address (``sc://host[:port][/;params]``) that nothing answers at, refused in seconds (Spark
     Connect's client was still retrying after 90 s)."""
     if not remote.startswith("sc://"):
@@ -145,7 +152,8 @@ def _check_remote(remote: str, timeout: float, back: str) -> None:
             return  # starts a Spark Connect server here
         raise ConfigError(
             f"{SPARK_YML}: spark.remote {remote!r} is not a Spark Connect address (sc://host:15002, or local[*] for "
-            f"a server on this machine). Fix the key, {back}."
+            f"a server on this machine). Fix the key, {BACK}.",
+            fix=BACK,
         )
     address = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
     host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
@@ -154,7 +162,8 @@ def _check_remote(remote: str, timeout: float, back: str) -> None:
     except (OSError, ValueError) as error:
         raise ConfigError(
             f"{SPARK_YML}: nothing answers at spark.remote {remote} ({address}: {error}). Start the Spark Connect "
-            f"server there or point spark.remote at one that runs, {back}."
+            f"server there or point spark.remote at one that runs, {BACK}.",
+            fix=BACK,
         ) from None
 
 

@@ -25,14 +25,15 @@ from pathlib import Path
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import UserError, user_error
+from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.checkpoint import Checkpoint
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
+# A run without tracking: the user's command with the switch off.
+NO_TRACKING = Fix(environment={SWITCH: "off"})
 ARTIFACTS = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "roc_curve_plot",
     "calibration_plot", "score_histogram_plot", "scoring_report", "export_report",
@@ -74,14 +75,16 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
             f"{uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or MLFLOW_TRACKING_URI) answered HTTP "
             f"{error.code} to MLflow's health check ({uri.rstrip('/')}/health): it is not an MLflow tracking "
             f"server, or the address's path is wrong. Point mlflow_tracking_uri at the server (conf/local/mlflow.yml), "
-            f"or run without tracking: `{SWITCH}=off {kedro_run()}`."
+            f"or run without tracking: `{NO_TRACKING}`.",
+            fix=NO_TRACKING,
         ) from None
     except (OSError, ValueError) as error:
         raise TrackingServerError(
             f"The MLflow tracking server {uri} (server.mlflow_tracking_uri in conf/*/mlflow.yml, or "
             f"MLFLOW_TRACKING_URI) does not answer: {getattr(error, 'reason', error)}. Start it, point "
             f"mlflow_tracking_uri elsewhere (conf/local/mlflow.yml), or run without tracking: "
-            f"`{SWITCH}=off {kedro_run()}`."
+            f"`{NO_TRACKING}`.",
+            fix=NO_TRACKING,
         ) from None
 
 
@@ -146,12 +149,15 @@ class TrackingHooks:
                     store.parent, f"MLflow's tracking store {store}", "server.mlflow_tracking_uri (conf/*/mlflow.yml)"
                 )
             except NotWritableError as error:
-                raise NotWritableError(f"{error} Or run without tracking: `{SWITCH}=off {kedro_run()}`.") from None
+                raise NotWritableError(
+                    f"{error} Or run without tracking: `{NO_TRACKING}`.", fix=[*error.fixes, NO_TRACKING]
+                ) from None
             if store.exists() and not os.access(store, os.W_OK):
                 raise NotWritableError(
                     f"MLflow's tracking store {store} is read-only: make it writable, point "
                     f"server.mlflow_tracking_uri (conf/local/mlflow.yml) elsewhere, or run without tracking: "
-                    f"`{SWITCH}=off {kedro_run()}`."
+                    f"`{NO_TRACKING}`.",
+                    fix=NO_TRACKING,
                 )
         check_tracking_server(uri)
 

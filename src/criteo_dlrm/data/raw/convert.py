@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.errors import Fix
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import (
@@ -208,11 +208,12 @@ def _stream_day(
         if "straddl" in str(error):
             line = int(tracker.lines(rows_seen, np.zeros(1, dtype=np.int64))[0])
             mb = options.block_size / (1 << 20)
-            larger = {f"{options.parameters}.block_size_mb": max(64, math.ceil(4 * mb))}
+            fix = Fix(params={f"{options.parameters}.block_size_mb": max(64, math.ceil(4 * mb))})
             raise IngestionError(
                 f"{source}: a line from line {line:,} on is longer than one block of text "
                 f"({options.parameters}.block_size_mb={mb:g}). Criteo lines are a few hundred bytes: look at that "
-                f"line, or read larger blocks: `{kedro_run(params=larger)}`."
+                f"line, or read larger blocks: `{fix}`.",
+                fix=fix,
             ) from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
     except OSError as error:  # a truncated or corrupt .gz, a failing disk

@@ -18,8 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import DataError, Fix
 from criteo_dlrm.common.schema import NUM_RAW_FIELDS, check_parquet_schema
 from criteo_dlrm.data.raw.rejects import IngestionError
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
@@ -99,14 +98,18 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
     """
     folder = Path(raw_dir)
     if folder.exists() and not folder.is_dir():
+        fix = Fix(params={parameter: folder.parent})
         raise IngestionError(
             f"{parameter}: {folder} is a file, not a folder. Point {parameter} at the folder that holds the day "
-            f"files ({NAMING}){others}: `{kedro_run(params={parameter: folder.parent})}`"
+            f"files ({NAMING}){others}: `{fix}`",
+            fix=fix,
         )
     if not folder.is_dir():
+        fix = Fix(params={parameter: "/path/to/criteo"})
         raise IngestionError(
             f"{parameter}: the folder {folder} does not exist. Put Criteo day files ({NAMING}){others} there, or "
-            f"point {parameter} at your folder: `{kedro_run(params={parameter: '/path/to/criteo'})}`"
+            f"point {parameter} at your folder: `{fix}`",
+            fix=fix,
         )
     days, ignored, problems = [], {}, []
     for path in sorted(folder.iterdir()):
@@ -126,9 +129,11 @@ def scan_raw_folder(raw_dir: str | os.PathLike, parameter: str = "ingestion.raw_
     if problems:
         raise IngestionError(f"Raw data folder {folder}:\n  " + "\n  ".join(problems))
     if not days:
+        fix = Fix(params={parameter: "/path/to/criteo"})
         raise IngestionError(
             f"{parameter}: the folder {folder} holds no Criteo day file (expected {NAMING}){others}. Point "
-            f"{parameter} at the folder that holds them: `{kedro_run(params={parameter: '/path/to/criteo'})}`"
+            f"{parameter} at the folder that holds them: `{fix}`",
+            fix=fix,
         )
     _refuse_two_files_for_one_day(folder, days)
     by_reason: dict[str, list[str]] = {}

@@ -7,8 +7,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from criteo_dlrm.common.commands import kedro_run
-from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.common.errors import DataError, Fix
 from criteo_dlrm.common.storage import atomic_file
 
 MAX_REPORTED = 5
@@ -45,12 +44,13 @@ def check_rejects(
     if rows == 0:
         raise IngestionError(f"{source}: no valid Criteo row in {total:,} lines." + describe(rejects, rejects_path))
     if len(rejects) > max_fraction * total:
-        allowed = max(len(rejects) / total * 1.01, 0.001)
+        fix = Fix(params={parameter: float(f"{max(len(rejects) / total * 1.01, 0.001):.3g}")})
         raise IngestionError(
             f"{source}: {len(rejects):,} of {total:,} lines rejected ({len(rejects) / total:.3%}), more than "
             f"{parameter}={max_fraction}."
             + describe(rejects, rejects_path)
-            + f"\nFix the file, or accept this share of bad lines: `{kedro_run(params={parameter: float(f'{allowed:.3g}')})}`."
+            + f"\nFix the file, or accept this share of bad lines: `{fix}`.",
+            fix=fix,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from loguru import logger
 
-from criteo_dlrm.common.commands import kedro_run
+from criteo_dlrm.common.errors import Fix
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
@@ -70,9 +70,11 @@ def _check_encoded(features: EncodedArrays, expected: dict, name: str) -> None:
         return f"feature_metadata version {lineage['metadata_version']} on {days}{transform}"
 
     if features.lineage != expected:
+        fix = Fix(pipelines="training")
         raise LineageError(
             f"{name} were encoded with {describe(features.lineage)}, but this run trains with "
-            f"{describe(expected)}. Encode them again: `{kedro_run('training')}`."
+            f"{describe(expected)}. Encode them again: `{fix}`.",
+            fix=fix,
         )
 
 
