@@ -88,3 +88,18 @@ def test_only_the_command_line_and_the_console_read_how_kedro_run_was_started():
         if "criteo_dlrm.common.commands" in _module_imports(path) and path.name != "commands.py"
     }
     assert readers == {"cli.py", "logs.py"}
+
+
+def test_a_kedro_command_s_start_imports_neither_matplotlib_nor_torch_s_distributed_checkpoint():
+    """Every ``kedro`` command imports the settings and the pipelines: the figures' library and torch's sharded
+    checkpoints (0.3 s and 0.5 s) are imported where a figure is drawn or a sharded state is written or read."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from kedro.framework.project import configure_project, pipelines; "
+        "configure_project('criteo_dlrm'); assert pipelines['__default__'].nodes; "
+        "print([m for m in ('matplotlib', 'torch.distributed.checkpoint') if m in sys.modules])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT)
+    assert loaded.stdout.strip() == "[]"

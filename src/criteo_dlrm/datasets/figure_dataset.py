@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from .previews import ImagePreview
 from .versioned_file import VersionedFileDataset
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: 0.3 s of every kedro command's start
+    from matplotlib.figure import Figure
 
 
 class FigureDataset(VersionedFileDataset):

@@ -28,7 +28,6 @@ import torch.distributed as dist
 from criteo_dlrm.common.storage import DamagedFileError, link_or_copy, remove_stale_partials, staging_path
 from criteo_dlrm.engine.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.result import TrainingResult
-from criteo_dlrm.engine.sharded_checkpoint import write_state
 
 
 def best_path_for(in_progress: str | os.PathLike) -> Path:
@@ -74,6 +73,9 @@ class ProgressFiles:
     def save_sharded(self, values: dict[str, Any], tensors: dict[str, torch.Tensor], improved: bool) -> None:
         """A sharded run's checkpoint: ``tensors`` written by every process into the folder beside the file,
         ``values`` (with the folder's name and digests) by rank 0. Every process calls it."""
+        # Imported here: torch.distributed.checkpoint takes half a second of every kedro command's start otherwise.
+        from criteo_dlrm.engine.sharded_checkpoint import write_state
+
         target = self.latest if self.latest is not None else self.best
         folder = target.parent / f"{target.stem}.state-{values['step']}"
         target.parent.mkdir(parents=True, exist_ok=True)
