@@ -58,10 +58,11 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     )
     checkpoint, _ = run_training(config, train_rows, validation_rows, metadata, vocabularies, name)
     fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
+    model = model_from_checkpoint(checkpoint)
     fits["isotonic"] = calibrate(
-        checkpoint, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU, config.precision
+        model, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU, config.precision
     )
-    labels, logits = score_days(model_from_checkpoint(checkpoint), encoder, [test], CPU, progress=False)
+    labels, logits = score_days(model, encoder, [test], CPU, progress=False)
     ctr = labels.mean()
     # The calibration ratio's standard error from the test rows alone (binomial): the noise floor of "1.00".
     noise = math.sqrt((1 - ctr) / (ctr * len(labels)))

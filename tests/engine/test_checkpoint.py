@@ -100,14 +100,31 @@ def test_a_checkpoint_is_read_through_one_object_that_checks_its_encoder(tiny_ch
     from criteo_dlrm.engine.checkpoint import Checkpoint
     from criteo_dlrm.engine.scoring import VocabularyMismatchError
 
-    checkpoint = Checkpoint(tiny_checkpoint)
+    checkpoint = Checkpoint.from_dict(tiny_checkpoint)
     assert checkpoint.source == "dlrm_checkpoint version 2026-11-30T01.00.00.000Z"
     assert checkpoint.step == tiny_checkpoint["step"] and checkpoint.calibration_method == "platt"
     assert checkpoint.source_days == tiny_checkpoint["metadata"]["source_days"]
     assert checkpoint.encoder().table_sizes == checkpoint.model().config.table_sizes
-    uncalibrated = Checkpoint({k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt")
+    uncalibrated = Checkpoint.from_dict(
+        {k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt"
+    )
     assert not uncalibrated.calibrated and uncalibrated.calibration_method == "none"
     assert uncalibrated.calibration().method == "none"
-    damaged = Checkpoint(with_altered_vocabulary(tiny_checkpoint, 0), named="x.pt")
+    damaged = Checkpoint.from_dict(with_altered_vocabulary(tiny_checkpoint, 0), named="x.pt")
     with pytest.raises(VocabularyMismatchError, match="x.pt: its vocabularies"):
         damaged.encoder()
+
+
+def test_a_checkpoint_is_a_record_whose_stored_form_round_trips_and_keeps_what_it_does_not_know(tiny_checkpoint):
+    from criteo_dlrm.engine.checkpoint import CHECKPOINT_FORMAT, Checkpoint
+
+    stored = {key: value for key, value in tiny_checkpoint.items() if key != "catalog_version"}
+    checkpoint = Checkpoint.from_dict({**stored, "written_by_a_later_version": 7, "catalog_version": "v9"})
+    assert checkpoint.version == "v9" and checkpoint.others == {"written_by_a_later_version": 7}
+    assert checkpoint.trained_with is stored["metadata"] and checkpoint.encoder_state is stored["encoder"]
+    assert checkpoint.calibration_state is stored["calibration"] and checkpoint.format == CHECKPOINT_FORMAT
+    again = checkpoint.to_dict()
+    assert "catalog_version" not in again and again.pop("written_by_a_later_version") == 7
+    assert again.keys() == stored.keys() and all(again[key] is stored[key] for key in stored)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checkpoint.step = 1

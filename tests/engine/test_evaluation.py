@@ -19,7 +19,7 @@ def checkpoint(tiny_checkpoint):
 
 
 def score_checkpoint(values: dict, config: EvaluationConfig):
-    return score(Checkpoint(values), config)
+    return score(Checkpoint.from_dict(values), config)
 
 
 def test_metrics_match_sklearn_on_the_scored_rows(checkpoint, tiny_features):

@@ -266,7 +266,7 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
         handle.seek(100)
         handle.write(b"\x00" * 8)
     with pytest.raises(DamagedFileError, match=re.escape(str(shard))):
-        Checkpoint(
+        Checkpoint.from_dict(
             TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version("v1", None)).load()
         ).model()
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -135,38 +135,79 @@ def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A finished run's checkpoint (``dlrm_checkpoint``), read through one object: the model, the encoder
-    (always checked against the vocabularies it was trained with), the calibration and the lineage, with the
-    former formats mapped inside. Nodes make one from what the catalog loaded (``Checkpoint(dlrm_checkpoint)``);
-    the dict stays the stored form (``values``)."""
+    """A finished run's checkpoint (``dlrm_checkpoint``): the kept model's weights (or a sharded run's state folder)
+    and everything needed to resume, reproduce or score it, read through its methods: the model, the encoder
+    (always checked against the vocabularies it was trained with) and the calibration.
 
-    values: dict[str, Any]
-    named: str | None = None  # how messages name it, where not by its catalog version (a file's path)
+    Built complete by ``training_checkpoint``; ``from_dict``/``to_dict`` convert the stored form (the dict the
+    catalog's ``TorchCheckpointDataset`` saves and loads), with the former formats mapped in ``model()``.
 
-    @property
-    def version(self) -> str | None:
-        """Its catalog version (None for one not loaded from the catalog)."""
-        return self.values.get("catalog_version")
+    Attributes:
+        step, epoch: the kept model's.
+        model_config: ``DLRMConfig.to_dict()``.
+        trained_with: the feature metadata it was trained with: ``version``, ``vocabulary_sha256``,
+            ``train_ctr``, ``source_days`` (stored as ``metadata``).
+        encoder_state: ``FeatureEncoder.state_dict()`` (stored as ``encoder``).
+        calibration_state: the fitted calibrator's state (``engine.calibration``; stored as ``calibration``),
+            None for a checkpoint made before calibration.
+        model_state, optimizer_state: its tensors; or ``sharded_state``: a sharded run's state folder, with its
+            dense optimiser's ``dense_param_groups``.
+        version: its catalog version (the dataset adds it on load; not stored); ``named``: how messages name it
+            otherwise (a file's path; not stored).
+        others: stored keys this version does not know, kept as they are.
+    """
+
+    step: int
+    model_config: dict[str, Any]
+    trained_with: dict[str, Any]
+    encoder_state: dict[str, Any]
+    calibration_state: dict[str, Any] | None = None
+    model_state: dict[str, torch.Tensor] | None = None
+    optimizer_state: dict[str, Any] | None = None
+    sharded_state: dict[str, Any] | None = None
+    dense_param_groups: list[dict[str, Any]] | None = None
+    epoch: int | None = None
+    training_parameters: dict[str, Any] = field(default_factory=dict)
+    best_validation: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    run_version: str | None = None
+    tensorboard_run: str | None = None
+    library_versions: dict[str, str] = field(default_factory=dict)
+    created: str | None = None
+    format: int = CHECKPOINT_FORMAT
+    version: str | None = None
+    named: str | None = None
+    others: dict[str, Any] = field(default_factory=dict)
+
+    # Stored keys whose field has another name; ``version`` and ``named`` are not stored.
+    _STORED_AS: ClassVar[dict[str, str]] = {
+        "trained_with": "metadata", "encoder_state": "encoder", "calibration_state": "calibration",
+    }  # fmt: skip
+    _NOT_STORED: ClassVar[tuple[str, ...]] = ("version", "named", "others")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], named: str | None = None) -> Checkpoint:
+        """A stored checkpoint (the catalog's dict: ``catalog_version`` is its version)."""
+        names = {f.name for f in fields(cls)} - set(cls._NOT_STORED)
+        stored = {cls._STORED_AS.get(name, name): name for name in names}
+        known = {stored[key]: value for key, value in values.items() if key in stored}
+        others = {key: value for key, value in values.items() if key not in stored and key != "catalog_version"}
+        return cls(**known, version=values.get("catalog_version"), named=named, others=others)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: what ``save_atomically`` and the catalog's dataset write (absent entries left out)."""
+        values = {
+            self._STORED_AS.get(f.name, f.name): getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in self._NOT_STORED
+        }
+        optional = ("model_state", "optimizer_state", "sharded_state", "dense_param_groups")
+        return {key: value for key, value in values.items() if not (key in optional and value is None)} | self.others
 
     @property
     def source(self) -> str:
         """How messages name it: ``dlrm_checkpoint version <version>`` (or as it was named)."""
         return self.named or f"dlrm_checkpoint version {self.version}"
-
-    @property
-    def run_version(self) -> str | None:
-        return self.values.get("run_version")
-
-    @property
-    def step(self) -> int:
-        """The kept model's step."""
-        return self.values["step"]
-
-    @property
-    def trained_with(self) -> dict[str, Any]:
-        """The feature metadata it was trained with: ``version``, ``vocabulary_sha256``, ``train_ctr``,
-        ``source_days``."""
-        return self.values["metadata"]
 
     @property
     def metadata_version(self) -> str | None:
@@ -181,15 +222,15 @@ class Checkpoint:
     @property
     def calibrated(self) -> bool:
         """False for a checkpoint made before calibration (it scores with its raw output)."""
-        return self.values.get("calibration") is not None
+        return self.calibration_state is not None
 
     @property
     def calibration_method(self) -> str:
-        return (self.values.get("calibration") or {}).get("method", "none")
+        return (self.calibration_state or {}).get("method", "none")
 
     def model(self) -> torch.nn.Module:
         """Its DLRM with the kept weights, on the CPU, in eval mode."""
-        return model_from_checkpoint(self.values)
+        return model_from_checkpoint(self.to_dict())
 
     def encoder(self):
         """Its feature encoder, after checking its vocabularies are the ones it was trained with.
@@ -197,15 +238,15 @@ class Checkpoint:
         Raises:
             VocabularyMismatchError (``engine.scoring``): naming it.
         """
-        from criteo_dlrm.engine.scoring import checkpoint_encoder
+        from criteo_dlrm.engine.scoring import checked_encoder
 
-        return checkpoint_encoder(self.values, self.source)
+        return checked_encoder(self.encoder_state, self.trained_with["vocabulary_sha256"], self.source)
 
     def calibration(self):
         """Its calibration (an ``engine.calibration.Calibrator``, in eval mode): ``Identity`` when it has none."""
         from criteo_dlrm.engine.calibration import from_state
 
-        return from_state(self.values.get("calibration"))
+        return from_state(self.calibration_state)
 
 
 def training_checkpoint(
@@ -213,10 +254,11 @@ def training_checkpoint(
     best: dict[str, Any],
     model_config: dict,
     parameters: dict,
-    metadata: dict,
+    trained_with: dict,
     encoder_state: dict,
+    calibration: dict,
     run: dict,
-) -> dict[str, Any]:
+) -> Checkpoint:
     """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
 
     Args:
@@ -226,22 +268,23 @@ def training_checkpoint(
             dataset links into the checkpoint's version.
         model_config: ``DLRMConfig.to_dict()``.
         parameters: the training parameters as run (overrides included).
-        metadata: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
+        trained_with: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
         encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
+        calibration: the calibrator fitted on the kept model's validation logits (its state).
         run: ``run_version`` and ``tensorboard_run``.
     """
-    return {
-        "format": CHECKPOINT_FORMAT,
+    return Checkpoint(
         **best,
-        "step": result.best_step,
-        "epoch": result.best_epoch,
-        "model_config": model_config,
-        "training_parameters": parameters,
-        "metadata": metadata,
-        "encoder": encoder_state,
-        "best_validation": result.best_metrics,
-        "history": result.history,
+        step=result.best_step,
+        epoch=result.best_epoch,
+        model_config=model_config,
+        training_parameters=parameters,
+        trained_with=trained_with,
+        encoder_state=encoder_state,
+        calibration_state=calibration,
+        best_validation=result.best_metrics,
+        history=result.history,
         **run,
-        "library_versions": library_versions(),
-        "created": datetime.now(UTC).isoformat(),
-    }
+        library_versions=library_versions(),
+        created=datetime.now(UTC).isoformat(),
+    )

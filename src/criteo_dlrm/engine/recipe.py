@@ -150,13 +150,15 @@ def run_training(
     }
     run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
     in_progress = job.resume_path
-    checkpoint = training_checkpoint(
-        result, best, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), run
-    )
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
-    checkpoint["calibration"] = calibrate(checkpoint, validation, config, device, outcome.backends["precision"])
-    warnings = [warning for warning in (rates, checkpoint["calibration"].pop("warning", None)) if warning]
+    kept = model_from_checkpoint({"model_config": model_config.to_dict(), **best})
+    calibration = calibrate(kept, validation, config, device, outcome.backends["precision"])
+    del kept
+    warnings = [warning for warning in (rates, calibration.pop("warning", None)) if warning]
+    checkpoint = training_checkpoint(
+        result, best, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), calibration, run
+    )
     summary = {
         **run,
         "device": outcome.device,
@@ -172,7 +174,7 @@ def run_training(
         "target": result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
         "samples_per_second": result.samples_per_second,
         "best_validation": result.best_metrics,
-        "calibration": {key: value for key, value in checkpoint["calibration"].items() if not key.startswith("knots")},
+        "calibration": {key: value for key, value in calibration.items() if not key.startswith("knots")},
         "history": result.history,
         "warnings": warnings,
         "metadata_version": metadata_version,
@@ -183,7 +185,7 @@ def run_training(
     }
     if sharded and in_progress is None:  # its files are linked into the stored checkpoint, then removed
         summary["best_checkpoint"] = str(result.best_checkpoint)
-    return checkpoint, summary
+    return checkpoint.to_dict(), summary
 
 
 def _reuse(previous: FinishedRun, finished: str) -> tuple[dict, dict] | None:
@@ -274,14 +276,14 @@ def calibration_warning(state: dict, raw_calibration: float) -> str | None:
 
 
 def calibrate(
-    checkpoint: dict, validation: EncodedArrays, config: TrainingConfig, device: torch.device, precision: str
+    model: torch.nn.Module, validation: EncodedArrays, config: TrainingConfig, device: torch.device, precision: str
 ) -> dict:
-    """Fit ``config.calibration`` on the checkpoint's model's logits for the validation rows (``engine.calibration``).
+    """Fit ``config.calibration`` on the kept model's logits for the validation rows (``engine.calibration``).
 
     Returns:
         the calibration's state, with the validation log loss before and after (``validation_log_loss``).
     """
-    model = model_from_checkpoint(checkpoint).to(device)
+    model = model.to(device)
     loader = BatchLoader(validation, config.batch_size.validation)
     scores = predict(model, loader, device, precision, output="logit")
     labels = validation.checked_labels()

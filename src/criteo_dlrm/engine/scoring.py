@@ -43,15 +43,14 @@ class VocabularyMismatchError(DataError):
     """The encoder's vocabularies are not the ones the checkpoint was trained with."""
 
 
-def checkpoint_encoder(checkpoint: dict, source: str) -> FeatureEncoder:
-    """The encoder stored in a checkpoint, after checking that its vocabularies are the ones it was trained
-    with (other vocabularies would silently mis-encode every row).
+def checked_encoder(state: dict, expected_sha256: str, source: str) -> FeatureEncoder:
+    """The encoder a checkpoint stored (``state``), after checking that its vocabularies are the ones it was
+    trained with (``expected_sha256``; other vocabularies would silently mis-encode every row).
 
     Raises:
         VocabularyMismatchError: naming ``source`` (e.g. ``dlrm_checkpoint version ...``).
     """
-    encoder = FeatureEncoder.from_state_dict(checkpoint["encoder"])
-    expected_sha256 = checkpoint["metadata"]["vocabulary_sha256"]
+    encoder = FeatureEncoder.from_state_dict(state)
     if encoder.vocabularies is None:
         actual = vocabulary_digest({name: np.zeros(0, dtype=np.int64) for name in SPARSE_COLUMNS})
     else:

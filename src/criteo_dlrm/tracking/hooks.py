@@ -281,7 +281,7 @@ class TrackingHooks:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
 
         path = self._path("dlrm_checkpoint")
-        days = Checkpoint(checkpoint).source_days
+        days = Checkpoint.from_dict(checkpoint).source_days
         parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)
         if path is None or parquet is None:
             return

@@ -57,7 +57,7 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
             [path] = path.glob("*.pt")
         # Mapped, not read: the optimiser state (twice the tables with Adagrad, three times with Adam) is never
         # in memory, and the weights only once, in the model.
-        checkpoint = Checkpoint(load_checkpoint(path, mmap=True), named=str(path))
+        checkpoint = Checkpoint.from_dict(load_checkpoint(path, mmap=True), named=str(path))
         self.encoder = checkpoint.encoder()
         self.model = checkpoint.model()
         self.calibration = checkpoint.calibration()

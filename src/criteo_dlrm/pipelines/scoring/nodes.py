@@ -59,7 +59,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint(dlrm_checkpoint)
+    checkpoint = Checkpoint.from_dict(dlrm_checkpoint)
     source, encoder = checkpoint.source, checkpoint.encoder()
     days = input_days(config)
     # Staged beside the scoring input (the catalog copies it into its versioned place and deletes it); what a
@@ -112,7 +112,7 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint(dlrm_checkpoint)
+    checkpoint = Checkpoint.from_dict(dlrm_checkpoint)
     # The encoder is checked as scoring and evaluation check it: a served model with other vocabularies would
     # mis-encode every request.
     encoder = checkpoint.encoder()
