@@ -427,3 +427,24 @@ def test_adagrad_s_epsilon_reaches_torchrec_s_fused_kernel(tiny_features, tmp_pa
     moved = tiny.abs().sum(1) > 0
     assert moved.any()
     assert large[moved].abs().max() < 1e-3 * tiny[moved].abs().max(), "eps 1e3 makes the first update tiny"
+
+
+def test_embedding_weight_decay_reaches_the_rows_a_sharded_model_looked_up(tiny_features, tmp_path, one_process_group):
+    """The L2 term is taken outside the model (``engine.step.LookedUpSquares``): with TorchRec's tables inside
+    DistributedModelParallel too, it is the sum of the looked-up rows' squares (a naive count from the state)."""
+    from criteo_dlrm.data.batches import Batch
+    from criteo_dlrm.engine.modes import Sharded
+    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.models.torchrec_embeddings import split_tables
+
+    losses = {}
+    for decay in (0.0, 0.01):
+        config = _config(tmp_path, embedding_weight_decay=decay)
+        model_config = config.model_config(_table_sizes(tiny_features))
+        torch.manual_seed(5)
+        mode = Sharded.build(model_config, config, torch.device("cpu"))
+        tables = split_tables(mode.sharded.model_state(), model_config)
+        dense, sparse = _inputs(model_config, rows=64)
+        losses[decay] = float(TrainStep(mode, config)(Batch((dense[:, 0] > 0).float(), dense, sparse), 0, 10))
+    squares = sum(float(tables[f][int(index)].square().sum()) for row in sparse for f, index in enumerate(row))
+    assert losses[0.01] - losses[0.0] == pytest.approx(0.01 * squares / 64, rel=1e-4)

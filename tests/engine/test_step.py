@@ -110,3 +110,26 @@ def test_phases_are_timed_on_the_cpu_and_on_cuda_only_when_asked_or_profiling():
     assert step("cuda", profiler={"enabled": True}).synchronise
     assert step("cuda", phase_timing=True).synchronise
     assert not step("cpu", phase_timing=False).timed
+
+
+def test_the_looked_up_squares_come_from_training_passes_of_a_model_that_returns_logits_only():
+    from criteo_dlrm.engine.step import LookedUpSquares
+
+    config = TrainingConfig.from_dict({**TINY_MODEL, "embedding_weight_decay": 0.01})
+    mode, _, batch = _mode_and_batch(config)
+    model, squares = mode.model, LookedUpSquares(mode.model)
+    model.eval()
+    with torch.no_grad():
+        logits = model(batch.dense, batch.sparse)
+    assert isinstance(logits, torch.Tensor) and logits.shape == (32,)
+    with pytest.raises(RuntimeError, match="no training forward pass"):
+        squares.take()  # evaluation adds nothing
+    model.train()
+    with torch.no_grad():
+        model(batch.dense, batch.sparse)
+        looked_up = torch.cat([e.reshape(32, -1) for e in model.embed(batch.sparse)], dim=1)
+    assert float(squares.take()) == pytest.approx(float(looked_up.square().sum()), rel=1e-6)
+    squares.remove()
+    model(batch.dense, batch.sparse)
+    with pytest.raises(RuntimeError):
+        squares.take()

@@ -32,6 +32,36 @@ def learning_rate_factor(step: int, total_steps: int, config: TrainingConfig) ->
     return 1.0 - progress if config.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class LookedUpSquares:
+    """The sum of the squared embedding values a training forward pass of ``model`` looked up, () float32: the
+    L2 penalty on the rows a batch reaches (``training.embedding_weight_decay``), not on the whole tables.
+
+    Taken outside the model, from the lookups its interaction receives (a forward pre-hook), so ``DLRM.forward``
+    returns logits only and the model is wrapped for training (DDP, TorchRec's DistributedModelParallel) as it
+    is: a wrapper module that adds the term, as TorchRec's ``DLRMTrain``, would put its own prefix on every
+    stored weight's name. Evaluation (the model in eval mode) adds nothing.
+    """
+
+    def __init__(self, model: nn.Module):
+        self._total: torch.Tensor | None = None
+        self._handle = model.interaction.register_forward_pre_hook(self._add)
+
+    def _add(self, interaction: nn.Module, inputs: tuple) -> None:
+        if interaction.training:
+            _, embedded = inputs  # per embedding group (B, T_g, D_g)
+            self._total = sum(e.float().square().sum() for e in embedded)
+
+    def take(self) -> torch.Tensor:
+        """The last training forward pass's sum (once: a step that forgot to run forward fails here)."""
+        total, self._total = self._total, None
+        if total is None:
+            raise RuntimeError("no training forward pass since the last take()")
+        return total
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
 class TrainStep:
     """``step(batch, index, total_steps, timings)`` -> the batch's loss (detached), the weights updated.
 
@@ -46,6 +76,7 @@ class TrainStep:
         # Whether the phases are timed (``phase_timing``; null: on the CPU, and on CUDA while profiling).
         self.timed = config.phase_timing if config.phase_timing is not None else not cuda or config.profiler.enabled
         self.synchronise = self.timed and cuda  # a CUDA phase's time is its kernels' only once they finished
+        self.squares = LookedUpSquares(mode.model) if config.embedding_weight_decay else None
 
     def _phase(self, timings: dict, name: str, start: float) -> float:
         if not self.timed:
@@ -65,15 +96,11 @@ class TrainStep:
         mode.set_learning_rates(learning_rate_factor(index, total_steps, config))
         mode.zero_grad()
         start = self._phase(timings, "data", start)
-        decay = config.embedding_weight_decay
         with autocast(mode.device, config.precision):
-            if decay:
-                logits, squares = mode.train_model(batch.dense, batch.sparse, embedding_squares=True)
-            else:
-                logits = mode.train_model(batch.dense, batch.sparse)
+            logits = mode.train_model(batch.dense, batch.sparse)
         loss = self.loss_function(logits.float(), batch.labels)
-        if decay:
-            loss = loss + decay * squares
+        if self.squares is not None:
+            loss = loss + config.embedding_weight_decay * self.squares.take()
         loss = loss * mode.loss_weight(batch.global_rows or len(batch))
         start = self._phase(timings, "forward", start)
         mode.backward(loss)

@@ -397,17 +397,11 @@ class DLRM(nn.Module):
         """x: (B, D) dense output; embedded: per group (B, T_g, D_g) -> (B, interaction_size)."""
         return self.interaction(x, embedded)
 
-    def forward(
-        self, dense: torch.Tensor, sparse: torch.Tensor, embedding_squares: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,); with ``embedding_squares`` also the sum of
-        the squared embedding values the batch looked up, () (for an L2 penalty that reaches only those rows)."""
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """dense: (B, 13) float; sparse: (B, 26) int -> logits (B,)."""
         x = self.dense_mlp(dense)  # (B, D)
         embedded = self.embed(sparse)
-        logits = self.prediction_mlp(self.interact(x, embedded)).squeeze(1)  # (B,)
-        if not embedding_squares:
-            return logits
-        return logits, sum(e.float().square().sum() for e in embedded)
+        return self.prediction_mlp(self.interact(x, embedded)).squeeze(1)  # (B,)
 
     def embedding_parameters(self) -> list[nn.Parameter]:
         return list(self.embeddings.parameters())
