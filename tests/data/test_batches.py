@@ -213,3 +213,21 @@ def test_a_window_read_ahead_fails_on_the_batch_that_needs_it_and_an_early_stop_
     next(early)
     early.close()  # a run stopping mid-epoch (early stopping, the last step)
     assert not [t for t in threading.enumerate() if t.name.startswith("window-read-ahead")]
+
+
+def test_each_rank_s_share_of_the_batches_goes_back_in_row_order_as_arrays_or_as_tensors_where_they_are():
+    """``rank_order`` undoes ``rank_share`` (23 rows, batches of 8, 3 processes: shares of 3/3/2, 3/3/2, 3/2/2);
+    with NCCL the shares are gathered on the GPU and put in order there (tensors), as gloo's on the host."""
+    from criteo_dlrm.data.batches import rank_order, rank_share
+
+    rows, batch_size, world = 23, 8, 3
+    values = np.arange(rows, dtype=np.float32)
+    shares = [[] for _ in range(world)]
+    for begin in range(0, rows, batch_size):
+        for rank in range(world):
+            shares[rank].append(rank_share(values[begin : begin + batch_size], world, rank))
+    assert [len(part) for part in shares[2]] == [2, 2, 2] and [len(part) for part in shares[0]] == [3, 3, 3]
+    arrays = [np.concatenate(share) for share in shares]
+    np.testing.assert_array_equal(rank_order(arrays, rows, batch_size), values)
+    ordered = rank_order([torch.from_numpy(a) for a in arrays], rows, batch_size)
+    assert isinstance(ordered, torch.Tensor) and torch.equal(ordered, torch.from_numpy(values))

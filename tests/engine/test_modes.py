@@ -1,6 +1,5 @@
 """The parallel modes: which one a run gets, what each builds and reports, and the optimisers from the one table."""
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -103,19 +102,3 @@ def test_data_parallel_is_the_mode_of_a_group_of_more_than_one(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda *args: 2)
     assert mode_class(_config()) is DataParallel
     assert mode_class(_torchrec()) is Sharded
-
-
-def test_the_gathered_shares_go_back_in_row_order_as_arrays_or_as_tensors_where_they_are():
-    """With NCCL the shares are gathered on the GPU and put in order there (tensors), as gloo's on the host."""
-    from criteo_dlrm.engine.modes import _row_order
-
-    rows, batch_size, world = 23, 8, 3
-    values = np.arange(rows, dtype=np.float32)
-    shares = [[] for _ in range(world)]
-    for begin in range(0, rows, batch_size):
-        for rank, part in enumerate(np.array_split(values[begin : begin + batch_size], world)):
-            shares[rank].append(part)
-    arrays = [np.concatenate(share) for share in shares]
-    np.testing.assert_array_equal(_row_order(arrays, rows, batch_size), values)
-    ordered = _row_order([torch.from_numpy(a) for a in arrays], rows, batch_size)
-    assert isinstance(ordered, torch.Tensor) and torch.equal(ordered, torch.from_numpy(values))

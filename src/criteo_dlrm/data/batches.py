@@ -13,6 +13,26 @@ from criteo_dlrm.data.chunk_digests import REENCODE
 from criteo_dlrm.data.stored import EncodedArrays, PackedIndices, read_rows
 
 
+def rank_share(rows: np.ndarray, world_size: int, rank: int) -> np.ndarray:
+    """Process ``rank``'s part of a batch's ``rows`` in data-parallel evaluation: the ``rank``-th of
+    ``world_size`` nearly equal consecutive parts (the first ``len % world_size`` one row longer). Undone by
+    ``rank_order``."""
+    return np.array_split(rows, world_size)[rank]
+
+
+def rank_order(shares: list, rows: int, batch_size: int):
+    """Undo ``rank_share`` over the batches of ``rows`` rows: ``shares[r]`` holds rank r's part of each batch
+    in turn (numpy arrays, or tensors, put in order where they are)."""
+    parts, cursors = [], [0] * len(shares)
+    for begin in range(0, rows, batch_size):
+        size = min(batch_size, rows - begin)
+        for rank, share in enumerate(shares):
+            count = size // len(shares) + (rank < size % len(shares))
+            parts.append(share[cursors[rank] : cursors[rank] + count])
+            cursors[rank] += count
+    return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else np.concatenate(parts)
+
+
 @dataclass
 class Batch:
     labels: torch.Tensor  # (B,) float32
@@ -141,7 +161,7 @@ class BatchLoader:
             end = min(begin + self.batch_size, rows)
             take = np.arange(begin, end)
             if self.world_size > 1:
-                take = np.array_split(take, self.world_size)[self.rank]
+                take = rank_share(take, self.world_size, self.rank)
             self.arrays.check_rows(begin, end)
             low, high = (int(take[0]), int(take[-1]) + 1) if len(take) else (begin, begin)  # a contiguous range
             yield self._gather([tuple(self._read(source, low, high) for source in self.arrays.stored())], end - begin)

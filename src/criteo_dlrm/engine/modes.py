@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import DENSE_OPTIMIZERS, TrainingConfig
-from criteo_dlrm.data.batches import BatchLoader
+from criteo_dlrm.data.batches import BatchLoader, rank_order
 from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
@@ -220,7 +220,7 @@ class _ProcessGroup(SingleProcess):
         pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
         if pieces is None:
             return None
-        return _row_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
+        return rank_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
         if self.world_size == 1:
@@ -408,19 +408,6 @@ def gather_rows_to_main(world_size: int, rank: int, tensor: torch.Tensor) -> lis
     if rank != 0:
         return None
     return [part[: int(n)] for part, n in zip(parts, counts, strict=True)]
-
-
-def _row_order(shares: list, rows: int, batch_size: int):
-    """Undo ``BatchLoader``'s split: ``shares[r]`` holds rank r's part (``np.array_split``) of each batch in turn
-    (numpy arrays, or tensors, put in order where they are)."""
-    parts, cursors = [], [0] * len(shares)
-    for begin in range(0, rows, batch_size):
-        size = min(batch_size, rows - begin)
-        for rank, share in enumerate(shares):
-            count = size // len(shares) + (rank < size % len(shares))
-            parts.append(share[cursors[rank] : cursors[rank] + count])
-            cursors[rank] += count
-    return torch.cat(parts) if isinstance(parts[0], torch.Tensor) else np.concatenate(parts)
 
 
 def mode_class(config: TrainingConfig) -> type[SingleProcess]:
