@@ -102,3 +102,15 @@ def test_data_parallel_is_the_mode_of_a_group_of_more_than_one(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda *args: 2)
     assert mode_class(_config()) is DataParallel
     assert mode_class(_torchrec()) is Sharded
+
+
+def test_every_mode_has_what_the_loop_and_the_step_call():
+    from criteo_dlrm.engine.modes import ParallelMode, SingleProcess
+
+    methods = {name for name, value in vars(ParallelMode).items() if callable(value) and not name.startswith("_")}
+    for mode in (SingleProcess, DataParallel, Sharded):
+        assert {name for name in methods if not callable(getattr(mode, name, None))} == set(), mode
+        assert isinstance(getattr(mode, "is_main", None), property), mode
+    config = _config()
+    built = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
+    assert isinstance(built, ParallelMode) and built.world_size == 1 and built.is_main

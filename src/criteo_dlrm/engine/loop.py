@@ -26,7 +26,7 @@ from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, Prefetcher
 from criteo_dlrm.engine.divergence import DivergenceCheck, TrainingDivergedError
 from criteo_dlrm.engine.metrics import MetricError
-from criteo_dlrm.engine.modes import SingleProcess
+from criteo_dlrm.engine.modes import ParallelMode
 from criteo_dlrm.engine.profiling import profiler
 from criteo_dlrm.engine.result import TrainingResult
 from criteo_dlrm.engine.run_state import InProgress, RunState
@@ -57,7 +57,7 @@ class Trainer:
 
     def __init__(
         self,
-        mode: SingleProcess,
+        mode: ParallelMode,
         config: TrainingConfig,
         train_loader: BatchLoader,
         validation_loader: BatchLoader,

@@ -11,13 +11,16 @@
 Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
 (written from the live tensors, and restored), and how predictions over a validation set are gathered and their
-metrics computed once. ``mode_class`` is the one place the backend and the process count choose a mode.
+metrics computed once (``Alone``, or ``InGroup`` for the multi-process modes: parts they hold, not inherit).
+``ParallelMode`` lists what the loop and the step call. ``mode_class`` is the one place the backend and the process
+count choose a mode.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -51,6 +54,105 @@ def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.opt
     return optimizers
 
 
+@runtime_checkable
+class ParallelMode(Protocol):
+    """What the loop (``engine.loop``), the step (``engine.step``), the in-progress checkpoint
+    (``engine.run_state``) and the process (``engine.process``) call on a parallel mode: ``SingleProcess``,
+    ``DataParallel`` and ``Sharded`` are the three, ``mode_class`` chooses one."""
+
+    model: DLRM  # evaluation and state read it
+    train_model: nn.Module  # the training forward pass runs through it (DDP, TorchRec's DMP, the model)
+    device: torch.device
+    world_size: int
+
+    @property
+    def is_main(self) -> bool: ...
+
+    def summary(self) -> dict: ...
+    def describe(self) -> None: ...
+    def parameter_count(self) -> int: ...
+    def set_learning_rates(self, factor: float) -> None: ...
+    def learning_rates(self) -> dict[str, float]: ...
+    def zero_grad(self) -> None: ...
+    def loss_weight(self, global_rows: int) -> float: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self) -> None: ...
+    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor: ...
+    def weights_finite(self) -> bool: ...
+    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None: ...
+    def restore_state(self, values: dict, files: ProgressFiles) -> None: ...
+    def predict(self, loader: BatchLoader) -> np.ndarray | None: ...
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict: ...
+
+
+class Alone:
+    """Validation and averages in one process: the process's own predictions and metrics."""
+
+    rank, world_size = 0, 1
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def predict(self, model: DLRM, loader: BatchLoader, device: torch.device, precision: str) -> np.ndarray | None:
+        """Probabilities for every row of ``loader``, in row order; on a GPU they stay there, where the metrics
+        are computed."""
+        return predict(model, loader, device, precision, on_device=device.type == "cuda")
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        return binary_metrics(labels, probabilities)
+
+
+class InGroup(Alone):
+    """Validation and averages over the initialised process group, shared by the multi-process modes: each
+    process scores its share of the rows, rank 0 gathers them and computes the metrics, every process gets them."""
+
+    def __init__(self) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return values
+        dist.all_reduce(values)
+        return values / self.world_size
+
+    def predict(self, model: DLRM, loader: BatchLoader, device: torch.device, precision: str) -> np.ndarray | None:
+        """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
+        number of forward passes (a sharded model's all-to-all needs every process), and the shares are gathered
+        to rank 0 alone and put back in row order there: the same array, so the same metrics, as one process
+        (None on the other ranks)."""
+        if self.world_size == 1:
+            return super().predict(model, loader, device, precision)
+        arrays = loader.arrays
+        batch_size = loader.batch_size * self.world_size
+        mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
+        # NCCL gathers on the GPU: the probabilities stay there, and rank 0 computes the metrics where they are.
+        on_device = dist.get_backend() == "nccl"
+        local = predict(model, mine, device, precision, on_device=on_device)
+        pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
+        if pieces is None:
+            return None
+        return rank_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        """Computed once (on rank 0) and known to every process.
+
+        Raises:
+            MetricError: in every process, when the metrics are undefined.
+        """
+        if self.world_size == 1:
+            return super().metrics(labels, probabilities)
+        outcome: list = [None]
+        if self.rank == 0:
+            try:
+                outcome = [super().metrics(labels, probabilities)]
+            except MetricError as error:
+                outcome = [str(error)]
+        dist.broadcast_object_list(outcome, src=0)  # a small dict (or the error's message), not the predictions
+        if isinstance(outcome[0], str):
+            raise MetricError(outcome[0])
+        return outcome[0]
+
+
 class SingleProcess:
     """The whole model in this process.
 
@@ -63,7 +165,8 @@ class SingleProcess:
     def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
         self.model, self.config, self.device = model, config, device
         self.train_model: nn.Module = model
-        self.rank, self.world_size = self._place()
+        self.group = self._group()
+        self.rank, self.world_size = self.group.rank, self.group.world_size
         self.optimizers = build_optimizers(model, config)
         self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
 
@@ -94,9 +197,10 @@ class SingleProcess:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def _place(self) -> tuple[int, int]:
-        """``(rank, world size)``."""
-        return 0, 1
+    @staticmethod
+    def _group() -> Alone:
+        """Where validation and averages run: this process alone."""
+        return Alone()
 
     def summary(self) -> dict:
         """Where the tables live, for the run's summary: every table in every process here."""
@@ -147,7 +251,7 @@ class SingleProcess:
             optimizer.step()
 
     def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
-        return values
+        return self.group.mean(values)
 
     # -- state ---------------------------------------------------------------------------------------
     def weights_finite(self) -> bool:
@@ -179,66 +283,18 @@ class SingleProcess:
 
     # -- validation ----------------------------------------------------------------------------------
     def predict(self, loader: BatchLoader) -> np.ndarray | None:
-        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others); on a GPU they
-        stay there, where the metrics are computed."""
-        on_device = self.device.type == "cuda"
-        return predict(self.model, loader, self.device, self.config.precision, on_device=on_device)
+        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others)."""
+        return self.group.predict(self.model, loader, self.device, self.config.precision)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
-        """``binary_metrics`` of the validation rows, computed once (on rank 0) and known to every process.
-
-        Raises:
-            MetricError: in every process, when the metrics are undefined.
-        """
-        return binary_metrics(labels, probabilities)
+        """``binary_metrics`` of the validation rows, known to every process (``MetricError`` in every one)."""
+        return self.group.metrics(labels, probabilities)
 
 
-class _ProcessGroup(SingleProcess):
-    """What every multi-process mode shares: rank, averaging over processes, validation split and gathered."""
-
-    def _place(self) -> tuple[int, int]:
-        return dist.get_rank(), dist.get_world_size()
-
-    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
-            return values
-        dist.all_reduce(values)
-        return values / self.world_size
-
-    def predict(self, loader: BatchLoader) -> np.ndarray | None:
-        """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
-        number of forward passes (a sharded model's all-to-all needs every process), and the shares are gathered
-        to rank 0 alone and put back in row order there: the same array, so the same metrics, as one process."""
-        if self.world_size == 1:
-            return super().predict(loader)
-        arrays = loader.arrays
-        batch_size = loader.batch_size * self.world_size
-        mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
-        # NCCL gathers on the GPU: the probabilities stay there, and rank 0 computes the metrics where they are.
-        on_device = dist.get_backend() == "nccl"
-        local = predict(self.model, mine, self.device, self.config.precision, on_device=on_device)
-        pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
-        if pieces is None:
-            return None
-        return rank_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
-
-    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
-        if self.world_size == 1:
-            return super().metrics(labels, probabilities)
-        outcome: list = [None]
-        if self.is_main:
-            try:
-                outcome = [super().metrics(labels, probabilities)]
-            except MetricError as error:
-                outcome = [str(error)]
-        dist.broadcast_object_list(outcome, src=0)  # a small dict (or the error's message), not the predictions
-        if isinstance(outcome[0], str):
-            raise MetricError(outcome[0])
-        return outcome[0]
-
-
-class DataParallel(_ProcessGroup):
+class DataParallel(SingleProcess):
     """A replica in every process of the group: DDP for the dense layers, sparse gradients all-gathered."""
+
+    _group = staticmethod(InGroup)
 
     def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
         super().__init__(model, config, device)
@@ -278,8 +334,10 @@ class DataParallel(_ProcessGroup):
             )
 
 
-class Sharded(_ProcessGroup):
+class Sharded(SingleProcess):
     """Tables sharded by TorchRec across the group (a group of one too); their optimiser is fused into backward."""
+
+    _group = staticmethod(InGroup)
 
     def __init__(self, sharded: ShardedDLRM, config: TrainingConfig, device: torch.device):
         self.sharded = sharded

@@ -12,7 +12,7 @@ from torch import nn
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch
 from criteo_dlrm.engine.device import autocast
-from criteo_dlrm.engine.modes import SingleProcess
+from criteo_dlrm.engine.modes import ParallelMode
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
 
@@ -69,7 +69,7 @@ class TrainStep:
     averaged gradients are one process's gradient of the mean loss over the global batch.
     """
 
-    def __init__(self, mode: SingleProcess, config: TrainingConfig):
+    def __init__(self, mode: ParallelMode, config: TrainingConfig):
         self.mode, self.config = mode, config
         self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
         cuda = mode.device.type == "cuda"
