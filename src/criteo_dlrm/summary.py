@@ -1,15 +1,15 @@
-"""What a run wrote and what it measured, as the short block ``kedro run`` prints at the end (``cli``).
+"""What a run wrote and what it measured, as the short block ``kedro run`` prints at the end (``cli``): the
+ingestion and metadata lines here, each report's own (``reports``).
 
 ``hooks.SummaryHooks`` fills a ``RunRecord`` with each summarised output as it is saved (and where it went).
 """
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, field
 
-from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
@@ -63,22 +63,6 @@ def split_line(split, test_share: float, names: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _metrics_line(metrics: dict) -> str:
-    return (
-        f"AUC {metrics['auc']:.4f}, log loss {metrics['log_loss']:.5f}, NE {metrics['normalized_entropy']:.4f}, "
-        f"calibration {metrics['calibration']:.3f}"
-    )
-
-
-def _below_prior(metrics: dict) -> str | None:
-    if metrics["normalized_entropy"] < 1:
-        return None
-    return (
-        "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
-        "and the model (see metadata.min_expected_clicks), or a learning rate too high."
-    )
-
-
 def render(record: RunRecord) -> str:
     """One block of short lines (at most 100 characters each); '' when the run saved nothing summarised."""
     saved, lines = record.saved, []
@@ -98,72 +82,13 @@ def render(record: RunRecord) -> str:
             f"{sum(metadata.table_sizes):,} embedding rows"
         )
     if summary := saved.get("training_summary"):
-        stop = "stopped early" if summary["stopped_early"] else "ran every step"
-        target = summary.get("target")
-        if target and target["reached"]:
-            stop = (
-                f"target AUC {target['auc']} at step {target['step']:,}: {target['train_seconds']:,.1f} s of training, "
-                f"{target['wall_seconds']:,.1f} s wall"
-            )
-        resumed = summary.get("resumed_from_step")
-        start = f"resumed at step {resumed:,}, " if resumed else ""
-        if summary.get("reused_version"):
-            start = f"reused version {summary['reused_version']}: "
-        lines.append(
-            f"training    {start}{summary['steps']:,} steps ({stop}), kept step {summary['best_step']:,}, "
-            f"{summary['samples_per_second']:,.0f} samples/s"
-        )
-        if why := (summary.get("precision") or {}).get("precision_auto"):
-            lines += [
-                f"            {line}"
-                for line in textwrap.wrap(f"precision auto: {summary['precision']['precision']}, {why}", 86)
-            ]
-        if (lookups := summary.get("lookups_per_row")) and lookups != NUM_SPARSE:
-            lines.append(f"            multi-hot: {lookups} lookups a row")
-        if target and not target["reached"]:
-            lines.append(f"            target AUC {target['auc']} not reached")
-        for warning in summary.get("warnings") or ():  # wrapped: the block's lines stay short
-            lines += [f"            {line}" for line in textwrap.wrap(f"warning: {warning}", 86)]
-        if "evaluation_metrics" not in saved:  # evaluation did not run: say what the kept model measured
-            lines.append(f"            validation {_metrics_line(summary['best_validation'])}")
-            if warning := _below_prior(summary["best_validation"]):
-                lines.append(f"            {warning}")
+        lines += TrainingSummary.from_dict(summary).lines(evaluated="evaluation_metrics" in saved)
     if metrics := saved.get("evaluation_metrics"):
-        rows = metrics.get("rows_evaluated", "validation")
-        lines.append(
-            f"evaluation  checkpoint {metrics['checkpoint_version']}, {metrics['model']['rows']:,} {rows} rows of "
-            f"{', '.join(metrics['days'])}:"
-        )
-        lines.append(f"            {_metrics_line(metrics['model'])}")
-        if (method := metrics.get("calibration_method", "none")) != "none":
-            raw = metrics["model_raw"]
-            ece = metrics["calibration_by_decile"]["calibrated"]["expected_calibration_error"]
-            lines.append(
-                f"            {method} calibration: ECE {ece:.4f}; raw output: log loss {raw['log_loss']:.5f}, "
-                f"calibration {raw['calibration']:.3f}"
-            )
-        lines.append(f"            prior log loss {metrics['prior_baseline']['log_loss']:.5f}")
-        if metrics["oracle"]:
-            lines[-1] += f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}"
-        if warning := _below_prior(metrics["model"]):
-            lines.append(f"            {warning}")
+        lines += EvaluationReport.from_dict(metrics).lines()
     if report := saved.get("scoring_report"):
-        line = f"scoring     checkpoint {report['checkpoint_version']}: {report['rows']:,} rows"
-        line += f", mean prediction {report['mean_prediction'] or 0:.4f}"
-        if report["metrics"]:
-            line += f", AUC {report['metrics']['auc']:.4f}"
-        lines.append(line)
-        if unseen := report.get("unseen_share"):
-            lines.append(f"            {unseen:.1%} of category values unseen in training")
-        if path := record.paths.get("predictions"):
-            lines.append(f"            predictions {path}")
+        lines += ScoringReport.from_dict(report).lines(record.paths.get("predictions"))
     if export := saved.get("export_report"):
-        lines.append(
-            f"export      ONNX {export['onnx_bytes'] / 1e6:.1f} MB (onnxruntime max |difference| "
-            f"{export['onnx_check']['max_abs_difference']:.1e}), torch.export {export['exported_program_bytes'] / 1e6:.1f} MB"
-        )
-        if path := record.paths.get("dlrm_onnx"):
-            lines.append(f"            {path}")
+        lines += ExportReport.from_dict(export).lines(record.paths.get("dlrm_onnx"))
     if not lines:
         return ""
     return "\n".join([f"Run {record.version}:", *(f"  {line}" for line in lines)])

@@ -234,7 +234,8 @@ class _Loader(dict):
 
 def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
     """Issue 47 item 3: MLPerf's figure of merit beside the run's other training figures."""
-    from criteo_dlrm.tracking.hooks import TrackingHooks
+    from criteo_dlrm.reports import TrainingSummary
+    from criteo_dlrm.tracking.hooks import _log
 
     validation = {"auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
     summary = {"history": [{"step": 20, **validation}], "best_validation": validation, "best_step": 20, "steps": 20,
@@ -246,7 +247,7 @@ def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
         client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
         experiment = client.create_experiment("target")  # its own: another test's active experiment is elsewhere
         with mlflow.start_run(experiment_id=experiment) as run:
-            TrackingHooks._log_training(summary)
+            _log(TrainingSummary.from_dict(summary).tracked())
         logged = {name: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, name)]
                   for name in ("time_to_target_train_seconds", "time_to_target_wall_seconds")}  # fmt: skip
     finally:

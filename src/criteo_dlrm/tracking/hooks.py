@@ -29,6 +29,7 @@ from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.checkpoint import Checkpoint
+from criteo_dlrm.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
@@ -38,8 +39,6 @@ ARTIFACTS = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "roc_curve_plot",
     "calibration_plot", "score_histogram_plot", "scoring_report", "export_report",
 )  # fmt: skip
-HISTORY = ("log_loss", "auc", "normalized_entropy", "calibration")
-REPORTED = ("auc", "log_loss", "normalized_entropy", "calibration")
 
 
 class TrackingServerError(UserError, ConnectionError):
@@ -88,32 +87,26 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def _days(days: list[dict] | None) -> str:
-    """``day_0, day_2[10000:20000]``: day names, with the row range of a part of a day."""
-    parts = []
-    for day in days or ():
-        rows = day.get("row_range")
-        parts.append(f"{day['day']}[{rows[0]}:{rows[1]}]" if rows else day["day"])
-    return ", ".join(parts)
-
-
 def _lineage_tags(metadata: dict, checkpoint_version: str | None = None) -> dict[str, str]:
     days = metadata.get("source_days") or {}
-    tags = {f"{split}_days": _days(days.get(split)) for split in ("train", "validation", "test")}
+    tags = {f"{split}_days": days_tag(days.get(split)) for split in ("train", "validation", "test")}
     tags["metadata_version"] = metadata.get("version") or ""
     if checkpoint_version:
         tags["checkpoint_version"] = checkpoint_version
     return {key: value for key, value in tags.items() if value}
 
 
-def _evaluated_tags(report: dict, days_tag: str) -> dict[str, str]:
-    """``checkpoint_version``, ``metadata_version`` and the days (with row ranges) of an evaluation or scoring."""
-    tags = {
-        "checkpoint_version": report.get("checkpoint_version") or "",
-        "metadata_version": report.get("metadata_version") or "",
-        days_tag: _days(report.get("source_days")),
-    }
-    return {key: str(value) for key, value in tags.items() if value}
+# The reports whose figures and tags are logged, by dataset (``reports``: each says what it logs).
+REPORTS = {"training_summary": TrainingSummary, "evaluation_metrics": EvaluationReport, "scoring_report": ScoringReport}
+
+
+def _log(tracked: Tracked) -> None:
+    import mlflow
+
+    for values, step in tracked.metrics:
+        if values:
+            mlflow.log_metrics(values, step=step)
+    mlflow.set_tags(tracked.tags)
 
 
 class TrackingHooks:
@@ -219,63 +212,13 @@ class TrackingHooks:
         self._saved = True
         if dataset_name == "feature_metadata":
             mlflow.set_tags(_lineage_tags({**data, "version": self._version}))
-        elif dataset_name == "training_summary":
-            self._log_training(data)
-        elif dataset_name == "evaluation_metrics":
-            self._log_evaluation(data)
-        elif dataset_name == "scoring_report":
-            mlflow.set_tags(_evaluated_tags(data, "scored_days"))
+        elif dataset_name in REPORTS:
+            _log(REPORTS[dataset_name].from_dict(data).tracked())
         elif dataset_name == "dlrm_checkpoint":
             mlflow.set_tags(_lineage_tags(data["metadata"], self._version))
             self._log_model(data)
         if dataset_name in ARTIFACTS and (path := self._path(dataset_name)):
             mlflow.log_artifact(path, artifact_path=dataset_name)
-
-    @staticmethod
-    def _log_training(summary: dict) -> None:
-        import mlflow
-
-        for record in summary["history"]:
-            values = {f"validation_{name}": record[name] for name in HISTORY if record.get(name) is not None}
-            mlflow.log_metrics(values, step=record["step"])
-        # The kept model's figures (the best validation, which chose it), beside the history's last values.
-        kept = {f"kept_validation_{name}": summary["best_validation"][name] for name in HISTORY}
-        mlflow.log_metrics({k: v for k, v in kept.items() if v is not None}, step=summary["best_step"])
-        mlflow.log_metrics(
-            {
-                "training_steps": summary["steps"],
-                "kept_step": summary["best_step"],
-                "samples_per_second": summary["samples_per_second"],
-                "processes": summary["processes"],
-            }
-        )
-        if (target := summary.get("target")) and target["reached"]:  # MLPerf's figure of merit
-            mlflow.log_metrics(
-                {f"time_to_target_{key}": target[key] for key in ("train_seconds", "wall_seconds")}, step=target["step"]
-            )
-        mlflow.set_tags(
-            {"device": str(summary["device"]), "stopped_early": str(summary["stopped_early"]),
-             **{key: str(value) for key, value in (summary.get("precision") or {}).items()},
-             "embedding_backend": str((summary.get("embeddings") or {}).get("backend", "torch"))}
-        )  # fmt: skip
-
-    @staticmethod
-    def _log_evaluation(metrics: dict) -> None:
-        import mlflow
-
-        rows = metrics.get("rows_evaluated", "validation")
-        values = {f"{rows}_{name}": metrics["model"][name] for name in REPORTED}
-        values.update({f"{rows}_raw_{name}": metrics["model_raw"][name] for name in REPORTED})
-        values[f"{rows}_expected_calibration_error"] = metrics["calibration_by_decile"]["calibrated"][
-            "expected_calibration_error"
-        ]
-        values[f"{rows}_prior_log_loss"] = metrics["prior_baseline"]["log_loss"]
-        if metrics.get("oracle"):
-            values.update({f"{rows}_oracle_{name}": metrics["oracle"][name] for name in ("auc", "log_loss")})
-        mlflow.log_metrics(values)
-        mlflow.set_tags({"evaluated_rows": rows, "calibration_method": metrics.get("calibration_method", "none")})
-        # Which model and rows these figures are of, also when the run evaluated a stored checkpoint only.
-        mlflow.set_tags(_evaluated_tags(metrics, "evaluated_days"))
 
     def _log_model(self, checkpoint: dict) -> None:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
