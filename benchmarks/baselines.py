@@ -98,7 +98,7 @@ def best_epoch(
             loss_function(model(b.dense, b.sparse), b.labels).backward()
             sparse_opt.step()
             dense_opt.step()
-        metrics = binary_metrics(validation.labels, predict(model, BatchLoader(validation, 16384), torch.device("cpu")))
+        metrics = binary_metrics(validation.labels, predict(model, BatchLoader(validation, 16384)))
         if best is None or metrics["log_loss"] < best["log_loss"]:
             best = {**metrics, "epoch": epoch}
         else:

@@ -30,6 +30,7 @@ from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine.calibration import from_state
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.device import Runtime
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.recipe import calibrate, run_training
 from criteo_dlrm.engine.scoring import calibrated, score_days
@@ -60,9 +61,9 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
     fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
     model = model_from_checkpoint(checkpoint)
     fits["isotonic"] = calibrate(
-        model, validation_rows, dataclasses.replace(config, calibration="isotonic"), CPU, config.precision
+        model, validation_rows, dataclasses.replace(config, calibration="isotonic"), Runtime(CPU, config.precision)
     )
-    labels, logits = score_days(model, encoder, [test], CPU, progress=False)
+    labels, logits = score_days(model, encoder, [test], progress=False)
     ctr = labels.mean()
     # The calibration ratio's standard error from the test rows alone (binomial): the noise floor of "1.00".
     noise = math.sqrt((1 - ctr) / (ctr * len(labels)))

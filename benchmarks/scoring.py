@@ -35,8 +35,6 @@ from criteo_dlrm.engine.export import export_onnx
 from criteo_dlrm.engine.scoring import score_days, write_predictions
 from criteo_dlrm.models import DLRM
 
-CPU = torch.device("cpu")
-
 
 def timed(work) -> float:
     start = time.perf_counter()
@@ -77,7 +75,7 @@ def main() -> None:
             """The evaluation loop as it was before this benchmark: one forward per 262,144-row Parquet batch."""
             sliced, scoring.MODEL_BATCH_ROWS = scoring.MODEL_BATCH_ROWS, 1 << 30
             try:
-                score_days(model, encoder, [parquet], CPU, progress=False)
+                score_days(model, encoder, [parquet], progress=False)
             finally:
                 scoring.MODEL_BATCH_ROWS = sliced
 
@@ -92,7 +90,7 @@ def main() -> None:
                 ),
                 "baseline: evaluation loop, one forward per Parquet batch (before)": timed(whole_batch_evaluation),
                 "evaluation loop (`score_days`: encode + model, in memory)": timed(
-                    lambda: score_days(model, encoder, [parquet], CPU, progress=False)
+                    lambda: score_days(model, encoder, [parquet], progress=False)
                 ),
                 "batch scoring (`write_predictions`: encode + model + Parquet out)": timed(
                     lambda: (
@@ -103,7 +101,6 @@ def main() -> None:
                             encoder,
                             [("day_0", parquet)],
                             work / "p.parquet",
-                            CPU,
                             progress=False,
                         )
                     )

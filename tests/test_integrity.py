@@ -700,7 +700,7 @@ def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_fo
     destination = tmp_path / "predictions.parquet"
     monkeypatch.setattr(scoring, "_write_predictions", lambda *args: (destination.write_bytes(b"half"), full())[1])
     with pytest.raises(DiskFullError, match=rf"No space left on {tmp_path} while writing the predictions"):
-        scoring.write_predictions(None, None, None, [], destination, torch.device("cpu"))
+        scoring.write_predictions(None, None, None, [], destination)
     assert not destination.exists(), "nothing half-written is left"
 
 

@@ -34,7 +34,7 @@ def test_the_untrained_model_predicts_the_training_click_rate():
     model = DLRM(config).eval()
     dense = torch.randn(2000, 13)
     sparse = torch.randint(0, 50, (2000, 26))
-    predicted = probabilities(model, dense, sparse, torch.device("cpu"))
+    predicted = probabilities(model, dense, sparse)
     assert float(predicted.mean()) == pytest.approx(0.03, rel=0.25), "at the prior, not at 0.5"
     assert float(DLRM(tiny_model_config([50] * 26)).eval()(dense, sparse).sigmoid().mean()) > 0.3
 
@@ -88,9 +88,8 @@ def test_a_checkpoint_of_the_earlier_format_scores_the_rows_it_scored(tmp_path):
     dense = torch.randn(300, 13)
     new_rows = torch.from_numpy(np.stack([encoder.encode_sparse_column(f, raw[:, f]) for f in range(26)], 1))
     old_rows = torch.from_numpy(np.stack([old_encoder.encode_sparse_column(f, raw[:, f]) for f in range(26)], 1))
-    cpu = torch.device("cpu")
     torch.testing.assert_close(
-        probabilities(old_model, dense, old_rows.long(), cpu), probabilities(model, dense, new_rows.long(), cpu)
+        probabilities(old_model, dense, old_rows.long()), probabilities(model, dense, new_rows.long())
     )
     exported = np.load(io.BytesIO(serving_encoder(old_encoder)))
     assert (int(exported["unseen_row"]), int(exported["missing_row"]), int(exported["first_row"])) == (0, 0, 1)

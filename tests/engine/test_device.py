@@ -52,6 +52,22 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
         autocast(torch.device("cpu"), "fp16")
 
 
+def test_a_runtime_is_the_device_and_precision_a_model_computes_with_and_a_mode_holds_its_own():
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.engine.device import Runtime
+    from criteo_dlrm.engine.modes import SingleProcess
+    from tests.conftest import TINY_MODEL
+
+    a = torch.randn(4, 4)
+    with Runtime(torch.device("cpu"), "bf16").autocast():
+        assert (a @ a).dtype == torch.bfloat16
+    with Runtime().autocast():
+        assert (a @ a).dtype == torch.float32
+    config = TrainingConfig.from_dict({**TINY_MODEL, "precision": "bf16"})
+    mode = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
+    assert mode.runtime == Runtime(torch.device("cpu"), "bf16", None)
+
+
 def _small_model() -> DLRM:
     torch.manual_seed(0)
     return DLRM(

@@ -96,7 +96,6 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_fea
         model,
         torch.from_numpy(validation.dense),
         torch.from_numpy(validation.sparse.astype(np.int64)),
-        torch.device("cpu"),
     )
     metrics = binary_metrics(validation.labels, predicted.double().numpy())
     for name in ("log_loss", "auc", "calibration"):

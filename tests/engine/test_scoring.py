@@ -25,14 +25,13 @@ def scorer(tiny_features):
 def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_path):
     model, encoder, days = scorer
     paths = [day["parquet"] for day in days["train"] + days["validation"]]
-    labels, logits = score_days(model, encoder, paths, torch.device("cpu"))
+    labels, logits = score_days(model, encoder, paths)
     scores, written_labels, _ = write_predictions(
         model,
         Identity(),
         encoder,
         [("a", paths[0]), ("b", paths[1])],
         tmp_path / "p.parquet",
-        torch.device("cpu"),
     )
     table = pq.read_table(tmp_path / "p.parquet")
     assert table.schema.equals(PREDICTIONS_SCHEMA)
@@ -49,10 +48,8 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
     path = days["validation"][0]["parquet"]
     unlabelled = tmp_path / "unlabelled.parquet"
     pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
-    _, logits = score_days(model, encoder, [path], torch.device("cpu"))
-    scores, labels, _ = write_predictions(
-        model, Identity(), encoder, [("d", unlabelled)], tmp_path / "p.parquet", torch.device("cpu")
-    )
+    _, logits = score_days(model, encoder, [path])
+    scores, labels, _ = write_predictions(model, Identity(), encoder, [("d", unlabelled)], tmp_path / "p.parquet")
     assert labels is None and np.array_equal(scores, torch.sigmoid(torch.from_numpy(logits)).numpy())
     assert pq.read_table(tmp_path / "p.parquet").column("label").null_count == 1000
     assert pa.types.is_int8(pq.read_schema(tmp_path / "p.parquet").field("label").type)
@@ -62,7 +59,7 @@ def test_written_probabilities_are_the_calibration_of_the_written_logits(scorer,
     model, encoder, days = scorer
     path = days["validation"][0]["parquet"]
     calibration = Platt(0.5, -1.25, rows=10).eval()
-    write_predictions(model, calibration, encoder, [("d", path)], tmp_path / "p.parquet", torch.device("cpu"))
+    write_predictions(model, calibration, encoder, [("d", path)], tmp_path / "p.parquet")
     table = pq.read_table(tmp_path / "p.parquet")
     logits = table.column("logit").to_numpy().astype(np.float64)
     expected = 1 / (1 + np.exp(-(0.5 * logits - 1.25)))
@@ -96,7 +93,7 @@ def watch():
         peak[0] = max(peak[0], anon())
 before = anon()
 threading.Thread(target=watch, daemon=True).start()
-score_days(model, encoder, [day], torch.device("cpu"), progress=False)
+score_days(model, encoder, [day], progress=False)
 done.set()
 print(peak[0] - before)
 """

@@ -202,7 +202,6 @@ def _probabilities(checkpoint: dict, features) -> np.ndarray:
         model_from_checkpoint(checkpoint),
         torch.from_numpy(validation.dense),
         torch.from_numpy(validation.sparse.astype(np.int64)),
-        torch.device("cpu"),
     )
     return predicted.double().numpy()
 

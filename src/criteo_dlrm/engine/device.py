@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -155,6 +156,20 @@ def configure_backends(device: torch.device, allow_tf32: bool, num_threads: int 
         torch.backends.cudnn.allow_tf32 = allow_tf32
         settings["tf32"] = allow_tf32
     return settings
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a model computes, resolved once and passed as one value: its device, its precision (``fp32``,
+    ``bf16``: resolved, never ``auto``) and the process group's backend (``gloo``, ``nccl``; None alone)."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: str = "fp32"
+    backend: str | None = None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the device with ``bf16``; a no-op with ``fp32``."""
+        return autocast(self.device, self.precision)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -14,7 +14,7 @@ from criteo_dlrm.data.lineage import check_days
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.engine.calibration import Identity
 from criteo_dlrm.engine.checkpoint import Checkpoint
-from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.plots import calibration_figure, roc_figure, score_histogram_figure
 from criteo_dlrm.engine.scoring import calibrated, score_days
@@ -68,7 +68,7 @@ def score_checkpoint(
     check_days(days, source)  # scores exactly the rows the checkpoint recorded, or refuses
     device = resolve_device(config.device, "evaluation.device")
     rows = [recorded_rows(day) for day in days]
-    labels, logits = score_days(checkpoint.model(), encoder, rows, device, config.precision)
+    labels, logits = score_days(checkpoint.model(), encoder, rows, Runtime(device, config.precision))
     if not checkpoint.calibrated:
         logger.warning("{} was made before calibration: its probabilities are the model's raw output", source)
     predictions = {

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import DENSE_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, rank_order
-from criteo_dlrm.engine.device import compile_model
+from criteo_dlrm.engine.device import Runtime, compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.progress import ProgressFiles
@@ -63,6 +63,7 @@ class ParallelMode(Protocol):
     model: DLRM  # evaluation and state read it
     train_model: nn.Module  # the training forward pass runs through it (DDP, TorchRec's DMP, the model)
     device: torch.device
+    runtime: Runtime  # the device, the precision and the group's backend
     world_size: int
 
     @property
@@ -93,10 +94,10 @@ class Alone:
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         return values
 
-    def predict(self, model: DLRM, loader: BatchLoader, device: torch.device, precision: str) -> np.ndarray | None:
+    def predict(self, model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndarray | None:
         """Probabilities for every row of ``loader``, in row order; on a GPU they stay there, where the metrics
         are computed."""
-        return predict(model, loader, device, precision, on_device=device.type == "cuda")
+        return predict(model, loader, runtime, on_device=runtime.device.type == "cuda")
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
         return binary_metrics(labels, probabilities)
@@ -115,19 +116,19 @@ class InGroup(Alone):
         dist.all_reduce(values)
         return values / self.world_size
 
-    def predict(self, model: DLRM, loader: BatchLoader, device: torch.device, precision: str) -> np.ndarray | None:
+    def predict(self, model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndarray | None:
         """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
         number of forward passes (a sharded model's all-to-all needs every process), and the shares are gathered
         to rank 0 alone and put back in row order there: the same array, so the same metrics, as one process
         (None on the other ranks)."""
         if self.world_size == 1:
-            return super().predict(model, loader, device, precision)
+            return super().predict(model, loader, runtime)
         arrays = loader.arrays
         batch_size = loader.batch_size * self.world_size
         mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
         # NCCL gathers on the GPU: the probabilities stay there, and rank 0 computes the metrics where they are.
-        on_device = dist.get_backend() == "nccl"
-        local = predict(model, mine, device, precision, on_device=on_device)
+        on_device = runtime.backend == "nccl"
+        local = predict(model, mine, runtime, on_device=on_device)
         pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
         if pieces is None:
             return None
@@ -167,6 +168,8 @@ class SingleProcess:
         self.train_model: nn.Module = model
         self.group = self._group()
         self.rank, self.world_size = self.group.rank, self.group.world_size
+        backend = dist.get_backend() if self.world_size > 1 or dist.is_initialized() else None
+        self.runtime = Runtime(device, config.precision, backend)
         self.optimizers = build_optimizers(model, config)
         self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
 
@@ -284,7 +287,7 @@ class SingleProcess:
     # -- validation ----------------------------------------------------------------------------------
     def predict(self, loader: BatchLoader) -> np.ndarray | None:
         """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others)."""
-        return self.group.predict(self.model, loader, self.device, self.config.precision)
+        return self.group.predict(self.model, loader, self.runtime)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
         """``binary_metrics`` of the validation rows, known to every process (``MetricError`` in every one)."""

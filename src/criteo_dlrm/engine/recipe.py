@@ -30,7 +30,7 @@ from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Identity, calibrator
 from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
-from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
 from criteo_dlrm.engine.memory import check_replicated_memory
@@ -153,7 +153,7 @@ def run_training(
     # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
     # logits on the validation rows.
     kept = model_from_checkpoint({"model_config": model_config.to_dict(), **best})
-    calibration = calibrate(kept, validation, config, device, outcome.backends["precision"])
+    calibration = calibrate(kept, validation, config, Runtime(device, outcome.backends["precision"]))
     del kept
     warnings = [warning for warning in (rates, calibration.pop("warning", None)) if warning]
     checkpoint = training_checkpoint(
@@ -275,17 +275,15 @@ def calibration_warning(state: dict, raw_calibration: float) -> str | None:
     return None
 
 
-def calibrate(
-    model: torch.nn.Module, validation: EncodedArrays, config: TrainingConfig, device: torch.device, precision: str
-) -> dict:
+def calibrate(model: torch.nn.Module, validation: EncodedArrays, config: TrainingConfig, runtime: Runtime) -> dict:
     """Fit ``config.calibration`` on the kept model's logits for the validation rows (``engine.calibration``).
 
     Returns:
         the calibration's state, with the validation log loss before and after (``validation_log_loss``).
     """
-    model = model.to(device)
+    model = model.to(runtime.device)
     loader = BatchLoader(validation, config.batch_size.validation)
-    scores = predict(model, loader, device, precision, output="logit")
+    scores = predict(model, loader, runtime, output="logit")
     labels = validation.checked_labels()
     fitted = calibrator(config.calibration).fit(labels, scores)
     scores = scores.astype(np.float32)  # the logits as scoring and evaluation hold them

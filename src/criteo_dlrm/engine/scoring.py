@@ -25,7 +25,9 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW, vocabulary_digest
 from criteo_dlrm.data.parquet import Day, count_rows, iter_batches, open_day
 from criteo_dlrm.engine.calibration import Calibrator
-from criteo_dlrm.engine.device import autocast
+from criteo_dlrm.engine.device import Runtime
+
+CPU = Runtime()  # scoring's default: the CPU, fp32
 
 PREDICTION_COLUMN = "click_probability"
 LOGIT_COLUMN = "logit"
@@ -68,14 +70,14 @@ def logits(
     model: torch.nn.Module,
     dense: torch.Tensor,
     sparse: torch.Tensor,
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     on_device: bool = False,
 ) -> torch.Tensor:
     """dense: (B, 13) float32, sparse: (B, 26) int64 table indices -> (B,) float32 logits on the CPU (on
-    ``device`` with ``on_device``)."""
+    the runtime's device with ``on_device``)."""
+    device = runtime.device
     dense, sparse = dense.to(device, non_blocking=True), sparse.to(device, non_blocking=True)
-    with autocast(device, precision):
+    with runtime.autocast():
         scores = model(dense, sparse)
     return scores.float() if on_device else scores.float().cpu()
 
@@ -84,12 +86,11 @@ def probabilities(
     model: torch.nn.Module,
     dense: torch.Tensor,
     sparse: torch.Tensor,
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     on_device: bool = False,
 ) -> torch.Tensor:
     """The model's own click probabilities (before calibration): ``sigmoid(logits(...))``, (B,) float32."""
-    return torch.sigmoid(logits(model, dense, sparse, device, precision, on_device))
+    return torch.sigmoid(logits(model, dense, sparse, runtime, on_device))
 
 
 @torch.no_grad()
@@ -108,8 +109,7 @@ def score_batches(
     model: torch.nn.Module,
     encoder: FeatureEncoder,
     batches: Iterable[pa.RecordBatch],
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     seen: dict[str, int] | None = None,
 ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
     """Encode and score typed record batches one at a time: yields ``(batch, logits float32 (N,))``.
@@ -117,7 +117,7 @@ def score_batches(
     ``seen``, when given, counts the category values that were present (``present``) and those the vocabularies
     do not hold (``unseen``), where the encoder keeps the two apart.
     """
-    model = model.to(device).eval()
+    model = model.to(runtime.device).eval()
     for record_batch in batches:
         encoded = encoder.encode_batch(record_batch)
         if seen is not None and encoder.missing_row:
@@ -129,8 +129,7 @@ def score_batches(
                 model,
                 dense[begin : begin + MODEL_BATCH_ROWS],
                 sparse[begin : begin + MODEL_BATCH_ROWS],
-                device,
-                precision,
+                runtime,
             )
             for begin in range(0, len(dense), MODEL_BATCH_ROWS)
         ]
@@ -141,8 +140,7 @@ def score_days(
     model: torch.nn.Module,
     encoder: FeatureEncoder,
     paths: Sequence[Day],
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Score labelled Parquet days (or parts of days), keeping only labels and logits (5 bytes per row).
@@ -153,7 +151,7 @@ def score_days(
     labels, predictions = [], []
     with progress_bar(count_rows(paths), "scoring", "rows", progress) as bar:
         batches = iter_batches(paths, batch_rows=SCORING_BATCH_ROWS)
-        for batch, scores in score_batches(model, encoder, batches, device, precision):
+        for batch, scores in score_batches(model, encoder, batches, runtime):
             predictions.append(scores)
             labels.append(np.asarray(batch.column(LABEL_COLUMN)).astype(np.int8))
             bar.update(len(scores))
@@ -178,8 +176,7 @@ def write_predictions(
     encoder: FeatureEncoder,
     days: Sequence[tuple[str, str | Path]],
     destination: str | Path,
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, float | None]:
     """Score Parquet days (labelled or not) into one Parquet file of ``PREDICTIONS_SCHEMA``, streaming.
@@ -191,7 +188,7 @@ def write_predictions(
         category values the checkpoint's vocabularies do not hold, or None for an encoder of the earlier layout)``.
     """
     try:
-        return _write_predictions(model, calibration, encoder, days, destination, device, precision, progress)
+        return _write_predictions(model, calibration, encoder, days, destination, runtime, progress)
     except OSError as error:
         if is_disk_full(error):
             Path(destination).unlink(missing_ok=True)
@@ -199,7 +196,7 @@ def write_predictions(
         raise
 
 
-def _write_predictions(model, calibration, encoder, days, destination, device, precision, progress):
+def _write_predictions(model, calibration, encoder, days, destination, runtime, progress):
     scores, labels, labelled, seen = [], [], True, {}
     with (
         create_exclusive(destination) as handle,
@@ -211,7 +208,7 @@ def _write_predictions(model, calibration, encoder, days, destination, device, p
             columns = [*FEATURE_COLUMNS, *(name for name in (LABEL_COLUMN, LINE_COLUMN) if name in names)]
             position = 0
             batches = iter_batches([path], columns, SCORING_BATCH_ROWS)
-            for batch, batch_logits in score_batches(model, encoder, batches, device, precision, seen):
+            for batch, batch_logits in score_batches(model, encoder, batches, runtime, seen):
                 batch_scores = calibrated(calibration, batch_logits)
                 rows = len(batch_scores)
                 if LINE_COLUMN in names:
@@ -248,22 +245,21 @@ def _write_predictions(model, calibration, encoder, days, destination, device, p
 def predict(
     model: torch.nn.Module,
     loader: BatchLoader,
-    device: torch.device,
-    precision: str = "fp32",
+    runtime: Runtime = CPU,
     progress: bool | None = False,
     output: str = "probability",
     on_device: bool = False,
 ) -> np.ndarray | torch.Tensor:
     """The model's own click probabilities (``output="logit"``: its logits) for every encoded row of ``loader``,
     in order: (N,) float32 probabilities as the model computed them (training's validation: the AUC sorts them
-    as float32), float64 logits (the rows calibration is fitted on). ``on_device``: a tensor on ``device``
+    as float32), float64 logits (the rows calibration is fitted on). ``on_device``: a tensor on the runtime's device
     instead (no copy to the host per batch; the validation's metrics are computed where it is)."""
     model.eval()
     score = probabilities if output == "probability" else logits
     outputs = []
     with progress_bar(len(loader.arrays), "scoring", "rows", progress) as bar:
         for batch in loader.batches():
-            outputs.append(score(model, batch.dense, batch.sparse, device, precision, on_device))
+            outputs.append(score(model, batch.dense, batch.sparse, runtime, on_device))
             bar.update(len(batch))
     if not outputs:
         return np.zeros(0, np.float32 if output == "probability" else np.float64)

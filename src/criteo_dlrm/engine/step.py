@@ -11,7 +11,6 @@ from torch import nn
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch
-from criteo_dlrm.engine.device import autocast
 from criteo_dlrm.engine.modes import ParallelMode
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
@@ -96,7 +95,7 @@ class TrainStep:
         mode.set_learning_rates(learning_rate_factor(index, total_steps, config))
         mode.zero_grad()
         start = self._phase(timings, "data", start)
-        with autocast(mode.device, config.precision):
+        with mode.runtime.autocast():
             logits = mode.train_model(batch.dense, batch.sparse)
         loss = self.loss_function(logits.float(), batch.labels)
         if self.squares is not None:

@@ -64,12 +64,11 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[float]:
         """The N rows' calibrated click probabilities."""
-        import torch
 
         from criteo_dlrm.engine.scoring import calibrated, score_batches
 
         batch = typed_rows(model_input)
-        [(_, logits)] = score_batches(self.model, self.encoder, [batch], torch.device("cpu"))
+        [(_, logits)] = score_batches(self.model, self.encoder, [batch])
         return calibrated(self.calibration, logits).tolist()
 
 

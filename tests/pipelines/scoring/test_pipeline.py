@@ -83,7 +83,6 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
         model_from_checkpoint(checkpoint),
         FeatureEncoder.from_state_dict(checkpoint["encoder"]),
         [test["parquet"]],
-        torch.device("cpu"),
     )
     assert np.array_equal(predictions["logit"].to_numpy(), logits), "the same rows in the same batches: bit for bit"
     expected = calibrated(from_state(checkpoint["calibration"]), logits)

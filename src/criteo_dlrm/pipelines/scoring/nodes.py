@@ -13,7 +13,7 @@ from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
 from criteo_dlrm.engine.checkpoint import Checkpoint
-from criteo_dlrm.engine.device import resolve_device
+from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.export import (
     ENCODER_FORMAT,
     ScoringModel,
@@ -74,8 +74,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         encoder,
         [(day["day"], day["parquet"]) for day in days],
         staged,
-        resolve_device(config.device, "scoring.device"),
-        config.precision,
+        Runtime(resolve_device(config.device, "scoring.device"), config.precision),
     )
     report = {
         "checkpoint_version": checkpoint.version,
