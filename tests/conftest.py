@@ -296,3 +296,18 @@ def with_altered_vocabulary(checkpoint: dict, feature: int) -> dict:
     vocabularies = list(checkpoint["encoder"]["vocabularies"])
     vocabularies[feature] = torch.flip(vocabularies[feature], dims=[0])
     return {**checkpoint, "encoder": {**checkpoint["encoder"], "vocabularies": vocabularies}}
+
+
+@pytest.fixture(scope="session")
+def converted_day(tmp_path_factory) -> tuple[Path, Path, list]:
+    """A generated day of 3,000 rows, converted: its raw file, its Parquet day and its rows (the fault-injection
+    tests damage copies of them)."""
+    import pyarrow.parquet as pq
+
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+
+    folder = tmp_path_factory.mktemp("day")
+    write_day(folder / "day_0", 3000, day=0, model=ClickModel(seed=4))
+    parquet = Path(convert_day(folder / "day_0", folder / "out" / "day_0.parquet").parquet)
+    return folder / "day_0", parquet, pq.read_table(parquet).to_pylist()

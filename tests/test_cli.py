@@ -262,3 +262,46 @@ def test_a_rerun_with_nothing_changed_reuses_the_finished_training_and_says_so(t
     changed = _kedro(project, "--params=training.max_steps=30,training.resume=false", "--pipelines=training",
                      tracking=False)  # fmt: skip
     assert changed.returncode == 0 and "training on cpu" in changed.stdout + changed.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"training:\n  seed: 1\n  seed: 2\n", r"line 3, column 3: the key 'seed' is given twice \(first on line 2\)"),
+        (b"training:\n  seed: [1\n", r"parameters.yml, line 3, column 1: expected ','"),
+        (b"training:\n  seed: 1 # caf\xe9\n", r"parameters.yml, line 2: byte 0xe9 is not UTF-8"),
+        (
+            b"training:\n  seed: !!python/name:os.system\n",
+            r"line 2, column 9: could not determine a constructor .*tags are not read",
+        ),
+        (
+            b"a: &a [x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+            b"d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
+            r"parameters.yml: its aliases \(\*name\) expand to more than 10,000 values",
+        ),
+    ],
+)
+def test_a_configuration_file_kedro_cannot_read_is_refused_naming_file_and_line(tmp_path, content, problem):
+    from criteo_dlrm.cli import check_conf_files
+    from criteo_dlrm.common.errors import ConfigError
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "local").mkdir()
+    (tmp_path / "base" / "parameters.yml").write_text("training:\n  seed: 0\n")
+    check_conf_files(tmp_path, None)
+    (tmp_path / "local" / "parameters.yml").write_bytes(content)
+    with pytest.raises(ConfigError, match=problem):
+        check_conf_files(tmp_path, None)
+
+
+def test_a_yaml_merge_key_is_read_as_yaml_reads_it(tmp_path):
+    """A standard merge key (<<: *base) was refused as 'could not determine a constructor'."""
+    from criteo_dlrm.cli import check_conf_files, versioned_datasets
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "catalog.yml").write_text(
+        "_versioned: &versioned\n  type: criteo_dlrm.datasets.JSONDataset\n  versioned: true\n"
+        "a:\n  <<: *versioned\n  filepath: data/a.json\nb:\n  <<: *versioned\n  versioned: false\n  filepath: b\n"
+    )
+    check_conf_files(tmp_path, None)
+    assert versioned_datasets(tmp_path) == {"_versioned": "_versioned", "a": "data/a.json"}

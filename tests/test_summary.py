@@ -1,5 +1,8 @@
 """The summary block ``kedro run`` ends with: what each stage made, and what a rerun reused instead."""
 
+from __future__ import annotations
+
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.summary import RunRecord, render
 
 
@@ -77,3 +80,14 @@ def test_training_says_which_precision_auto_chose_and_why():
     assert " ".join(line.strip() for line in lines[2:4]) == f"precision auto: bf16, {why}"
     set_precision = {**_training(None), "precision": {"precision": "fp32"}}
     assert "precision" not in render(RunRecord("v", {"training_summary": set_precision})), "a set one: no line"
+
+
+def test_the_ingestion_summary_says_which_days_train_validate_and_test():
+    from criteo_dlrm.summary import split_line
+
+    names = ["day_0", "day_1", "day_2", "day_3"]
+    assert split_line(MetadataConfig().split(names), 0.5, names) == (
+        "day_0, day_1, day_2 train; day_3 validate (first 50%) and test (last 50%)"
+    )
+    config = MetadataConfig(train_days=["day_1"], test_days=["day_3"])
+    assert split_line(config.split(names), 0.5, names) == "day_1 train; day_2 validate; day_3 test; day_0 unused"

@@ -1,5 +1,5 @@
 """One writer at a time (``common.locks``): a second is refused naming the first, a killed one is reported, and
-nothing planted at a lock's path is written through. Part of the fault injection of ``tests/test_integrity.py``."""
+nothing planted at a lock's path is written through. Part of the fault injection (``tests/faults.py``)."""
 
 from __future__ import annotations
 

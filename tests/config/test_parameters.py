@@ -1,5 +1,7 @@
 """Every pipeline's parameters through one typed mechanism: defaults are conf/base's, problems refused at once."""
 
+from __future__ import annotations
+
 import copy
 
 import pytest
@@ -10,6 +12,7 @@ from kedro.framework.startup import bootstrap_project
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.config import CONFIGS, ParameterError, parse_parameters
+from criteo_dlrm.config.metadata import MetadataConfig
 from tests.conftest import PROJECT_ROOT
 
 
@@ -155,3 +158,11 @@ def test_bad_parameters_stop_the_run_before_any_node(project, runtime, pipelines
     ):
         session.run(pipeline_names=pipelines)
     assert not list((project / "data/02_intermediate").rglob("*.parquet")), "nothing ran"
+
+
+def test_a_modulus_hash_size_without_the_modulus_hash_is_refused_not_ignored():
+    from criteo_dlrm.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"modulus_hash_size is 200,000,000 but metadata.use_modulus_hash is false"):
+        MetadataConfig.from_dict({"modulus_hash_size": 200_000_000}, "metadata.")
+    MetadataConfig.from_dict({"modulus_hash_size": 1000, "use_modulus_hash": True}, "metadata.")

@@ -1,10 +1,14 @@
+from __future__ import annotations
+
 import numpy as np
 
+from criteo_dlrm.common.storage import DiskFullError
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
+from tests.faults import encoded_rows, fails_with
 
 
 def test_days_encoded_in_parallel_give_the_same_arrays_as_one_process(tmp_path):
@@ -69,3 +73,15 @@ def test_the_reference_recipes_dense_transform_is_log_x_plus_3_with_missing_as_0
         FeatureEncoder.from_state_dict(earlier).encode_dense(counts.copy(), missing),
         standard.encode_dense(counts.copy(), missing),
     )
+
+
+def test_encoding_checks_the_space_it_needs_before_writing_a_row(converted_day, tmp_path, monkeypatch):
+    import shutil
+
+    dataset, days = encoded_rows(converted_day, tmp_path)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=10_000))
+    fails_with(
+        DiskFullError, lambda: dataset.save(days), r"No space left on .* 3,000 encoded rows \(10.0 kB free; it needs"
+    )
+    assert not (tmp_path / "train_features").exists()

@@ -1,10 +1,20 @@
 """Column conversion from Arrow: the buffer fast path must equal Arrow's own null handling."""
 
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.parquet import dense_values, sparse_values
+from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.data.parquet import dense_values, iter_batches, sparse_values
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
+from tests.faults import flip
 
 
 def _columns(seed: int) -> list[pa.Array | pa.ChunkedArray]:
@@ -35,11 +45,8 @@ def test_sparse_and_dense_values_match_arrow(index: int) -> None:
 
 @pytest.mark.parametrize(("start", "stop"), [(0, 2_500), (2_500, 5_000), (999, 1_001), (1_000, 4_000), (4_999, 5_000)])
 def test_a_part_of_a_day_reads_exactly_those_rows_across_row_groups(tmp_path, start, stop, monkeypatch):
-    import pyarrow.parquet as pq
 
     from criteo_dlrm.data import parquet
-    from criteo_dlrm.data.raw import convert_day
-    from criteo_dlrm.data.synthetic import ClickModel, write_day
 
     write_day(tmp_path / "day_0", 5_000, day=0, model=ClickModel(seed=1))
     path = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet", progress=False).parquet
@@ -53,3 +60,24 @@ def test_a_part_of_a_day_reads_exactly_those_rows_across_row_groups(tmp_path, st
     assert parquet.count_rows([part, path]) == stop - start + 5_000
     record = {"parquet": str(tmp_path / "groups.parquet"), "row_range": [start, stop]}
     assert parquet.recorded_rows(record) == part and parquet.recorded_rows({"parquet": path}) == str(path)
+
+
+def test_no_flipped_bit_anywhere_in_a_parquet_day_reads_back_as_other_numbers(converted_day, tmp_path):
+    _, parquet, rows = converted_day
+    rng = random.Random(0)
+    size = parquet.stat().st_size
+    refused = 0
+    for trial in range(120):
+        copy = tmp_path / f"flip_{trial}" / "day_0.parquet"
+        copy.parent.mkdir()
+        copy.write_bytes(parquet.read_bytes())
+        Path(f"{copy}.fingerprint").write_bytes(Path(f"{parquet}.fingerprint").read_bytes())
+        flip(copy, rng.randrange(size), rng.randrange(8))
+        try:
+            read = [row for batch in iter_batches([copy]) for row in batch.to_pylist()]
+        except DataError as error:
+            assert str(copy) in str(error), "the refusal names the day"
+            refused += 1
+            continue
+        assert read == rows, f"trial {trial}: a flipped bit read back as other numbers"
+    assert refused > 100, "nearly every flip lands in checked bytes"

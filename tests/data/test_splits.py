@@ -1,5 +1,7 @@
 """The day split: the default last day halved into validation and test rows, named days, and the refusals."""
 
+from __future__ import annotations
+
 import pytest
 
 from criteo_dlrm.config.metadata import MetadataConfig
@@ -55,3 +57,27 @@ def test_a_day_too_small_to_split_is_refused_with_the_setting_that_turns_the_spl
 def test_single_file_is_refused_with_a_hint(tmp_path):
     with pytest.raises(ValueError, match=r"kedro run --params=ingestion.rows_per_day=1429` \(7 days of 1,429 rows"):
         split_days([{"day": "train", "rows": 10_000}], MetadataConfig())
+
+
+def test_every_split_whether_named_or_by_default_gives_each_day_one_role_at_most():
+    from criteo_dlrm.common.errors import ConfigError
+
+    names = ["day_0", "day_1", "day_2", "day_3"]
+    cases = [
+        {}, {"train_days": ["day_0"]}, {"validation_days": ["day_1"]}, {"test_days": ["day_3"]},
+        {"train_days": ["day_3"]}, {"test_days": ["day_2"], "train_days": ["day_0", "day_3"]},
+        {"validation_days": ["day_0"], "train_days": ["day_0", "day_1"]}, {"test_days": ["day_0", "day_1", "day_2"]},
+        {"validation_days": ["day_3"], "test_days": ["day_2"], "train_days": ["day_2"]},
+    ]  # fmt: skip
+    for settings in cases:
+        try:
+            split = MetadataConfig(**settings).split(names)
+        except ConfigError:
+            continue
+        roles = [*split.train, *split.validation, *split.test]
+        assert len(roles) == len(set(roles)), (settings, split)
+        assert split.train and split.validation, (settings, split)
+    with pytest.raises(ConfigError, match=r"the default validation day both take \['day_3'\]"):
+        MetadataConfig(train_days=["day_3"]).split(names)
+    with pytest.raises(ConfigError, match=r"metadata.train_days and the default validation day both take \['day_3'\]"):
+        MetadataConfig(test_days=["day_2"], train_days=["day_0", "day_3"]).split(names)

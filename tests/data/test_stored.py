@@ -1,12 +1,19 @@
 """Encoded rows as stored: packed indices, the layout, the folders of the former layout."""
 
+from __future__ import annotations
+
+import os
+
 import numpy as np
+import pytest
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
+from criteo_dlrm.datasets import EncodedArraysDataset
+from tests.faults import encoded_rows, refused
 
 
 def test_index_widths_are_the_smallest_that_hold_every_index():
@@ -59,3 +66,80 @@ def test_stored_rows_take_fewer_bytes_and_folders_of_the_old_layout_still_load(t
         np.save(old / f"{name}.npy", getattr(in_memory, name))
     loaded = open_encoded(old, verify=False)  # the layout only: digests are tested with the dataset
     assert np.array_equal(loaded.sparse, stored.sparse) and np.array_equal(loaded.labels, stored.labels)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["noise in labels", "deleted layout", "truncated sparse"],
+)
+def test_damaged_encoded_rows_are_refused_before_use_and_rebuilt_on_the_next_save(converted_day, tmp_path, damage):
+    dataset, days = encoded_rows(converted_day, tmp_path)
+    dataset.save(days)
+    clean = {name: np.array(getattr(dataset.load(), name)) for name in ("labels", "dense", "sparse")}
+    folder = tmp_path / "train_features"
+    if damage == "noise in labels":
+        with open(folder / "labels.npy", "r+b") as handle:
+            handle.seek(200)
+            handle.write(os.urandom(4096)[: 3000 - 200])
+    elif damage == "deleted layout":
+        (folder / "layout.json").unlink()
+    else:
+        with open(folder / "sparse.npy", "r+b") as handle:
+            handle.truncate(os.path.getsize(folder / "sparse.npy") // 2)
+    from criteo_dlrm.data.batches import BatchLoader
+
+    def train_on_them():  # what training does: load the rows, read them in shuffled batches
+        return list(BatchLoader(EncodedArraysDataset(str(folder)).load(), 500, shuffle=True).batches())
+
+    message = refused(train_on_them, folder)
+    if damage == "noise in labels":  # found as the chunk is first read (not on load), with its rows named
+        assert "labels.npy is damaged: rows 0-2,999 are not what was written" in message
+        assert "found by an earlier run" in refused(EncodedArraysDataset(str(folder)).load, folder)
+    fresh = EncodedArraysDataset(str(folder))
+    fresh.save(days)  # same lineage: without the digests these rows would be reused as they are
+    rebuilt = fresh.load()
+    for name, array in clean.items():
+        np.testing.assert_array_equal(np.array(getattr(rebuilt, name)), array, err_msg=name)
+
+
+def test_encoded_rows_without_their_digests_are_refused_and_rebuilt(converted_day, tmp_path):
+    dataset, days = encoded_rows(converted_day, tmp_path)
+    dataset.save(days)
+    folder = tmp_path / "train_features"
+    (folder / "digests.json").unlink()
+    assert "digests.json is missing" in refused(EncodedArraysDataset(str(folder)).load, folder)
+    EncodedArraysDataset(str(folder)).save(days)
+    assert (folder / "digests.json").exists()
+
+
+def test_stored_rows_with_indices_beyond_their_claimed_tables_are_refused_naming_the_folder(converted_day, tmp_path):
+    from criteo_dlrm.common.storage import DamagedFileError
+    from criteo_dlrm.data.stored import check_index_range, open_encoded
+
+    dataset, days = encoded_rows(converted_day, tmp_path)
+    dataset.save(days)
+    folder = tmp_path / "train_features"
+    rows = open_encoded(folder)
+    true_maxima = np.asarray(rows.sparse[:]).max(axis=0)
+    assert rows.index_maxima == true_maxima.tolist(), "the recorded maxima are the rows' own"
+    sizes = list(days.encoder.table_sizes)
+    check_index_range(rows, sizes, "the training rows")
+    smaller = list(sizes)
+    smaller[5] = int(true_maxima[5])  # the metadata a forged lineage claims: one table a row too small
+    with pytest.raises(DamagedFileError, match=rf"{folder}: the training rows .*SPARSE_5: index {true_maxima[5]:,}"):
+        check_index_range(rows, smaller, "the training rows")
+    in_memory = days.encoder.encode_days(days.paths)
+    assert in_memory.index_maxima == true_maxima.tolist()
+    in_memory.index_maxima = None  # rows without recorded maxima are read for them
+    with pytest.raises(DamagedFileError, match="SPARSE_5"):
+        check_index_range(in_memory, smaller, "the training rows")
+    from loguru import logger
+
+    said = []
+    handler = logger.add(lambda message: said.append(str(message)), level="WARNING")
+    try:
+        days.encoder.table_sizes = smaller  # the same lineage, claiming smaller tables: not reused as they are
+        EncodedArraysDataset(str(folder)).save(days)
+    finally:
+        logger.remove(handler)
+    assert any("SPARSE_5" in line and "Encoding them again" in line for line in said), said

@@ -1,11 +1,20 @@
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from kedro.io.core import Version
 
+from criteo_dlrm.common.locks import LockedError, exclusive
+from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
 from criteo_dlrm.data.stored import EncodedArrays
-from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, TorchCheckpointDataset
+from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, JSONDataset, TorchCheckpointDataset
+from tests.faults import encoded_rows, fails_with, refused
 
 
 def _versioned(cls, path, load=None, save=None):
@@ -74,7 +83,6 @@ def test_encoded_arrays_load_memory_mapped(tmp_path):
 
 
 def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_path):
-    from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 
     encoder = FeatureEncoder.from_metadata(
         FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
@@ -90,7 +98,6 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
 
 
 def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, tmp_path, monkeypatch):
-    from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 
     encoder = FeatureEncoder.from_metadata(
         FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
@@ -186,3 +193,29 @@ def test_metadata_edited_with_its_file_digest_written_again_is_refused(tmp_path)
     assert isinstance(found, DamagedFileError) and f"{file} is damaged: its content is not what was written" in str(
         found
     )
+
+
+def test_concurrent_saves_of_one_dataset_folder_never_mix(converted_day, tmp_path):
+    dataset, days = encoded_rows(converted_day, tmp_path)
+    other, _ = encoded_rows(converted_day, tmp_path)
+    with exclusive(tmp_path / "train_features", "the encoded rows train_features"):
+        fails_with(LockedError, lambda: other.save(days), f"being written by process {os.getpid()}")
+    dataset.save(days)
+    assert len(dataset.load()) == 3000
+
+
+def test_json_reports_are_refused_when_damaged(tmp_path):
+    path = tmp_path / "evaluation_metrics.json"
+    JSONDataset(str(path), version=Version(None, None)).save({"auc": 0.7})
+    [file] = path.glob("*/evaluation_metrics.json")
+    file.write_text(json.dumps({"auc": 0.9}))
+    assert "is damaged" in refused(JSONDataset(str(path), version=Version(None, None)).load, file)
+
+
+def test_feature_metadata_without_its_digest_is_refused(tmp_path):
+    path = tmp_path / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"label": {"ctr": 0.25}})
+    [file] = path.glob("*/feature_metadata.json")
+    file.write_text(json.dumps({"label": {"ctr": 0.03}}))
+    Path(f"{file}.sha256").unlink()
+    assert "has no digest" in refused(JSONDataset(str(path), version=Version(None, None)).load, file)

@@ -1,15 +1,19 @@
 """Versioned outputs (``datasets.versioned_file``): a version a run began and did not finish is never the latest,
-and a run reads the versions that were newest when it began. Part of the fault injection of
-``tests/test_integrity.py``."""
+and a run reads the versions that were newest when it began. Part of the fault injection
+(``tests/faults.py``)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
+import pytest
 from kedro.io.core import Version
 
+from criteo_dlrm.common.storage import DiskFullError
 from criteo_dlrm.datasets import JSONDataset
+from tests.faults import fails_with
 
 
 def test_a_version_a_killed_run_began_is_never_the_latest(tmp_path):
@@ -67,3 +71,42 @@ def test_a_run_reads_its_own_outputs_and_the_inputs_that_were_newest_when_it_beg
     assert catalog.load("inputs") == {"made_by": "an earlier run"}
     catalog.save("outputs", {"made_by": "this run"})
     assert catalog.load("outputs") == {"made_by": "this run"}
+
+
+def test_a_full_disk_while_a_version_is_written_leaves_the_last_complete_version_as_the_latest(tmp_path, monkeypatch):
+    from criteo_dlrm.datasets import versioned_file
+
+    path = tmp_path / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(versioned_file._HashingWriter, "write", full)
+    failing = JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z"))
+    fails_with(DiskFullError, lambda: failing.save({"version": 2}), f"No space left on {path}")
+    monkeypatch.undo()  # (no chdir to undo here)
+    assert JSONDataset(str(path), version=Version(None, None)).load() == {"version": 1}
+    assert not list(path.glob("*/*.partial")) and not list(path.glob("*/.*.partial"))
+
+
+def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_folder(tmp_path, monkeypatch):
+
+    from criteo_dlrm.engine import scoring
+
+    dataset = JSONDataset(str(tmp_path / "metrics.json"), version=Version(None, "2026-01-01T00.00.00.000Z"))
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    from criteo_dlrm.common import storage
+
+    with monkeypatch.context() as patched:
+        patched.setattr(storage, "create_exclusive", full)
+        with pytest.raises(DiskFullError, match=r"No space left on .*metrics.json.*while writing the marker"):
+            dataset.mark_incomplete("2026-01-01T00.00.00.000Z", {"run": "r"})
+    destination = tmp_path / "predictions.parquet"
+    monkeypatch.setattr(scoring, "_write_predictions", lambda *args: (destination.write_bytes(b"half"), full())[1])
+    with pytest.raises(DiskFullError, match=rf"No space left on {tmp_path} while writing the predictions"):
+        scoring.write_predictions(None, None, None, [], destination)
+    assert not destination.exists(), "nothing half-written is left"

@@ -1,20 +1,26 @@
 """Checkpoints: the content digest, and checkpoints of the earlier format still evaluate, score and export."""
 
+from __future__ import annotations
+
 import dataclasses
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from kedro.io.core import Version
 
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint, save_atomically
 from criteo_dlrm.engine.export import serving_encoder
 from criteo_dlrm.engine.scoring import probabilities
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables
 from tests.conftest import tiny_model_config, with_altered_vocabulary
+from tests.faults import refused
 
 
 def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
@@ -127,3 +133,75 @@ def test_a_checkpoint_is_a_record_whose_stored_form_round_trips_and_keeps_what_i
     assert again.keys() == stored.keys() and all(again[key] is stored[key] for key in stored)
     with pytest.raises(dataclasses.FrozenInstanceError):
         checkpoint.step = 1
+
+
+def test_a_checkpoint_with_overwritten_bytes_is_refused_naming_it(tmp_path):
+    path = tmp_path / "dlrm_checkpoint.pt"
+    TorchCheckpointDataset(str(path), version=Version(None, None)).save({"weights": torch.randn(50_000)})
+    [file] = path.glob("*/dlrm_checkpoint.pt")
+    with open(file, "r+b") as handle:
+        handle.seek(file.stat().st_size // 2)
+        handle.write(b"\xff" * 256)
+    message = refused(TorchCheckpointDataset(str(path), version=Version(None, None)).load, file)
+    assert "is damaged" in message
+
+
+def _saved_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
+    """A versioned checkpoint saved as training saves it: ``(its file, the dataset's path)``."""
+    path = tmp_path / "dlrm_checkpoint.pt"
+    state = {"format": 3, "model_state": {"w": torch.arange(6.0)}, "calibration": {"method": "platt", "a": 1.5}}
+    TorchCheckpointDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save(state)
+    [file] = path.glob("*/dlrm_checkpoint.pt")
+    return file, path
+
+
+def _edit_calibration(file: Path) -> None:
+    state = torch.load(file, weights_only=True)
+    state["calibration"]["a"] = 9.0
+    torch.save(state, file)
+
+
+def test_a_checkpoint_edited_and_stripped_of_its_digest_is_refused(tmp_path):
+    file, path = _saved_checkpoint(tmp_path)
+    _edit_calibration(file)
+    Path(f"{file}.sha256").unlink()
+    message = refused(TorchCheckpointDataset(str(path), version=Version(None, None)).load, file)
+    assert "has no digest" in message and "--load-versions" in message
+
+
+def test_a_checkpoint_rewritten_with_a_fresh_file_digest_is_refused_by_the_digest_inside(tmp_path):
+    import hashlib
+
+    file, path = _saved_checkpoint(tmp_path)
+    _edit_calibration(file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    assert "content is not what was written" in refused(
+        TorchCheckpointDataset(str(path), version=Version(None, None)).load, file
+    )
+    state = torch.load(file, weights_only=True)
+    del state["content_sha256"]  # and with the digest inside removed as well
+    torch.save(state, file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    assert "lost the content digest" in refused(
+        TorchCheckpointDataset(str(path), version=Version(None, None)).load, file
+    )
+
+
+def test_a_checkpoint_of_format_2_without_a_digest_inside_still_loads_on_its_file_digest(tmp_path):
+    import hashlib
+
+    path = tmp_path / "dlrm_checkpoint.pt"
+    file = path / "2025-01-01T00.00.00.000Z" / "dlrm_checkpoint.pt"
+    file.parent.mkdir(parents=True)
+    torch.save({"format": 2, "model_state": {"w": torch.ones(2)}}, file)
+    Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
+    loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
+    assert loaded["format"] == 2 and torch.equal(loaded["model_state"]["w"], torch.ones(2))
+
+
+def test_a_digest_is_compared_whatever_its_case(tmp_path):
+    file, path = _saved_checkpoint(tmp_path)
+    sidecar = Path(f"{file}.sha256")
+    sidecar.write_text(sidecar.read_text().upper() + "\n")
+    loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
+    assert loaded["calibration"]["a"] == 1.5 and "content_sha256" not in loaded

@@ -1,8 +1,13 @@
 """A training job and its outcome through their files: typed on both sides, and nothing else accepted."""
 
+from __future__ import annotations
+
 import json
+import os
+from pathlib import Path
 
 import pytest
+import torch
 
 from criteo_dlrm.common.errors import ConfigError, DataError
 from criteo_dlrm.config.training import TrainingConfig
@@ -54,3 +59,26 @@ def test_an_outcome_file_gives_back_the_outcome_and_where_its_best_model_is(tmp_
     loaded = TrainingOutcome.load(tmp_path / "outcome.pt")
     assert loaded.result == result
     assert (loaded.processes, loaded.embeddings) == (1, {"backend": "torch"})
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_planted_job_and_outcome_files_never_run_code(tmp_path):
+    from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
+
+    marker = tmp_path / "ran"
+    planted = tmp_path / "outcome_x.pt"
+    torch.save({"outcome": _Payload(marker)}, planted)
+    with pytest.raises(DataError, match=str(planted)):
+        TrainingOutcome.load(planted)
+    job = tmp_path / "job_x.json"
+    job.write_bytes(__import__("pickle").dumps(_Payload(marker)))
+    with pytest.raises(DataError, match=str(job)):
+        TrainingJob.load(job)
+    assert not marker.exists(), "the planted payload ran"

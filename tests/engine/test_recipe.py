@@ -1,6 +1,13 @@
 """The training recipe's checks around a run: click rates that do not belong together, extreme calibrations."""
 
+from __future__ import annotations
+
+import errno
+import json
+
 import numpy as np
+import pytest
+import torch
 
 from criteo_dlrm.engine.recipe import calibration_warning, click_rate_warning
 from criteo_dlrm.summary import RunRecord, render
@@ -37,3 +44,33 @@ def test_the_run_summary_shows_the_warnings_in_short_lines():
     text = render(RunRecord(version="v", saved={"training_summary": summary}))
     assert "warning: the training days (day_0, day_1" in text
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+@pytest.mark.slow
+def test_a_finished_run_whose_checkpoint_could_not_be_stored_is_stored_by_the_rerun_without_retraining(
+    project, monkeypatch
+):
+    from kedro.framework.session import KedroSession
+    from kedro.framework.startup import bootstrap_project
+
+    from criteo_dlrm.datasets import torch_checkpoint_dataset
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    runtime = {"training": {"num_epochs": 1, "validations_per_epoch": 1}}
+    bootstrap_project(project)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch_checkpoint_dataset.TorchCheckpointDataset, "save", full)
+        with pytest.raises(Exception, match="No space left"), KedroSession.create(project, runtime_params=runtime) as s:
+            s.run(pipeline_names=["ingestion", "metadata", "training"])
+    [in_progress] = (project / "data/06_models/in_progress").glob("dlrm_*.pt")
+    finished = torch.load(in_progress, weights_only=True)
+    assert finished["step"] == 157, "the finished run's state is kept"
+    assert not list((project / "data/08_reporting/training_summary.json").glob("*/training_summary.json"))
+    with KedroSession.create(project, runtime_params=runtime) as session:
+        session.run(pipeline_names=["training"])
+    [summary] = (project / "data/08_reporting/training_summary.json").glob("*/training_summary.json")
+    stored = json.loads(summary.read_text())
+    assert stored["steps"] == 157 and [h["step"] for h in stored["history"]] == [157], "resumed at its end"
+    assert not in_progress.exists(), "removed once the checkpoint is stored"

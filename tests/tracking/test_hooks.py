@@ -1,5 +1,8 @@
 """Experiment tracking: what `kedro run` logs to the project's MLflow store, the switch, and an absent server."""
 
+from __future__ import annotations
+
+import errno
 import http.server
 import json
 import os
@@ -198,7 +201,6 @@ def test_a_two_process_run_is_logged_once(project, backend):
 
 
 def test_a_read_only_tracking_store_is_refused_before_the_run_with_the_switch(tmp_path, monkeypatch):
-    import errno
     from types import SimpleNamespace
 
     from criteo_dlrm.common import storage
@@ -253,3 +255,21 @@ def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
     finally:
         mlflow.set_tracking_uri(None)
     assert logged == {"time_to_target_train_seconds": [(20, 12.5)], "time_to_target_wall_seconds": [(20, 15.0)]}
+
+
+def test_a_tracking_server_answering_404_is_refused_before_the_run():
+    import http.server
+    import threading
+
+    from criteo_dlrm.tracking.hooks import TrackingServerError, check_tracking_server
+    from tests.conftest import unused_port
+
+    port = unused_port()
+    server = http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(TrackingServerError, match=r"answered HTTP 404 .*not an MLflow tracking server"):
+            check_tracking_server(f"http://127.0.0.1:{port}/nothing-here")
+    finally:
+        server.server_close()

@@ -1,6 +1,9 @@
 """Converting raw days to Parquet: exact values, every bad line kept with its line number."""
 
+from __future__ import annotations
+
 import csv
+import errno
 import gzip
 
 import numpy as np
@@ -8,10 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import IngestionError, convert_day
+from criteo_dlrm.common.storage import DiskFullError
+from criteo_dlrm.data.raw import IngestionError, convert_day, convert_or_reuse
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from tests.conftest import naive_parse_line
 from tests.data.raw.samples import file_with_bad_lines, good_line, parquet_rows, write_labelled
+from tests.faults import flip
 
 
 @pytest.mark.parametrize("name", ["day_0.gz", "day_0"])
@@ -184,3 +189,37 @@ def test_an_empty_line_is_rejected_as_one_with_an_empty_text(tmp_path):
     with open(report.rejects_file, newline="") as handle:
         [header, row] = list(csv.reader(handle, delimiter="\t"))
     assert row[1:] == ["5", "empty line (no field has a value)", ""]
+
+
+def test_ingestion_rebuilds_a_damaged_day_instead_of_calling_it_converted(converted_day, tmp_path):
+    source, parquet, rows = converted_day
+    destination = tmp_path / "day_0.parquet"
+    convert_day(source, destination)
+    flip(destination, destination.stat().st_size // 2, 3)  # inside the data pages
+    convert_or_reuse(source, destination)
+    assert pq.read_table(destination).to_pylist() == rows
+
+
+def test_a_full_disk_is_reported_as_such_for_a_day_being_converted(converted_day, tmp_path, monkeypatch):
+    import pyarrow.parquet
+
+    source, _, _ = converted_day
+
+    class FullWriter(pyarrow.parquet.ParquetWriter):
+        def write_table(self, table, *args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("criteo_dlrm.data.raw.convert.pq.ParquetWriter", FullWriter)
+    with pytest.raises(DiskFullError, match=rf"No space left on {tmp_path}.* while writing the Parquet of day_0"):
+        convert_day(source, tmp_path / "day_0.parquet")
+    assert not list(tmp_path.glob("*day_0*")), "nothing half-written is left"
+
+
+def test_a_line_longer_than_a_block_names_the_line_and_the_setting(tmp_path):
+    source = tmp_path / "day_0"
+    write_day(source, 100, day=0, model=ClickModel(seed=2))
+    lines = source.read_text().splitlines(keepends=True)
+    lines.insert(60, "1" + "\t" * 39 + "a" * (3 << 20) + "\n")
+    source.write_text("".join(lines))
+    with pytest.raises(IngestionError, match=r"a line from line \d+ on is longer than one block .*block_size_mb=1\)"):
+        convert_day(source, tmp_path / "day_0.parquet", block_size=1 << 20)

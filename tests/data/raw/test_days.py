@@ -1,9 +1,15 @@
 """Many days at once: the same bytes whatever the number of workers, no partial output on failure."""
 
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
 import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import IngestionError
+from criteo_dlrm.data.raw import IngestionError, convert_or_reuse
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
@@ -39,3 +45,27 @@ def test_a_failing_day_among_several_fails_with_its_own_message_and_leaves_no_pa
     for name in left:
         if name.endswith(".parquet"):  # days that finished are whole
             assert pq.ParquetFile(out / name).metadata.num_rows == 4000
+
+
+def test_a_raw_file_whose_time_alone_changed_names_how_to_restore_its_day(converted_day, tmp_path):
+    import shlex
+    import shutil
+
+    from criteo_dlrm.data.lineage import LineageError, check_days, day_lineage
+
+    raw = tmp_path / "raw" / "day_0"
+    raw.parent.mkdir()
+    shutil.copy(converted_day[0], raw)
+    parquet = tmp_path / "out" / "day_0.parquet"
+    convert_or_reuse(raw, parquet)
+    recorded = day_lineage("day_0", parquet)
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 5 * 10**9))  # `touch`: same bytes
+    convert_or_reuse(raw, parquet)  # a plain rerun converts it again: another Parquet
+    with pytest.raises(LineageError) as refused:
+        check_days([recorded], "dlrm_checkpoint")
+    message = str(refused.value)
+    assert "cannot be restored" not in message
+    touch = re.search(r"`(touch -d [^`]+)`", message).group(1)
+    subprocess.run(shlex.split(touch), check=True)
+    convert_or_reuse(raw, parquet)  # what `kedro run --pipelines=ingestion` does for this day
+    check_days([recorded], "dlrm_checkpoint")

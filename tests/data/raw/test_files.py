@@ -1,12 +1,16 @@
 """Which files of a raw folder are days."""
 
+from __future__ import annotations
+
 import gzip
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from criteo_dlrm.data.raw import IngestionError, find_day_files, find_scoring_input
+from criteo_dlrm.data.raw import IngestionError, find_day_files, find_scoring_input, scan_raw_folder
+from criteo_dlrm.data.synthetic import ClickModel, write_day
 from tests.conftest import ingestion_report
 
 
@@ -60,3 +64,55 @@ def test_entries_not_used_are_said_once_though_the_folder_is_scanned_twice(tmp_p
     assert len(said) == 1 and said[0].startswith(f"{tmp_path}: not used (") and said[0].strip().endswith("notes.md"), (
         said
     )
+
+
+def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refused(tmp_path):
+    folder = tmp_path / "raw"
+    write_day(folder / "day_0", 50, day=0, model=ClickModel(seed=1))
+    (folder / "part-1.txt").write_bytes((folder / "day_0").read_bytes())
+    (folder / "README.md").write_text("notes")
+    scanned = scan_raw_folder(folder)
+    assert [p.name for p in scanned.days] == ["day_0", "part-1.txt"]
+    assert "README.md" in scanned.ignored and "day_0.click_probability.npy" in scanned.ignored
+    os.mkfifo(folder / "day_3")
+    (folder / "day_4.gz").symlink_to(folder / "day_4.gz")  # a link to itself: a loop
+    (folder / "day 5.gz").write_bytes(b"")
+    with pytest.raises(IngestionError) as caught:
+        scan_raw_folder(folder)
+    message = str(caught.value)
+    assert "day_3: is a FIFO, not a regular file" in message
+    assert "day_4.gz: cannot be opened" in message
+    assert "'day 5.gz': looks like a day file but its name is not one" in message
+
+
+@pytest.mark.parametrize("name", ["día_0.txt.gz", "day_8.gz\n", "trаin.txt"])  # the last with a Cyrillic 'а'
+def test_day_names_outside_the_documented_naming_are_refused_not_converted_or_sorted_last(tmp_path, name):
+    for converted_day in ("day_0.gz", "day_1.gz"):
+        (tmp_path / converted_day).write_bytes(b"")
+    (tmp_path / name).write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(IngestionError, match="looks like a day file but its name is not one") as refused:
+        scan_raw_folder(tmp_path)
+    assert repr(name) in str(refused.value), "the name is shown as it is, newline included"
+
+
+def test_the_order_of_days_is_one_rule_and_a_mixed_folder_says_which_day_validates(tmp_path):
+    from loguru import logger
+
+    for converted_day in ("day_10.gz", "day_9.gz", "zeta.txt", "alpha.tsv.gz"):
+        (tmp_path / converted_day).write_bytes(b"")
+    said = []
+    handler = logger.add(lambda message: said.append(str(message)), level="WARNING")
+    try:
+        days = scan_raw_folder(tmp_path).days
+    finally:
+        logger.remove(handler)
+    assert [p.name for p in days] == ["day_9.gz", "day_10.gz", "alpha.tsv.gz", "zeta.txt"]
+    assert any("zeta comes last and validates" in line for line in said), said
+
+
+def test_a_raw_folder_that_is_a_file_says_so(tmp_path):
+    (tmp_path / "day_0.gz").write_bytes(b"")
+    with pytest.raises(
+        IngestionError, match=rf"day_0.gz is a file, not a folder.*`kedro run --params=ingestion.raw_dir={tmp_path}`$"
+    ):
+        scan_raw_folder(tmp_path / "day_0.gz")

@@ -1,8 +1,14 @@
 """The scoring pipeline through a KedroSession on a project copy after `kedro run`."""
 
+from __future__ import annotations
+
+import dataclasses
 import gzip
 import json
+import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +19,11 @@ import torch
 from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
+from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine.calibration import from_state
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
@@ -37,7 +47,6 @@ def _newest(project: Path, name: str) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A project copy after `kedro run` (one epoch) and one scoring run of its own raw days."""
-    import os
 
     from tests.conftest import copy_project
 
@@ -203,8 +212,6 @@ def test_a_checkpoint_made_before_calibration_scores_its_raw_output_and_says_so(
 
 
 def test_the_serving_recipe_of_the_docs_runs_as_written_and_scores_what_the_pipeline_scores(trained):
-    import re
-    import subprocess
     import sys
 
     from tests.conftest import PROJECT_ROOT
@@ -226,3 +233,35 @@ def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkp
     damaged = with_altered_vocabulary(tiny_checkpoint, 5)
     with pytest.raises(VocabularyMismatchError, match="dlrm_checkpoint version .* not the ones it was trained with"):
         export_model(damaged, {})
+
+
+def _checkpoint(tmp_path: Path) -> dict:
+    """A small trained checkpoint and a raw folder of 400 rows to score."""
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.engine.recipe import run_training
+
+    write_day(tmp_path / "raw" / "day_0", 400, day=0, model=ClickModel(seed=3))
+    write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
+    parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
+    metadata = dataclasses.replace(metadata, source_days={"train": [], "validation": []})
+    encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
+    rows = encoder.encode_days([parquet])
+    config = TrainingConfig.from_dict(
+        {"num_epochs": 1, "resume": False, "tensorboard_dir": str(tmp_path / "tb"), "validations_per_epoch": 1}
+    )
+    checkpoint, _ = run_training(config, rows, rows, metadata, vocabularies, "r")
+    return {**checkpoint, "catalog_version": "v"}
+
+
+def test_scoring_leaves_nothing_behind_and_removes_what_a_killed_scoring_left(tmp_path):
+    from criteo_dlrm.pipelines.scoring.nodes import score_new_days
+
+    parquet_dir = tmp_path / "scoring_input"
+    parquet_dir.mkdir()
+    stale = parquet_dir / f".predictions.parquet.{2**22 + 99}.0123abcd.partial"  # a pid no process has
+    stale.write_bytes(b"half")
+    checkpoint = _checkpoint(tmp_path)
+    staged, report = score_new_days(checkpoint, {"input_dir": str(tmp_path / "raw"), "parquet_dir": str(parquet_dir)})
+    assert not stale.exists() and staged.parent == parquet_dir and staged.name.endswith(".partial")
+    assert report["rows"] == 400
