@@ -87,8 +87,8 @@ def test_every_unused_file_of_a_raw_folder_is_named_and_unreadable_days_are_refu
 
 @pytest.mark.parametrize("name", ["día_0.txt.gz", "day_8.gz\n", "trаin.txt"])  # the last with a Cyrillic 'а'
 def test_day_names_outside_the_documented_naming_are_refused_not_converted_or_sorted_last(tmp_path, name):
-    for converted_day in ("day_0.gz", "day_1.gz"):
-        (tmp_path / converted_day).write_bytes(b"")
+    for day in ("day_0.gz", "day_1.gz"):
+        (tmp_path / day).write_bytes(b"")
     (tmp_path / name).write_bytes(b"\x1f\x8b garbage")
     with pytest.raises(IngestionError, match="looks like a day file but its name is not one") as refused:
         scan_raw_folder(tmp_path)
@@ -98,8 +98,8 @@ def test_day_names_outside_the_documented_naming_are_refused_not_converted_or_so
 def test_the_order_of_days_is_one_rule_and_a_mixed_folder_says_which_day_validates(tmp_path):
     from loguru import logger
 
-    for converted_day in ("day_10.gz", "day_9.gz", "zeta.txt", "alpha.tsv.gz"):
-        (tmp_path / converted_day).write_bytes(b"")
+    for day in ("day_10.gz", "day_9.gz", "zeta.txt", "alpha.tsv.gz"):
+        (tmp_path / day).write_bytes(b"")
     said = []
     handler = logger.add(lambda message: said.append(str(message)), level="WARNING")
     try:
