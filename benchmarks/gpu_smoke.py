@@ -29,9 +29,10 @@ import torch.distributed as dist
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader, Prefetcher
 from criteo_dlrm.engine.device import configure_backends
+from criteo_dlrm.engine.group import gather_rows_to_main
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.metrics import binary_metrics, binary_metrics_torch
-from criteo_dlrm.engine.modes import build_mode, gather_rows_to_main
+from criteo_dlrm.engine.modes import build_mode
 from criteo_dlrm.engine.step import TrainStep
 
 from training import synthetic_arrays

@@ -10,7 +10,7 @@ from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine import modes
 from criteo_dlrm.engine.loop import Trainer, TrainingDivergedError
-from criteo_dlrm.engine.modes import build_optimizers
+from criteo_dlrm.engine.optimizers import build_optimizers
 from criteo_dlrm.engine.profiling import TOP_OPS_REPORT
 from criteo_dlrm.engine.progress import load_best
 from criteo_dlrm.engine.tensorboard import TensorBoardLogger

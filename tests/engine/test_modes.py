@@ -1,12 +1,12 @@
-"""The parallel modes: which one a run gets, what each builds and reports, and the optimisers from the one table."""
+"""The parallel modes: which one a run gets, what each builds and reports, and that each holds its parts."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
+from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine.memory import embedding_bytes
-from criteo_dlrm.engine.modes import DataParallel, Sharded, SingleProcess, build_mode, build_optimizers, mode_class
+from criteo_dlrm.engine.modes import DataParallel, Sharded, SingleProcess, build_mode, mode_class
 from tests.conftest import TINY_MODEL
 
 SIZES = [3 + 5 * f for f in range(26)]
@@ -54,29 +54,6 @@ def test_the_model_follows_the_optimiser_s_gradients_and_the_compile_setting():
     assert hasattr(compiled.model.dense_mlp, "_compiled_call_impl") and compiled.model.dense_mlp._compiled_call_impl
 
 
-@pytest.mark.parametrize("name", [n for n, o in EMBEDDING_OPTIMIZERS.items() if o.torch is not None])
-def test_every_torch_optimiser_of_the_table_is_built_over_the_right_parameters(name):
-    config = _config(embedding_optimizer=name)
-    model = build_mode(config.model_config(SIZES), config, CPU).model
-    optimizers = build_optimizers(model, config)
-    row = EMBEDDING_OPTIMIZERS[name]
-    if row.whole_model:
-        assert list(optimizers) == ["dense"] and type(optimizers["dense"]) is torch.optim.Adam
-        assert sum(len(g["params"]) for g in optimizers["dense"].param_groups) == len(list(model.parameters()))
-        return
-    assert type(optimizers["embeddings"]) is getattr(torch.optim, row.torch)
-    held = {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]}
-    assert held == {id(p) for p in model.embedding_parameters()}
-    assert optimizers["embeddings"].param_groups[0]["lr"] == config.embedding_learning_rate
-
-
-def test_the_table_s_fused_optimisers_are_torchrec_s():
-    torchrec_optim = pytest.importorskip("torchrec.optim", reason="the torchrec extra is not installed")
-    for name, row in EMBEDDING_OPTIMIZERS.items():
-        assert row.fused is None or hasattr(torchrec_optim, row.fused), name
-        assert row.torch is None or hasattr(torch.optim, row.torch), name
-
-
 def test_a_sharded_mode_builds_torchrec_s_model_in_a_group_of_its_own_and_reports_its_plan():
     pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
     config = _torchrec()
@@ -111,6 +88,7 @@ def test_every_mode_has_what_the_loop_and_the_step_call():
     for mode in (SingleProcess, DataParallel, Sharded):
         assert {name for name in methods if not callable(getattr(mode, name, None))} == set(), mode
         assert isinstance(getattr(mode, "is_main", None), property), mode
+        assert mode.__mro__ == (mode, object), f"{mode.__name__} holds its parts, it overrides no other mode"
     config = _config()
     built = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
     assert isinstance(built, ParallelMode) and built.world_size == 1 and built.is_main

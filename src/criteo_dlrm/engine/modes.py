@@ -11,7 +11,9 @@
 Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded one) and describing it (summary,
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
 (written from the live tensors, and restored), and how predictions over a validation set are gathered and their
-metrics computed once (``Alone``, or ``InGroup`` for the multi-process modes: parts they hold, not inherit).
+metrics computed once. The modes share parts, not a base class: ``Optimizers`` (the optimisers by name and their
+rates: ``engine.optimizers``) and, in the multi-process modes, ``InGroup`` (averages, and predictions gathered to
+rank 0 in row order: ``engine.group``).
 ``ParallelMode`` lists what the loop and the step call. ``mode_class`` is the one place the backend and the process
 count choose a mode.
 """
@@ -29,29 +31,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
-from criteo_dlrm.config.training import DENSE_OPTIMIZERS, TrainingConfig
-from criteo_dlrm.data.batches import BatchLoader, rank_order
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import Runtime, compile_model
+from criteo_dlrm.engine.group import InGroup, all_gather_rows, predict_alone
 from criteo_dlrm.engine.memory import embedding_bytes
-from criteo_dlrm.engine.metrics import MetricError, binary_metrics
+from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.optimizers import Optimizers
 from criteo_dlrm.engine.progress import ProgressFiles
-from criteo_dlrm.engine.scoring import predict
 from criteo_dlrm.engine.sharding import ShardedDLRM, check_fused_optimizer, log_plan, require_torchrec, shard_model
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
-
-
-def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
-    """The dense layers' optimiser (``config.dense_optimizer``: Adam, Adagrad or SGD); the embeddings' from
-    ``config.embedding_optimizer`` (its ``torch.optim`` class in ``EMBEDDING_OPTIMIZERS``; with TorchRec the
-    tables' is fused into backward instead)."""
-    if config.optimizer.whole_model:  # the predecessor's way: Adam over every table row, every step
-        return {"dense": torch.optim.Adam(model.parameters(), lr=config.learning_rate)}
-    dense = getattr(torch.optim, DENSE_OPTIMIZERS[config.dense_optimizer])
-    optimizers = {"dense": dense(model.dense_parameters(), **config.dense_optimizer_args())}
-    if config.embedding_backend == "torch":
-        embeddings = getattr(torch.optim, config.optimizer.torch)
-        optimizers["embeddings"] = embeddings(model.embedding_parameters(), **config.embedding_optimizer_args())
-    return optimizers
 
 
 @runtime_checkable
@@ -86,92 +75,55 @@ class ParallelMode(Protocol):
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict: ...
 
 
-class Alone:
-    """Validation and averages in one process: the process's own predictions and metrics."""
-
-    rank, world_size = 0, 1
-
-    def mean(self, values: torch.Tensor) -> torch.Tensor:
-        return values
-
-    def predict(self, model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndarray | None:
-        """Probabilities for every row of ``loader``, in row order; on a GPU they stay there, where the metrics
-        are computed."""
-        return predict(model, loader, runtime, on_device=runtime.device.type == "cuda")
-
-    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
-        return binary_metrics(labels, probabilities)
+def built_dlrm(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> DLRM:
+    """The DLRM of ``model_config`` (with the current torch seed) on ``device``, its dense layers compiled when
+    ``config.compile``: the model of the modes that hold every table."""
+    model = DLRM(model_config, sparse_gradients=config.sparse_gradients).to(device)
+    if config.compile:
+        compile_model(model, config.compile_mode)
+    return model
 
 
-class InGroup(Alone):
-    """Validation and averages over the initialised process group, shared by the multi-process modes: each
-    process scores its share of the rows, rank 0 gathers them and computes the metrics, every process gets them."""
+def tables_in_every_process(model: DLRM, config: TrainingConfig) -> dict:
+    """Where the tables live, for the run's summary, when every process holds all of them."""
+    sizes = model.config
+    return {
+        "backend": "torch",
+        "bytes_per_process": embedding_bytes(
+            sizes.table_sizes, sizes.sparse_embedding_sizes, config.embedding_optimizer
+        ),
+    }
 
-    def __init__(self) -> None:
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def mean(self, values: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
-            return values
-        dist.all_reduce(values)
-        return values / self.world_size
+def parameter_count(model: DLRM) -> int:
+    """Every table's values and every dense parameter (the tables counted whole, wherever they live)."""
+    config = model.config
+    tables = sum(rows * dim for rows, dim in zip(config.table_sizes, config.sparse_embedding_sizes, strict=True))
+    return tables + sum(p.numel() for p in model.dense_parameters())
 
-    def predict(self, model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndarray | None:
-        """Each process scores its share of every global batch of N x ``batch_size`` rows, so all run the same
-        number of forward passes (a sharded model's all-to-all needs every process), and the shares are gathered
-        to rank 0 alone and put back in row order there: the same array, so the same metrics, as one process
-        (None on the other ranks)."""
-        if self.world_size == 1:
-            return super().predict(model, loader, runtime)
-        arrays = loader.arrays
-        batch_size = loader.batch_size * self.world_size
-        mine = BatchLoader(arrays, batch_size, rank=self.rank, world_size=self.world_size)
-        # NCCL gathers on the GPU: the probabilities stay there, and rank 0 computes the metrics where they are.
-        on_device = runtime.backend == "nccl"
-        local = predict(model, mine, runtime, on_device=on_device)
-        pieces = gather_rows_to_main(self.world_size, self.rank, local if on_device else torch.from_numpy(local))
-        if pieces is None:
-            return None
-        return rank_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
 
-    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
-        """Computed once (on rank 0) and known to every process.
-
-        Raises:
-            MetricError: in every process, when the metrics are undefined.
-        """
-        if self.world_size == 1:
-            return super().metrics(labels, probabilities)
-        outcome: list = [None]
-        if self.rank == 0:
-            try:
-                outcome = [super().metrics(labels, probabilities)]
-            except MetricError as error:
-                outcome = [str(error)]
-        dist.broadcast_object_list(outcome, src=0)  # a small dict (or the error's message), not the predictions
-        if isinstance(outcome[0], str):
-            raise MetricError(outcome[0])
-        return outcome[0]
+def weights_finite(model: DLRM) -> bool:
+    """Whether every weight this process holds is finite."""
+    return all(all_finite(t) for t in model.state_dict().values() if t.is_floating_point())
 
 
 class SingleProcess:
-    """The whole model in this process.
+    """The whole model in this process, its optimisers (``Optimizers``), validation here.
 
     Attributes:
         model: the DLRM (evaluation and state read it).
         train_model: what the training forward pass runs through (the model itself here).
-        optimizers: by name (``dense``, and ``embeddings`` unless dense Adam covers everything).
+        optimizers: the dense layers' and the tables' optimisers.
     """
+
+    rank, world_size = 0, 1
 
     def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
         self.model, self.config, self.device = model, config, device
         self.train_model: nn.Module = model
-        self.group = self._group()
-        self.rank, self.world_size = self.group.rank, self.group.world_size
-        backend = dist.get_backend() if self.world_size > 1 or dist.is_initialized() else None
-        self.runtime = Runtime(device, config.precision, backend)
-        self.optimizers = build_optimizers(model, config)
-        self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.optimizers.items()}
+        # A group of one (torchrun with one process) still names its backend: where predictions are gathered.
+        self.runtime = Runtime(device, config.precision, dist.get_backend() if dist.is_initialized() else None)
+        self.optimizers = Optimizers(model, config)
 
     @staticmethod
     def check(config: TrainingConfig, device: torch.device) -> None:
@@ -184,63 +136,35 @@ class SingleProcess:
 
     @classmethod
     def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
-        """The mode with its model: built from ``model_config`` (with the current torch seed), on ``device``,
-        its dense layers compiled when ``config.compile``."""
-        model = DLRM(model_config, sparse_gradients=config.sparse_gradients).to(device)
-        if config.compile:
-            compile_model(model, config.compile_mode)
-        return cls(model, config, device)
+        """The mode with its model (``built_dlrm``)."""
+        return cls(built_dlrm(model_config, config, device), config, device)
 
     @staticmethod
     def process_group(device: torch.device) -> contextlib.AbstractContextManager:
-        """What the mode needs around a run in this process: nothing; TorchRec a group (of one, if none)."""
+        """What the mode needs around a run in this process: nothing."""
         return contextlib.nullcontext()
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
-
-    @staticmethod
-    def _group() -> Alone:
-        """Where validation and averages run: this process alone."""
-        return Alone()
+        return True
 
     def summary(self) -> dict:
-        """Where the tables live, for the run's summary: every table in every process here."""
-        config = self.model.config
-        return {
-            "backend": "torch",
-            "bytes_per_process": embedding_bytes(
-                config.table_sizes, config.sparse_embedding_sizes, self.config.embedding_optimizer
-            ),
-        }
+        return tables_in_every_process(self.model, self.config)
 
     def describe(self) -> None:
-        """Log what the summary holds beyond one line (TorchRec's plan)."""
+        """Nothing beyond the summary's line."""
 
     def parameter_count(self) -> int:
-        """Every table's values and every dense parameter (the tables counted whole, wherever they live)."""
-        config = self.model.config
-        tables = sum(rows * dim for rows, dim in zip(config.table_sizes, config.sparse_embedding_sizes, strict=True))
-        return tables + sum(p.numel() for p in self.model.dense_parameters())
+        return parameter_count(self.model)
 
-    # -- a step --------------------------------------------------------------------------------------
     def set_learning_rates(self, factor: float) -> None:
-        """Every optimiser at its base rate times ``factor`` (warm-up and decay)."""
-        for name, optimizer in self.optimizers.items():
-            for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
-                group["lr"] = base * factor
+        self.optimizers.scale(factor)
 
     def learning_rates(self) -> dict[str, float]:
-        """The current rates, for the logs: ``learning_rate`` and ``embedding_learning_rate``."""
-        rates = {"learning_rate": self.optimizers["dense"].param_groups[0]["lr"]}
-        if "embeddings" in self.optimizers:
-            rates["embedding_learning_rate"] = self.optimizers["embeddings"].param_groups[0]["lr"]
-        return rates
+        return self.optimizers.rates()
 
     def zero_grad(self) -> None:
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
+        self.optimizers.zero_grad()
 
     def loss_weight(self, global_rows: int) -> float:
         """What the summed loss of this process's rows is multiplied by: the mean over the global batch."""
@@ -250,57 +174,45 @@ class SingleProcess:
         loss.backward()
 
     def step(self) -> None:
-        for optimizer in self.optimizers.values():
-            optimizer.step()
+        self.optimizers.step()
 
     def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
-        return self.group.mean(values)
+        return values
 
-    # -- state ---------------------------------------------------------------------------------------
     def weights_finite(self) -> bool:
-        """Whether every weight is finite (the same answer in every process)."""
-        return all(all_finite(t) for t in self.model.state_dict().values() if t.is_floating_point())
+        return weights_finite(self.model)
 
     def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
         """Write the in-progress checkpoint (and the best model when ``improved``): ``values`` (the loop's
-        bookkeeping) with the model's and the optimisers' state. Every process calls it."""
-        model_state, optimizer_state = self.state()
-        if self.is_main:
-            files.save({**values, "model_state": model_state, "optimizer_state": optimizer_state}, improved)
+        bookkeeping) with the model's and the optimisers' live state."""
+        state = {"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()}
+        files.save({**values, **state}, improved)
 
     def restore_state(self, values: dict, files: ProgressFiles) -> None:
         """Put a checkpoint's state (as ``save_state`` wrote it, loaded from ``files``) into the model and the
         optimisers."""
-        self.restore(values["model_state"], values["optimizer_state"])
+        self.model.load_state_dict(values["model_state"])
+        self.optimizers.load_state_dict(values["optimizer_state"])
 
-    def state(self) -> tuple[dict | None, dict | None]:
-        """The model's and the optimisers' state to write: the live tensors themselves, not copies (written at
-        once, before the next step changes them). Every process calls it; only rank 0 gets the state (the
-        others None): a replica's is rank 0's, a sharded run gathers to rank 0."""
-        return self.model.state_dict(), {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
-
-    def restore(self, model_state: dict, optimizer_state: dict) -> None:
-        self.model.load_state_dict(model_state)
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(optimizer_state[name])
-
-    # -- validation ----------------------------------------------------------------------------------
-    def predict(self, loader: BatchLoader) -> np.ndarray | None:
-        """Probabilities for every row of ``loader``, in row order (on rank 0; None on the others)."""
-        return self.group.predict(self.model, loader, self.runtime)
+    def predict(self, loader: BatchLoader) -> np.ndarray:
+        """Probabilities for every row of ``loader``, in row order."""
+        return predict_alone(self.model, loader, self.runtime)
 
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
-        """``binary_metrics`` of the validation rows, known to every process (``MetricError`` in every one)."""
-        return self.group.metrics(labels, probabilities)
+        """``binary_metrics`` of the validation rows."""
+        return binary_metrics(labels, probabilities)
 
 
-class DataParallel(SingleProcess):
-    """A replica in every process of the group: DDP for the dense layers, sparse gradients all-gathered."""
-
-    _group = staticmethod(InGroup)
+class DataParallel:
+    """A replica in every process of the group: DDP for the dense layers, sparse gradients all-gathered,
+    validation and averages over the group (``InGroup``)."""
 
     def __init__(self, model: DLRM, config: TrainingConfig, device: torch.device):
-        super().__init__(model, config, device)
+        self.model, self.config, self.device = model, config, device
+        self.group = InGroup()
+        self.rank, self.world_size = self.group.rank, self.group.world_size
+        self.runtime = Runtime(device, config.precision, self.group.backend)
+        self.optimizers = Optimizers(model, config)
         self.sparse_parameters = model.embedding_parameters() if config.sparse_gradients else []
         names = {id(p): name for name, p in model.named_parameters()}
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
@@ -308,9 +220,35 @@ class DataParallel(SingleProcess):
         )
         self.train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def state(self) -> tuple[dict | None, dict | None]:
-        # Only rank 0 writes state; every replica holds the same weights.
-        return super().state() if self.is_main else (None, None)
+    check = SingleProcess.check  # a replica needs what one process needs
+    process_group = SingleProcess.process_group  # the launcher started the group
+
+    @classmethod
+    def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> DataParallel:
+        """The mode with its replica (``built_dlrm``, the same seed in every process)."""
+        return cls(built_dlrm(model_config, config, device), config, device)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def summary(self) -> dict:
+        return tables_in_every_process(self.model, self.config)
+
+    def describe(self) -> None:
+        """Nothing beyond the summary's line."""
+
+    def parameter_count(self) -> int:
+        return parameter_count(self.model)
+
+    def set_learning_rates(self, factor: float) -> None:
+        self.optimizers.scale(factor)
+
+    def learning_rates(self) -> dict[str, float]:
+        return self.optimizers.rates()
+
+    def zero_grad(self) -> None:
+        self.optimizers.zero_grad()
 
     def loss_weight(self, global_rows: int) -> float:
         # DDP averages the processes' gradients: weighting by world_size makes that the global batch's mean.
@@ -336,16 +274,45 @@ class DataParallel(SingleProcess):
                 check_invariants=False,  # built from valid indices just above
             )
 
+    def step(self) -> None:
+        self.optimizers.step()
 
-class Sharded(SingleProcess):
-    """Tables sharded by TorchRec across the group (a group of one too); their optimiser is fused into backward."""
+    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        return self.group.mean(values)
 
-    _group = staticmethod(InGroup)
+    def weights_finite(self) -> bool:
+        return weights_finite(self.model)  # every replica holds the same weights
+
+    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
+        """Rank 0 writes the state, as one process does: every replica holds the same weights."""
+        if self.is_main:
+            state = {"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()}
+            files.save({**values, **state}, improved)
+
+    def restore_state(self, values: dict, files: ProgressFiles) -> None:
+        self.model.load_state_dict(values["model_state"])
+        self.optimizers.load_state_dict(values["optimizer_state"])
+
+    def predict(self, loader: BatchLoader) -> np.ndarray | None:
+        """Probabilities for every row of ``loader``, in row order, on rank 0 (None on the others)."""
+        return self.group.predict(self.model, loader, self.runtime)
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        """``binary_metrics`` of the validation rows, known to every process (``MetricError`` in every one)."""
+        return self.group.metrics(labels, probabilities)
+
+
+class Sharded:
+    """Tables sharded by TorchRec across the group (a group of one too), their optimiser fused into backward; the
+    dense layers data-parallel; validation and averages over the group (``InGroup``)."""
 
     def __init__(self, sharded: ShardedDLRM, config: TrainingConfig, device: torch.device):
-        self.sharded = sharded
-        super().__init__(sharded.module, config, device)
-        self.train_model = sharded.model
+        self.sharded, self.config, self.device = sharded, config, device
+        self.model, self.train_model = sharded.module, sharded.model
+        self.group = InGroup()
+        self.rank, self.world_size = self.group.rank, self.group.world_size
+        self.runtime = Runtime(device, config.precision, self.group.backend)
+        self.optimizers = Optimizers(self.model, config)  # the dense layers' (the tables' is fused)
 
     @staticmethod
     def check(config: TrainingConfig, device: torch.device) -> None:
@@ -377,20 +344,29 @@ class Sharded(SingleProcess):
         finally:
             dist.destroy_process_group()
 
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
     def summary(self) -> dict:
         return self.sharded.summary()
 
     def describe(self) -> None:
         log_plan(self.sharded)
 
+    def parameter_count(self) -> int:
+        return parameter_count(self.model)
+
     def set_learning_rates(self, factor: float) -> None:
-        super().set_learning_rates(factor)
+        self.optimizers.scale(factor)
         self.sharded.set_learning_rate(self.config.embedding_learning_rate * factor)
 
     def learning_rates(self) -> dict[str, float]:
-        rates = super().learning_rates()
-        rates["embedding_learning_rate"] = self.sharded.model.fused_optimizer.param_groups[0]["lr"]
-        return rates
+        fused = self.sharded.model.fused_optimizer.param_groups[0]["lr"]
+        return {**self.optimizers.rates(), "embedding_learning_rate": fused}
+
+    def zero_grad(self) -> None:
+        self.optimizers.zero_grad()
 
     def loss_weight(self, global_rows: int) -> float:
         # Each process's loss is its own rows' mean: DDP averages the dense gradients over the processes and
@@ -398,8 +374,18 @@ class Sharded(SingleProcess):
         # (``torchrec.distributed.comm_ops`` gradient division, on by default), so both are the global mean's.
         return self.world_size / global_rows
 
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()  # the tables' optimiser steps inside it
+
+    def step(self) -> None:
+        self.optimizers.step()
+
+    def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor:
+        return self.group.mean(values)
+
     def weights_finite(self) -> bool:
-        finite = torch.tensor([float(super().weights_finite())])  # this process's shards and the dense layers
+        """This process's shards and the dense layers finite in every process (the same answer in each)."""
+        finite = torch.tensor([float(weights_finite(self.model))])
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 
@@ -411,17 +397,21 @@ class Sharded(SingleProcess):
 
     def restore_state(self, values: dict, files: ProgressFiles) -> None:
         if "sharded_state" not in values:  # written gathered, before the state was sharded on disk
-            super().restore_state(values, files)
+            self.sharded.load_model_state(values["model_state"])
+            self.sharded.load_optimizer_state(values["optimizer_state"]["fused_embeddings"])
+            self.optimizers.load_state_dict(values["optimizer_state"])
             return
         folder, digests = files.state_folder(values), values["sharded_state"]["digests"]
         dense = self.sharded.read_tensors(folder, digests)
         self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": values["dense_param_groups"]})
 
-    def restore(self, model_state: dict, optimizer_state: dict) -> None:
-        self.sharded.load_model_state(model_state)
-        self.sharded.load_optimizer_state(optimizer_state["fused_embeddings"])
-        for name, optimizer in self.optimizers.items():
-            optimizer.load_state_dict(optimizer_state[name])
+    def predict(self, loader: BatchLoader) -> np.ndarray | None:
+        """Probabilities for every row of ``loader``, in row order, on rank 0 (None on the others)."""
+        return self.group.predict(self.model, loader, self.runtime)
+
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+        """``binary_metrics`` of the validation rows, known to every process (``MetricError`` in every one)."""
+        return self.group.metrics(labels, probabilities)
 
 
 # Values per piece of the finiteness check of the weights: ``isfinite`` makes temporaries of about twice a
@@ -440,38 +430,10 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return all(bool(torch.isfinite(piece).all()) for piece in flat.split(_FINITE_PIECE))
 
 
-def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:
-    """Every process's ``tensors`` (each with the same number of rows, any number per process), in rank
-    order: the row counts are gathered first, then each tensor padded to the longest, trimmed again."""
-    count = torch.tensor([len(tensors[0])], device=tensors[0].device)
-    counts = [torch.empty_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count)
-    gathered = []
-    for tensor in tensors:
-        padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
-        padded[: len(tensor)] = tensor
-        parts = [torch.empty_like(padded) for _ in range(world_size)]
-        dist.all_gather(parts, padded)
-        gathered.append([part[: int(n)] for part, n in zip(parts, counts, strict=True)])
-    return gathered
+Mode = SingleProcess | DataParallel | Sharded  # the three ``ParallelMode``s, each built by its class
 
 
-def gather_rows_to_main(world_size: int, rank: int, tensor: torch.Tensor) -> list[torch.Tensor] | None:
-    """Every process's ``tensor`` (any number of rows each), in rank order, on rank 0 only (None elsewhere): the
-    row counts all-gathered first (so every process pads to the longest), the padded tensors gathered to rank 0."""
-    count = torch.tensor([len(tensor)], device=tensor.device)
-    counts = [torch.empty_like(count) for _ in range(world_size)]
-    dist.all_gather(counts, count)
-    padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
-    padded[: len(tensor)] = tensor
-    parts = [torch.empty_like(padded) for _ in range(world_size)] if rank == 0 else None
-    dist.gather(padded, parts, dst=0)
-    if rank != 0:
-        return None
-    return [part[: int(n)] for part, n in zip(parts, counts, strict=True)]
-
-
-def mode_class(config: TrainingConfig) -> type[SingleProcess]:
+def mode_class(config: TrainingConfig) -> type[Mode]:
     """The parallel mode of a run of ``config`` in this process: TorchRec's sharded tables
     (``embedding_backend: torchrec``), a replica in a process group of more than one, or alone. The one place a
     backend or a process count chooses the code that runs."""
@@ -482,6 +444,6 @@ def mode_class(config: TrainingConfig) -> type[SingleProcess]:
     return SingleProcess
 
 
-def build_mode(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> SingleProcess:
+def build_mode(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> Mode:
     """``mode_class(config)`` with its model built; a sharded one needs a process group (its ``process_group``)."""
     return mode_class(config).build(model_config, config, device)

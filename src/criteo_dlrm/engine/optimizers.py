@@ -1,0 +1,70 @@
+"""The optimisers a parallel mode steps in its process: built from the config's choices, stepped, scaled by the
+learning-rate schedule, their state written and restored together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from criteo_dlrm.config.training import DENSE_OPTIMIZERS, TrainingConfig
+from criteo_dlrm.models.dlrm import DLRM
+
+
+def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.optim.Optimizer]:
+    """The dense layers' optimiser (``config.dense_optimizer``: Adam, Adagrad or SGD); the embeddings' from
+    ``config.embedding_optimizer`` (its ``torch.optim`` class in ``EMBEDDING_OPTIMIZERS``; with TorchRec the
+    tables' is fused into backward instead)."""
+    if config.optimizer.whole_model:  # the predecessor's way: Adam over every table row, every step
+        return {"dense": torch.optim.Adam(model.parameters(), lr=config.learning_rate)}
+    dense = getattr(torch.optim, DENSE_OPTIMIZERS[config.dense_optimizer])
+    optimizers = {"dense": dense(model.dense_parameters(), **config.dense_optimizer_args())}
+    if config.embedding_backend == "torch":
+        embeddings = getattr(torch.optim, config.optimizer.torch)
+        optimizers["embeddings"] = embeddings(model.embedding_parameters(), **config.embedding_optimizer_args())
+    return optimizers
+
+
+class Optimizers:
+    """The optimisers a mode steps in this process, by name (``dense``, and ``embeddings`` unless dense Adam
+    covers everything or TorchRec fuses the tables' into backward), with the base learning rates that warm-up and
+    decay scale."""
+
+    def __init__(self, model: DLRM, config: TrainingConfig):
+        self.by_name = build_optimizers(model, config)
+        self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.by_name.items()}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_name)
+
+    def __getitem__(self, name: str) -> torch.optim.Optimizer:
+        return self.by_name[name]
+
+    def scale(self, factor: float) -> None:
+        """Every optimiser at its base rate times ``factor``."""
+        for name, optimizer in self.by_name.items():
+            for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
+                group["lr"] = base * factor
+
+    def rates(self) -> dict[str, float]:
+        """The current rates, for the logs: ``learning_rate`` and ``embedding_learning_rate``."""
+        rates = {"learning_rate": self.by_name["dense"].param_groups[0]["lr"]}
+        if "embeddings" in self.by_name:
+            rates["embedding_learning_rate"] = self.by_name["embeddings"].param_groups[0]["lr"]
+        return rates
+
+    def zero_grad(self) -> None:
+        for optimizer in self.by_name.values():
+            optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        for optimizer in self.by_name.values():
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        """Each optimiser's state, the live tensors (written at once, before the next step changes them)."""
+        return {name: optimizer.state_dict() for name, optimizer in self.by_name.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, optimizer in self.by_name.items():
+            optimizer.load_state_dict(state[name])

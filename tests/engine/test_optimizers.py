@@ -1,0 +1,71 @@
+"""The optimisers a mode steps: built over the right parameters from the one table, scaled from their base rates,
+their state written and restored together."""
+
+import pytest
+import torch
+
+from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
+from criteo_dlrm.engine.modes import build_mode
+from criteo_dlrm.engine.optimizers import Optimizers, build_optimizers
+from tests.conftest import TINY_MODEL
+
+SIZES = [3 + 5 * f for f in range(26)]
+CPU = torch.device("cpu")
+
+
+def _config(**values) -> TrainingConfig:
+    return TrainingConfig.from_dict({**TINY_MODEL, **values})
+
+
+@pytest.mark.parametrize("name", [n for n, o in EMBEDDING_OPTIMIZERS.items() if o.torch is not None])
+def test_every_torch_optimiser_of_the_table_is_built_over_the_right_parameters(name):
+    config = _config(embedding_optimizer=name)
+    model = build_mode(config.model_config(SIZES), config, CPU).model
+    optimizers = build_optimizers(model, config)
+    row = EMBEDDING_OPTIMIZERS[name]
+    if row.whole_model:
+        assert list(optimizers) == ["dense"] and type(optimizers["dense"]) is torch.optim.Adam
+        assert sum(len(g["params"]) for g in optimizers["dense"].param_groups) == len(list(model.parameters()))
+        return
+    assert type(optimizers["embeddings"]) is getattr(torch.optim, row.torch)
+    held = {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.embedding_parameters()}
+    assert optimizers["embeddings"].param_groups[0]["lr"] == config.embedding_learning_rate
+
+
+def test_the_table_s_fused_optimisers_are_torchrec_s():
+    torchrec_optim = pytest.importorskip("torchrec.optim", reason="the torchrec extra is not installed")
+    for name, row in EMBEDDING_OPTIMIZERS.items():
+        assert row.fused is None or hasattr(torchrec_optim, row.fused), name
+        assert row.torch is None or hasattr(torch.optim, row.torch), name
+
+
+def test_rates_scale_from_the_base_rates_not_from_the_last_scaled_ones():
+    config = _config(learning_rate=0.01, embedding_learning_rate=0.2)
+    model = build_mode(config.model_config(SIZES), config, CPU).model
+    optimizers = Optimizers(model, config)
+    assert list(optimizers) == ["dense", "embeddings"]
+    optimizers.scale(0.5)
+    optimizers.scale(0.5)  # twice: a schedule's factor is against the base, it does not compound
+    assert optimizers.rates() == pytest.approx({"learning_rate": 0.005, "embedding_learning_rate": 0.1})
+
+
+def test_the_optimisers_state_round_trips_into_fresh_ones():
+    config = _config(dense_optimizer="adam")
+    torch.manual_seed(0)
+    model = build_mode(config.model_config(SIZES), config, CPU).model
+    optimizers = Optimizers(model, config)
+    dense = torch.randn(8, 13)
+    sparse = torch.randint(0, 3, (8, 26))
+    for _ in range(2):
+        optimizers.zero_grad()
+        model(dense, sparse).sum().backward()
+        optimizers.step()
+    fresh = Optimizers(model, config)
+    fresh.load_state_dict(optimizers.state_dict())
+    for name in optimizers:
+        written, restored = optimizers[name].state_dict()["state"], fresh[name].state_dict()["state"]
+        assert written.keys() == restored.keys() and written, name
+        for key, values in written.items():
+            for field, value in values.items():
+                torch.testing.assert_close(restored[key][field], value, msg=f"{name} {key} {field}")
