@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
+from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",

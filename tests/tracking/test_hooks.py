@@ -236,7 +236,7 @@ class _Loader(dict):
 
 def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
     """Issue 47 item 3: MLPerf's figure of merit beside the run's other training figures."""
-    from criteo_dlrm.reports import TrainingSummary
+    from criteo_dlrm.engine.reports import TrainingSummary
     from criteo_dlrm.tracking.hooks import _log
 
     validation = {"auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}

@@ -17,6 +17,7 @@ from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.plots import calibration_figure, roc_figure, score_histogram_figure
+from criteo_dlrm.engine.reports import EvaluationReport
 from criteo_dlrm.engine.scoring import calibrated, score_days
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: 0.3 s of every kedro command's start
@@ -54,8 +55,8 @@ def evaluated_days(checkpoint: Checkpoint) -> tuple[str, list[dict]]:
 
 def score_checkpoint(
     checkpoint: Checkpoint, config: EvaluationConfig
-) -> tuple[dict, np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
-    """Metrics of the checkpoint on its test rows (or, for a checkpoint whose metadata set none aside, its
+) -> tuple[EvaluationReport, np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+    """The report (``EvaluationReport``) of the checkpoint on its test rows (or, for a checkpoint whose metadata set none aside, its
     validation rows), with its own encoder and calibration; also returns labels, the raw and calibrated
     predictions and the oracle (None unless every scored day was generated with its click probabilities).
 
@@ -77,65 +78,61 @@ def score_checkpoint(
     }
     scores = binary_metrics(labels, predictions["calibrated"])
     prior = binary_metrics(labels, np.full(len(labels), trained_with["train_ctr"]))
-    metrics = {
-        "checkpoint_version": checkpoint.version,
-        "metadata_version": checkpoint.metadata_version,
-        "vocabulary_sha256": trained_with["vocabulary_sha256"],
-        "run_version": checkpoint.run_version,
-        "trained_step": checkpoint.step,
-        # Which rows every metric here is on: "test" (never used to choose or calibrate the model), or
-        # "validation" for a checkpoint without test rows.
-        "rows_evaluated": split,
-        "days": [day["day"] for day in days],
-        "source_days": days,
-        "calibration_method": checkpoint.calibration_method,
-        "model": scores,  # the calibrated probabilities: what scoring writes and the export returns
-        "model_raw": binary_metrics(labels, predictions["raw"]),
-        "calibration_by_decile": {name: calibration_report(labels, p) for name, p in predictions.items()},
-        "prior_baseline": prior,
-        "oracle": None,
-        "gap_to_oracle": None,
-    }
+    model_raw = binary_metrics(labels, predictions["raw"])
     oracle = oracle_probabilities(days, len(labels))
-    if oracle is not None:
-        metrics["oracle"] = binary_metrics(labels, oracle)
-        metrics["gap_to_oracle"] = {
-            "auc": metrics["oracle"]["auc"] - scores["auc"],
-            "log_loss": scores["log_loss"] - metrics["oracle"]["log_loss"],
-        }
-    raw = metrics["model_raw"]
+    oracle_metrics = None if oracle is None else binary_metrics(labels, oracle)
+    report = EvaluationReport(
+        checkpoint_version=checkpoint.version,
+        metadata_version=checkpoint.metadata_version,
+        vocabulary_sha256=trained_with["vocabulary_sha256"],
+        run_version=checkpoint.run_version,
+        trained_step=checkpoint.step,
+        rows_evaluated=split,  # which rows every figure here is on
+        days=[day["day"] for day in days],
+        source_days=days,
+        calibration_method=checkpoint.calibration_method,
+        model=scores,  # the calibrated probabilities: what scoring writes and the export returns
+        model_raw=model_raw,
+        calibration_by_decile={name: calibration_report(labels, p) for name, p in predictions.items()},
+        prior_baseline=prior,
+        oracle=oracle_metrics,
+        gap_to_oracle=None if oracle_metrics is None else {
+            "auc": oracle_metrics["auc"] - scores["auc"],
+            "log_loss": scores["log_loss"] - oracle_metrics["log_loss"],
+        },
+    )  # fmt: skip
     logger.info(
         "{} on the {} rows of {}: AUC {:.4f}, log loss {:.5f}, NE {:.4f}, calibration {:.3f} (raw: log loss {:.5f}, "
         "calibration {:.3f}; prior: log loss {:.5f}){}",
-        source, split, metrics["days"], scores["auc"], scores["log_loss"], scores["normalized_entropy"],
-        scores["calibration"], raw["log_loss"], raw["calibration"], prior["log_loss"],
-        "" if oracle is None else f"; oracle AUC {metrics['oracle']['auc']:.4f}, log loss {metrics['oracle']['log_loss']:.5f}",
+        source, split, report.days, scores["auc"], scores["log_loss"], scores["normalized_entropy"],
+        scores["calibration"], model_raw["log_loss"], model_raw["calibration"], prior["log_loss"],
+        "" if oracle is None else f"; oracle AUC {oracle_metrics['auc']:.4f}, log loss {oracle_metrics['log_loss']:.5f}",
     )  # fmt: skip
-    return metrics, labels, predictions, oracle
+    return report, labels, predictions, oracle
 
 
-def figure_title(what: str, metrics: dict) -> str:
+def figure_title(what: str, report: EvaluationReport) -> str:
     """``Calibration of checkpoint <version>, 10,000 test rows of day_2``: which model and rows a figure is of."""
     return (
-        f"{what} of checkpoint {metrics['checkpoint_version']},\n{metrics['model']['rows']:,} "
-        f"{metrics['rows_evaluated']} rows of {', '.join(metrics['days'])}"
+        f"{what} of checkpoint {report.checkpoint_version},\n{report.model['rows']:,} "
+        f"{report.rows_evaluated} rows of {', '.join(report.days)}"
     )
 
 
 def evaluation_figures(
-    metrics: dict, labels: np.ndarray, predictions: dict[str, np.ndarray], oracle: np.ndarray | None
+    report: EvaluationReport, labels: np.ndarray, predictions: dict[str, np.ndarray], oracle: np.ndarray | None
 ) -> tuple[Figure, Figure, Figure]:
     """The ROC curves (the oracle's beside the model's when known), the calibration plot (raw and calibrated)
     and the score histogram of ``score_checkpoint``'s result."""
     probabilities = predictions["calibrated"]
-    curves, aucs = {"model": probabilities}, {"model": metrics["model"]["auc"]}
+    curves, aucs = {"model": probabilities}, {"model": report.model["auc"]}
     if oracle is not None:
-        curves["oracle (true probabilities)"], aucs["oracle (true probabilities)"] = oracle, metrics["oracle"]["auc"]
+        curves["oracle (true probabilities)"], aucs["oracle (true probabilities)"] = oracle, report.oracle["auc"]
     calibration_curves = {"raw model output": predictions["raw"]}
-    if metrics["calibration_method"] != "none":
-        calibration_curves[f"calibrated ({metrics['calibration_method']})"] = probabilities
+    if report.calibration_method != "none":
+        calibration_curves[f"calibrated ({report.calibration_method})"] = probabilities
     return (
-        roc_figure(labels, curves, aucs, figure_title("ROC curve", metrics)),
-        calibration_figure(labels, calibration_curves, figure_title("Calibration", metrics)),
-        score_histogram_figure(labels, probabilities, figure_title("Predicted CTR by label", metrics)),
+        roc_figure(labels, curves, aucs, figure_title("ROC curve", report)),
+        calibration_figure(labels, calibration_curves, figure_title("Calibration", report)),
+        score_histogram_figure(labels, probabilities, figure_title("Predicted CTR by label", report)),
     )

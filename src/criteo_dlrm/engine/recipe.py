@@ -12,7 +12,7 @@ import contextlib
 import gc
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ from criteo_dlrm.engine.metrics import log_loss
 from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.engine.process import train_process
 from criteo_dlrm.engine.progress import best_path_for, load_best, remove_checkpoint
+from criteo_dlrm.engine.reports import TrainingSummary
 from criteo_dlrm.engine.scoring import calibrated, predict
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
@@ -159,33 +160,33 @@ def run_training(
     checkpoint = training_checkpoint(
         result, best, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), calibration, run
     )
-    summary = {
+    summary = TrainingSummary(
         **run,
-        "device": outcome.device,
-        "processes": outcome.processes,
+        device=outcome.device,
+        processes=outcome.processes,
         # What the run trained in, and with precision: auto why (engine.device.resolve_precision).
-        "precision": {key: value for key, value in outcome.backends.items() if key.startswith("precision")},
-        "embeddings": outcome.embeddings,
-        "lookups_per_row": model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
-        "steps": result.steps,
-        "resumed_from_step": result.resumed_from_step,
-        "best_step": result.best_step,
-        "stopped_early": result.stopped_early,
-        "target": result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
-        "samples_per_second": result.samples_per_second,
-        "best_validation": result.best_metrics,
-        "calibration": {key: value for key, value in calibration.items() if not key.startswith("knots")},
-        "history": result.history,
-        "warnings": warnings,
-        "metadata_version": metadata_version,
-        "source_days": metadata.source_days,
-        "fingerprint": finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
+        precision={key: value for key, value in outcome.backends.items() if key.startswith("precision")},
+        embeddings=outcome.embeddings,
+        lookups_per_row=model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
+        steps=result.steps,
+        resumed_from_step=result.resumed_from_step,
+        best_step=result.best_step,
+        stopped_early=result.stopped_early,
+        target=result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
+        samples_per_second=result.samples_per_second,
+        best_validation=result.best_metrics,
+        calibration={key: value for key, value in calibration.items() if not key.startswith("knots")},
+        history=result.history,
+        warnings=warnings,
+        metadata_version=metadata_version,
+        source_days=metadata.source_days,
+        fingerprint=finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
-        "in_progress_checkpoint": str(in_progress) if in_progress is not None else None,
-    }
-    if sharded and in_progress is None:  # its files are linked into the stored checkpoint, then removed
-        summary["best_checkpoint"] = str(result.best_checkpoint)
-    return checkpoint.to_dict(), summary
+        in_progress_checkpoint=str(in_progress) if in_progress is not None else None,
+        # Its files are linked into the stored checkpoint, then removed.
+        best_checkpoint=str(result.best_checkpoint) if sharded and in_progress is None else None,
+    )
+    return checkpoint.to_dict(), summary.to_dict()
 
 
 def _reuse(previous: FinishedRun, finished: str) -> tuple[dict, dict] | None:
@@ -197,14 +198,14 @@ def _reuse(previous: FinishedRun, finished: str) -> tuple[dict, dict] | None:
     if checkpoint is None:
         return None
     checkpoint = {key: value for key, value in checkpoint.items() if key != "catalog_version"}
-    summary = {key: value for key, value in previous.summary.items() if key != "best_checkpoint"}
-    summary |= {"reused_version": previous.version, "in_progress_checkpoint": None}
+    summary = replace(TrainingSummary.from_dict(previous.summary), reused_version=previous.version,
+                      in_progress_checkpoint=None, best_checkpoint=None)  # fmt: skip
     logger.info(
         "training: reused the finished run of version {} (the same settings on the same rows: {:,} steps, kept step "
         "{:,}, validation log loss {:.5f}). To train again, run with training.resume=false.",
-        previous.version, summary["steps"], summary["best_step"], summary["best_validation"]["log_loss"],
+        previous.version, summary.steps, summary.best_step, summary.best_validation["log_loss"],
     )  # fmt: skip
-    return checkpoint, summary
+    return checkpoint, summary.to_dict()
 
 
 def _say_how_to_resume(resume_path: Path | None) -> None:
@@ -301,10 +302,10 @@ def calibrate(model: torch.nn.Module, validation: EncodedArrays, config: Trainin
 
 def finish_run(summary: dict) -> None:
     """Delete a finished run's in-progress checkpoint and its best model: call it once the run's checkpoint is
-    stored."""
-    path = summary.get("in_progress_checkpoint")
-    if path:
+    stored (``summary``: the run's ``TrainingSummary`` as stored)."""
+    record = TrainingSummary.from_dict(summary)
+    if path := record.in_progress_checkpoint:
         remove_checkpoint(path)
         remove_checkpoint(best_path_for(path))
-    if summary.get("best_checkpoint"):  # a sharded run without resume
-        remove_checkpoint(summary["best_checkpoint"])
+    if record.best_checkpoint:  # a sharded run without resume
+        remove_checkpoint(record.best_checkpoint)

@@ -29,7 +29,7 @@ from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.engine.checkpoint import Checkpoint
-from criteo_dlrm.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
+from criteo_dlrm.engine.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"

@@ -27,6 +27,7 @@ from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine.calibration import from_state
 from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport
 from criteo_dlrm.engine.scoring import calibrated, score_days
 from tests.conftest import FLOAT32_ROUNDING, with_altered_vocabulary
 
@@ -74,6 +75,8 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
     )
     report = json.loads(_newest(trained, "data/07_model_output/scoring_report.json").read_text())
     evaluation = json.loads(_newest(trained, "data/08_reporting/evaluation_metrics.json").read_text())
+    assert ScoringReport.from_dict(report).others == {}, "the report is its record: every key a field"
+    assert EvaluationReport.from_dict(evaluation).others == {}
     assert report["checkpoint_version"] == evaluation["checkpoint_version"]
     assert report["calibration_method"] == evaluation["calibration_method"] == "platt"
     # Evaluation reports on the test rows, the day's second half: the same rows of the predictions give the same.
@@ -156,6 +159,7 @@ def test_raw_rows_through_the_exported_files_give_the_scoring_pipelines_probabil
     assert np.abs(served - expected).max() <= 1e-5
     report = json.loads(_newest(trained, "data/06_models/export_report.json").read_text())
     assert report["onnx_check"]["max_abs_difference"] <= 1e-5 and report["exported_program_bytes"] > 0
+    assert ExportReport.from_dict(report).others == {}, "the report is its record: every key a field"
 
 
 def test_the_mlflow_model_of_the_run_gives_the_scoring_pipelines_probabilities_and_registers(trained, monkeypatch):

@@ -15,6 +15,7 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
 from criteo_dlrm.engine.recipe import finish_run
+from criteo_dlrm.engine.reports import TrainingSummary
 from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
@@ -94,6 +95,7 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     assert encoder.table_sizes == model.config.table_sizes
 
     summary = catalog.load("training_summary")
+    assert TrainingSummary.from_dict(summary).others == {}, "the summary is its record: every key a field"
     assert Path(summary["tensorboard_run"]) == tmp_path / "tb" / "2026-11-30T00.00.00.000Z"
     assert list(Path(summary["tensorboard_run"]).glob("events.out.tfevents.*"))
     assert summary["best_validation"] == checkpoint["best_validation"]

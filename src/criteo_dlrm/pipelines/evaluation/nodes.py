@@ -19,5 +19,5 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
         ``(evaluation_metrics, ROC figure, calibration figure, score histogram figure)``.
     """
     config = EvaluationConfig.from_dict(evaluation, "evaluation.")
-    metrics, labels, predictions, oracle = score_checkpoint(Checkpoint.from_dict(dlrm_checkpoint), config)
-    return (metrics, *evaluation_figures(metrics, labels, predictions, oracle))
+    report, labels, predictions, oracle = score_checkpoint(Checkpoint.from_dict(dlrm_checkpoint), config)
+    return (report.to_dict(), *evaluation_figures(report, labels, predictions, oracle))

@@ -23,6 +23,7 @@ from criteo_dlrm.engine.export import (
     serving_encoder,
 )
 from criteo_dlrm.engine.metrics import binary_metrics
+from criteo_dlrm.engine.reports import ExportReport, ScoringReport
 from criteo_dlrm.engine.scoring import write_predictions
 
 
@@ -76,20 +77,18 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         staged,
         Runtime(resolve_device(config.device, "scoring.device"), config.precision),
     )
-    report = {
-        "checkpoint_version": checkpoint.version,
-        "metadata_version": checkpoint.metadata_version,
-        "input_dir": str(config.input_dir),
-        "rows": int(len(scores)),
-        # click_probability is the checkpoint's calibration of the logit (none: the model's raw output).
-        "calibration_method": checkpoint.calibration_method,
-        "mean_prediction": float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
-        "labelled": labels is not None,
-        # Category values the checkpoint never saw in training: high when these days come from other data.
-        "unseen_share": unseen,
-        "metrics": binary_metrics(labels, scores) if labels is not None and len(scores) else None,
-        "source_days": days,
-    }
+    report = ScoringReport(
+        checkpoint_version=checkpoint.version,
+        metadata_version=checkpoint.metadata_version,
+        input_dir=str(config.input_dir),
+        rows=int(len(scores)),
+        calibration_method=checkpoint.calibration_method,
+        mean_prediction=float(np.mean(scores, dtype=np.float64)) if len(scores) else None,
+        labelled=labels is not None,
+        unseen_share=unseen,
+        metrics=binary_metrics(labels, scores) if labels is not None and len(scores) else None,
+        source_days=days,
+    )
     if unseen is not None and unseen > UNSEEN_WARNING:
         logger.warning(
             "{:.0%} of the category values scored are not in {}'s vocabularies: these days look like other data "
@@ -98,10 +97,10 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         )  # fmt: skip
     logger.info(
         "{}: scored {:,} rows of {} (mean prediction {:.4f}){}",
-        source, report["rows"], [day["day"] for day in days], report["mean_prediction"] or 0.0,
-        f"; AUC {report['metrics']['auc']:.4f}, log loss {report['metrics']['log_loss']:.5f}" if report["metrics"] else "",
+        source, report.rows, [day["day"] for day in days], report.mean_prediction or 0.0,
+        f"; AUC {report.metrics['auc']:.4f}, log loss {report.metrics['log_loss']:.5f}" if report.metrics else "",
     )  # fmt: skip
-    return staged, report
+    return staged, report.to_dict()
 
 
 def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | None, bytes, dict]:
@@ -121,18 +120,18 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
     onnx_model = export_onnx(model, sizes)
     check = check_onnx(onnx_model, model, sizes, config.export.check_rows, config.export.tolerance)
     program = export_program(model, sizes)
-    report = {
-        "checkpoint_version": checkpoint.version,
-        "metadata_version": checkpoint.metadata_version,
-        "inputs": {"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
-        "output": {
+    report = ExportReport(
+        checkpoint_version=checkpoint.version,
+        metadata_version=checkpoint.metadata_version,
+        inputs={"dense": "(batch, 13) float32", "sparse": "(batch, 26) int64"},
+        output={
             "probability": "(batch,) float32, calibrated",
             "logit": "(batch,) float32, the model's output before calibration",
         },
-        "calibration_method": model.calibration.method,
-        "onnx_check": check,
-        "onnx_bytes": len(onnx_model),
-        "exported_program_bytes": len(program),
-        "encoder_format": ENCODER_FORMAT,
-    }
-    return onnx_model, program, serving_encoder(encoder), report
+        calibration_method=model.calibration.method,
+        onnx_check=check,
+        onnx_bytes=len(onnx_model),
+        exported_program_bytes=len(program),
+        encoder_format=ENCODER_FORMAT,
+    )
+    return onnx_model, program, serving_encoder(encoder), report.to_dict()

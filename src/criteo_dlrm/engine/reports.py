@@ -1,7 +1,8 @@
 """The reports a run writes, read as records: the training summary, the evaluation, the scoring and the export.
 
-Their nodes write them as JSON (``training_summary``, ``evaluation_metrics``, ``scoring_report``,
-``export_report``); ``from_dict`` reads one (keys this version does not know are kept in ``others``). Each renders
+Their producers build them complete (``engine.recipe``, ``engine.evaluation``, the scoring nodes); ``to_dict`` is the
+JSON their datasets store (``training_summary``, ``evaluation_metrics``, ``scoring_report``, ``export_report``) and
+``from_dict`` reads one back (keys this version does not know are kept in ``others``, and written again). Each renders
 its own lines of the block ``kedro run`` prints at the end (``lines``, put together by ``summary.render``) and the
 values experiment tracking logs (``tracked``, logged by ``tracking.hooks``).
 """
@@ -30,6 +31,18 @@ def _from_dict(cls, values: dict[str, Any]):
     names = {f.name for f in fields(cls)} - {"others"}
     known = {key: value for key, value in values.items() if key in names}
     return cls(**known, others={key: value for key, value in values.items() if key not in names})
+
+
+class _Record:
+    """``from_dict`` and ``to_dict`` of a report: its fields by name, then the keys it did not know."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        return _from_dict(cls, values)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "others"}
+        return {**values, **self.others}
 
 
 def days_tag(days: list[dict] | None) -> str:
@@ -66,7 +79,7 @@ def below_prior(metrics: dict) -> str | None:
 
 
 @dataclass(frozen=True)
-class TrainingSummary:
+class TrainingSummary(_Record):
     """What training did and measured (``training_summary``, written by ``engine.recipe.run_training``).
 
     Attributes:
@@ -77,6 +90,11 @@ class TrainingSummary:
         precision: what it trained in (``precision``, and ``precision_auto``: why, with ``auto``).
         embeddings: where the tables lived (``backend``, ...); ``lookups_per_row``: 26, or the multi-hot sum.
         warnings: what the run found worth a look (learning rates, calibration).
+        calibration: the fitted calibration's state, its knots aside; ``run_version``, ``tensorboard_run``: the
+            run's names; ``metadata_version``, ``source_days``: the rows it trained on; ``fingerprint``: the
+            settings and rows (a rerun with the same reuses this run).
+        in_progress_checkpoint: removed once the checkpoint is stored, until then a rerun resumes from it;
+            ``best_checkpoint``: a sharded run's best model without resume, linked into the stored checkpoint.
     """
 
     steps: int
@@ -94,11 +112,15 @@ class TrainingSummary:
     resumed_from_step: int | None = None
     reused_version: str | None = None
     warnings: list[str] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    run_version: str | None = None
+    tensorboard_run: str | None = None
+    metadata_version: str | None = None
+    source_days: dict[str, Any] | None = None
+    fingerprint: str | None = None
+    in_progress_checkpoint: str | None = None
+    best_checkpoint: str | None = None
     others: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainingSummary:
-        return _from_dict(cls, values)
 
     def lines(self, evaluated: bool) -> list[str]:
         """Its lines of the run's block; ``evaluated``: the run evaluated the model too (else the kept model's
@@ -157,14 +179,17 @@ REPORTED = ("auc", "log_loss", "normalized_entropy", "calibration")  # an evalua
 
 
 @dataclass(frozen=True)
-class EvaluationReport:
+class EvaluationReport(_Record):
     """A checkpoint's figures on held-out rows (``evaluation_metrics``, written by ``engine.evaluation``).
 
     Attributes:
         model, model_raw: the calibrated and the raw output's metrics; ``calibration_by_decile`` their
             reliability; ``prior_baseline`` predicting the training click rate; ``oracle`` the true click
             probabilities' (generated days; None otherwise).
-        rows_evaluated: ``test`` or ``validation``; ``days``: their names; ``source_days`` with row ranges.
+        rows_evaluated: ``test`` (never used to choose or calibrate the model), or ``validation`` for a
+            checkpoint without test rows; ``days``: their names; ``source_days`` with row ranges.
+        checkpoint_version, metadata_version, vocabulary_sha256, run_version, trained_step: which model.
+        gap_to_oracle: how far the model's AUC and log loss are from the oracle's.
     """
 
     model: dict[str, Any]
@@ -178,11 +203,11 @@ class EvaluationReport:
     model_raw: dict[str, Any] = field(default_factory=dict)
     calibration_by_decile: dict[str, Any] = field(default_factory=dict)
     oracle: dict[str, Any] | None = None
+    gap_to_oracle: dict[str, float] | None = None
+    vocabulary_sha256: str | None = None
+    run_version: str | None = None
+    trained_step: int | None = None
     others: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> EvaluationReport:
-        return _from_dict(cls, values)
 
     def lines(self) -> list[str]:
         lines = [
@@ -221,8 +246,15 @@ class EvaluationReport:
 
 
 @dataclass(frozen=True)
-class ScoringReport:
-    """What scoring read and wrote (``scoring_report``, written by the scoring node)."""
+class ScoringReport(_Record):
+    """What scoring read and wrote (``scoring_report``, written by the scoring node).
+
+    Attributes:
+        calibration_method: how ``click_probability`` was made from the logit (none: the model's raw output).
+        unseen_share: of the category values scored, those the checkpoint never saw in training: high when these
+            days come from other data.
+        metrics: of labelled days (``labelled``); None otherwise.
+    """
 
     rows: int
     checkpoint_version: str | None = None
@@ -231,11 +263,10 @@ class ScoringReport:
     mean_prediction: float | None = None
     metrics: dict[str, Any] | None = None
     unseen_share: float | None = None
+    input_dir: str | None = None
+    calibration_method: str = "none"
+    labelled: bool = False
     others: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ScoringReport:
-        return _from_dict(cls, values)
 
     def lines(self, predictions: str | None = None) -> list[str]:
         """``predictions``: where they were written, when known."""
@@ -255,17 +286,24 @@ class ScoringReport:
 
 
 @dataclass(frozen=True)
-class ExportReport:
-    """The exported model's files and their check (``export_report``, written by the export node)."""
+class ExportReport(_Record):
+    """The exported model's files and their check (``export_report``, written by the export node).
+
+    Attributes:
+        inputs, output: the served model's tensors by name, shape and meaning.
+        encoder_format: the serving encoder's format (``engine.export.ENCODER_FORMAT``).
+    """
 
     onnx_bytes: int
     exported_program_bytes: int
     onnx_check: dict[str, Any]
+    checkpoint_version: str | None = None
+    metadata_version: str | None = None
+    inputs: dict[str, str] = field(default_factory=dict)
+    output: dict[str, str] = field(default_factory=dict)
+    calibration_method: str = "none"
+    encoder_format: str | None = None
     others: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ExportReport:
-        return _from_dict(cls, values)
 
     def lines(self, onnx: str | None = None) -> list[str]:
         """``onnx``: where the ONNX file was written, when known."""

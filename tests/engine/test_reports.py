@@ -1,6 +1,6 @@
 """The reports read as records: what each says in the run's block and what it logs, from the JSON its node wrote."""
 
-from criteo_dlrm.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
+from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
 
 VALIDATION = {"auc": 0.7512, "log_loss": 0.48123, "normalized_entropy": 0.9012, "calibration": 1.0134}
 
@@ -12,8 +12,10 @@ def _summary(**changes) -> dict:
 
 
 def test_a_training_summary_keeps_what_it_does_not_know_and_says_its_lines():
-    summary = TrainingSummary.from_dict(_summary(written_by_a_later_version=[1]))
-    assert summary.others == {"run_version": "v", "in_progress_checkpoint": None, "written_by_a_later_version": [1]}
+    stored = _summary(written_by_a_later_version=[1])
+    summary = TrainingSummary.from_dict(stored)
+    assert summary.others == {"written_by_a_later_version": [1]} and summary.run_version == "v"
+    assert {key: value for key, value in summary.to_dict().items() if key in stored} == stored, "written back whole"
     assert summary.lines(evaluated=True) == ["training    300 steps (stopped early), kept step 200, 41,234 samples/s"]
     alone = TrainingSummary.from_dict(_summary(resumed_from_step=120, lookups_per_row=214, precision=None))
     assert alone.lines(evaluated=False) == [
@@ -60,3 +62,17 @@ def test_scoring_and_export_say_where_their_files_went():
     export = ExportReport.from_dict({"onnx_bytes": 2_500_000, "exported_program_bytes": 3_100_000,
                                      "onnx_check": {"max_abs_difference": 2.4e-7}})  # fmt: skip
     assert export.lines() == ["export      ONNX 2.5 MB (onnxruntime max |difference| 2.4e-07), torch.export 3.1 MB"]
+
+
+def test_each_report_writes_every_field_and_reads_back_equal():
+    records = [
+        TrainingSummary.from_dict(_summary(best_checkpoint="b.pt", source_days={"train": []})),
+        EvaluationReport(model=VALIDATION, prior_baseline={"log_loss": 0.5}, days=["day_2"], trained_step=7),
+        ScoringReport(rows=3, labelled=True, input_dir="in"),
+        ExportReport(onnx_bytes=1, exported_program_bytes=2, onnx_check={}, encoder_format="f", others={"x": 1}),
+    ]
+    for record in records:
+        stored = record.to_dict()
+        names = {f for f in type(record).__dataclass_fields__ if f != "others"}
+        assert set(stored) == names | set(record.others), type(record).__name__
+        assert type(record).from_dict(stored) == record, type(record).__name__
