@@ -6,12 +6,11 @@ Each world is split as ``kedro run`` splits it: training days, and a validation 
 validates (early stopping, the calibration fit) and whose second half tests (every figure here). The DLRM
 has the project's defaults (conf/base), trained by the product's recipe (``engine.recipe.run_training``).
 
-    python benchmarks/calibration.py [--train-rows 1000000] [--validation-rows 1000000]
+    python -m benchmarks.calibration [--train-rows 1000000] [--validation-rows 1000000]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import tempfile
@@ -19,8 +18,8 @@ import time
 from pathlib import Path
 
 import torch
-from machine import cpu_model
 
+from benchmarks.harness import ROOT, Arguments, Table, cpu_model
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
@@ -35,7 +34,6 @@ from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.recipe import calibrate, run_training
 from criteo_dlrm.engine.scoring import calibrated, score_days
 
-ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = ROOT.parent / "shared" / "data" / "criteo_real"
 CPU = torch.device("cpu")
 DAY_ROWS = 100_000
@@ -48,7 +46,7 @@ def halves(path: Path) -> tuple[DayRows, DayRows]:
     return DayRows(str(path), 0, rows - test), DayRows(str(path), rows - test, rows)
 
 
-def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> list[str]:
+def measure(name: str, train: list[Path], validation_day: Path, work: Path, table: Table) -> list[list[str]]:
     """Train with the defaults, calibrate each way on the validation half, report each on the test half."""
     validation, test = halves(validation_day)
     metadata, vocabularies = compute_feature_metadata(train, MetadataConfig(), progress=False)
@@ -73,12 +71,10 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path) -> l
         metrics = binary_metrics(labels, probabilities)
         report = calibration_report(labels, probabilities)
         deciles = [b["calibration"] for b in report["bins"] if b["calibration"] is not None]
-        rows.append(
-            f"| {name} | {len(labels):,} ({ctr:.1%}) | {method} | {metrics['calibration']:.3f} +- {noise:.3f} | "
-            f"{report['expected_calibration_error']:.4f} | {min(deciles):.2f} - {max(deciles):.2f} | "
-            f"{metrics['log_loss']:.5f} | {metrics['auc']:.4f} |"
-        )
-        print(rows[-1], flush=True)
+        rows.append([name, f"{len(labels):,} ({ctr:.1%})", method, f"{metrics['calibration']:.3f} +- {noise:.3f}",
+                     f"{report['expected_calibration_error']:.4f}", f"{min(deciles):.2f} - {max(deciles):.2f}",
+                     f"{metrics['log_loss']:.5f}", f"{metrics['auc']:.4f}"])  # fmt: skip
+        table.row(*rows[-1])
     return rows
 
 
@@ -92,36 +88,39 @@ def generated(work: Path, ctr: float, train_rows: int, validation_rows: int) -> 
     return paths[:-1], paths[-1]
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--train-rows", "10000", "--validation-rows", "10000", "--ctrs", "0.25"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--train-rows", type=int, default=1_000_000)
     parser.add_argument("--validation-rows", type=int, default=1_000_000)
     parser.add_argument("--ctrs", type=float, nargs="+", default=[0.25, 0.03])
     args = parser.parse_args()
     print(f"{cpu_model()}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}\n")
-    header = (
-        "| data | test rows (CTR) | calibration | test calibration +- its standard error | ECE (deciles) | "
-        "decile calibration, lowest - highest | test log loss | test AUC |\n"
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
-    )
-    print(header, flush=True)
-    table = []
+    columns = ("data", "test rows (CTR)", "calibration", "test calibration +- its standard error", "ECE (deciles)",
+               "decile calibration, lowest - highest", "test log loss", "test AUC")  # fmt: skip
+    table, rows = Table(*columns, align="lrlrrrrr"), []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         sample = [Path(convert_day(ROOT / "data/01_raw" / f"day_{d}.gz", work / f"sample_{d}.parquet",
                                    progress=False).parquet) for d in range(3)]  # fmt: skip
-        table += measure("bundled sample (25%)", sample[:2], sample[2], work / "sample")
+        rows += measure("bundled sample (25%)", sample[:2], sample[2], work / "sample", table)
         if REAL_DATA.is_dir():
             train = convert_day(REAL_DATA / "kaggle_dac_train_first10k.tsv", work / "kaggle.parquet", progress=False)
             held_out = convert_day(REAL_DATA / "kaggle_dac_train_random4584.tsv", work / "held.parquet", progress=False)
-            table += measure("real Kaggle rows", [Path(train.parquet)], Path(held_out.parquet), work / "kaggle")
+            rows += measure("real Kaggle rows", [Path(train.parquet)], Path(held_out.parquet), work / "kaggle", table)
         for ctr in args.ctrs:
             folder = work / f"ctr_{ctr}"
             folder.mkdir()
             train_paths, validation_day = generated(folder, ctr, args.train_rows, args.validation_rows)
             name = f"planted {ctr:.0%}, {args.train_rows:,} training rows"
-            table += measure(name, train_paths, validation_day, folder)
-    print("\n" + header + "\n" + "\n".join(table))
+            rows += measure(name, train_paths, validation_day, folder, table)
+    print()  # again, whole: the training's log lines came between the rows above
+    table = Table(*columns, align="lrlrrrrr")
+    for row in rows:
+        table.row(*row)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Data-parallel training throughput: 1..N processes on torch.distributed, in one run.
 
-    python benchmarks/distributed.py [--processes 1,2] [--device cpu] [--steps 40] [--rows 200000]
-    python benchmarks/distributed.py --processes 1,2,4,8 --device cuda --batch 16384   # on a GPU machine
+    python -m benchmarks.distributed [--processes 1,2] [--device cpu] [--steps 40] [--rows 200000]
+    python -m benchmarks.distributed --processes 1,2,4,8 --device cuda --batch 16384   # on a GPU machine
 
 At the Kaggle-like configuration of ``benchmarks/training.py`` (26 tables sized like Kaggle's, capped at
 100,000 rows; 16-dim embeddings; MLPs 512-256-64-16 and 512-256; global batch 2048), each process count is
@@ -22,7 +22,6 @@ two cores: expect overhead, not speed-up. The figures that matter are from one G
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -31,17 +30,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from machine import describe_machine
 from torch.distributed.launcher.api import elastic_launch
 
+from benchmarks.harness import Arguments, Table, describe_machine
+from benchmarks.training import CONFIGURATIONS, spec_batch, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.stored import open_encoded, write_encoded
 from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.modes import DataParallel, mode_class
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
-
-from training import CONFIGURATIONS, spec_batch, spec_config, spec_training, synthetic_arrays
 
 
 def join_process_group(device_kind: str) -> torch.device:
@@ -102,8 +100,12 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
     return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--processes", "1", "--steps", "3", "--rows", "10000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=40)
@@ -122,15 +124,14 @@ def main() -> None:
     print()
     describe_machine()
     print(f"Kaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
-    print("| processes | samples/s | x 1 process | step ms | step ms without sync | communication share |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = Table("processes", "samples/s", "x 1 process", "step ms", "step ms without sync", "communication share",
+                  align="rrrrrr")  # fmt: skip
     base = results[min(results)]["samples_per_second"]
     for processes, result in results.items():
         share = max(0.0, 1 - result["no_sync_ms"] / result["step_ms"]) if processes > 1 else 0.0
-        print(
-            f"| {processes} | {result['samples_per_second']:,.0f} | {result['samples_per_second'] / base:.2f}x | "
-            f"{result['step_ms']:.1f} | {result['no_sync_ms']:.1f} | {share:.0%} |"
-        )
+        rate = result["samples_per_second"]
+        table.row(processes, f"{rate:,.0f}", f"{rate / base:.2f}x", f"{result['step_ms']:.1f}",
+                  f"{result['no_sync_ms']:.1f}", f"{share:.0%}")  # fmt: skip
 
 
 if __name__ == "__main__":

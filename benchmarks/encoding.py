@@ -1,12 +1,11 @@
 """Metadata and encoding benchmark: our streaming metadata pass and vectorised encoder on one core,
 against per-value Python dict lookups (the naive encoder), in the same run.
 
-    python benchmarks/encoding.py [--rows 1000000]
+    python -m benchmarks.encoding [--rows 1000000]
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from benchmarks.harness import Arguments, Table
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
@@ -33,8 +33,12 @@ def python_dict_encode(table, vocabularies: dict[str, np.ndarray]) -> np.ndarray
     return out
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
     torch.set_num_threads(1)  # numpy and pandas run these on one core anyway
@@ -65,13 +69,14 @@ def main() -> None:
         assert np.array_equal(naive, ours.sparse[: sample.num_rows]), "both encoders must agree"
     tables = sum(s["table_size"] for s in metadata.sparse.values())
     print(f"\n{args.rows:,} rows, 26 vocabularies with {tables:,} entries in all (min_frequency 3)\n")
-    print("| step | rows/s |\n| --- | ---: |")
-    print(f"| metadata pass (counts, vocabularies, dense statistics) | {args.rows / metadata_seconds:,.0f} |")
-    print(
-        f"| encoding, ours, one in-memory table (hash-table index per feature, 13 dense + 26 sparse) | {args.rows / ours_seconds:,.0f} |"
+    table = Table("step", "rows/s")
+    table.row("metadata pass (counts, vocabularies, dense statistics)", f"{args.rows / metadata_seconds:,.0f}")
+    table.row("encoding, ours, one in-memory table (hash-table index per feature, 13 dense + 26 sparse)",
+              f"{args.rows / ours_seconds:,.0f}")  # fmt: skip
+    table.row(
+        "encoding, ours, Parquet day to model-input arrays (reading included)", f"{args.rows / days_seconds:,.0f}"
     )
-    print(f"| encoding, ours, Parquet day to model-input arrays (reading included) | {args.rows / days_seconds:,.0f} |")
-    print(f"| encoding, Python dict per value (26 sparse only) | {sample.num_rows / naive_seconds:,.0f} |")
+    table.row("encoding, Python dict per value (26 sparse only)", f"{sample.num_rows / naive_seconds:,.0f}")
     print(f"\nencoder speed-up: {(args.rows / ours_seconds) / (sample.num_rows / naive_seconds):.1f}x")
 
 

@@ -6,23 +6,19 @@ side stream two batches ahead (``Prefetcher``, as training does), phases untimed
 so the figure is the GPU's unless the input is slower. Exits with a message when no CUDA device is present.
 ``benchmarks/gpu_smoke.py`` checks every CUDA path first.
 
-    python benchmarks/gpu.py [--batches 2048 8192 32768 65536] [--steps 50]
+    python -m benchmarks.gpu [--batches 2048 8192 32768 65536] [--steps 50]
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 import time
 
 import torch
 
-from criteo_dlrm.data.batches import BatchLoader, Prefetcher
-from criteo_dlrm.engine.device import compile_model, configure_backends
-from criteo_dlrm.models import DLRM
-
-from training import (
+from benchmarks.harness import Arguments, Table
+from benchmarks.training import (
     KAGGLE_CARDINALITIES,
     KAGGLE_LIKE,
     flops_per_sample,
@@ -31,6 +27,9 @@ from training import (
     synthetic_arrays,
     training_step,
 )
+from criteo_dlrm.data.batches import BatchLoader, Prefetcher
+from criteo_dlrm.engine.device import compile_model, configure_backends
+from criteo_dlrm.models import DLRM
 
 
 def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arrays) -> tuple[float, float]:
@@ -65,8 +64,12 @@ def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arra
     return rows / seconds, torch.cuda.max_memory_allocated() / 2**30
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--batches", "256", "--steps", "2", "--rows", "10000", "--skip-compile"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--batches", type=int, nargs="+", default=[2048, 8192, 32768, 65536])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rows", type=int, default=4_000_000)
@@ -79,8 +82,7 @@ def main() -> None:
     print(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample\n"
     )
-    print("| batch | bf16 | TF32 | compile | samples/s | peak GPU memory (GiB) |")
-    print("| ---: | --- | --- | --- | ---: | ---: |")
+    table = Table("batch", "bf16", "TF32", "compile", "samples/s", "peak GPU memory (GiB)", align="rlllrr")
     for batch in args.batches:
         for bf16, tf32, compiled in [
             (False, False, False),
@@ -91,7 +93,7 @@ def main() -> None:
             if compiled and args.skip_compile:
                 continue
             rate, memory = measure(batch, bf16, tf32, compiled, args.steps, arrays)
-            print(f"| {batch:,} | {bf16} | {tf32} | {compiled} | {rate:,.0f} | {memory:.2f} |", flush=True)
+            table.row(f"{batch:,}", bf16, tf32, compiled, f"{rate:,.0f}", f"{memory:.2f}")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ out max-autotune). Without CUDA each check runs its code on the CPU and reports 
 (a dry run); a FAIL is an error or a figure outside
 its bound. Exit status 1 when any check failed.
 
-    PYTHONPATH=src python benchmarks/gpu_smoke.py [--quick]
+    PYTHONPATH=src python -m benchmarks.gpu_smoke [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -26,6 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from benchmarks.harness import Arguments, Table
+from benchmarks.training import synthetic_arrays
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader, Prefetcher
 from criteo_dlrm.engine.device import configure_backends
@@ -34,8 +35,6 @@ from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.metrics import binary_metrics, binary_metrics_torch
 from criteo_dlrm.engine.modes import build_mode
 from criteo_dlrm.engine.step import TrainStep
-
-from training import synthetic_arrays
 
 TABLES = [1000 + 37 * f for f in range(26)]
 MODEL = {
@@ -283,16 +282,19 @@ CHECKS: dict[str, Callable] = {
 }
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--quick"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--quick", action="store_true", help="leave out max-autotune (minutes to compile)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda:0" if cuda else "cpu")
     name = torch.cuda.get_device_name(device) if cuda else "no CUDA: a dry run on the CPU"
     print(f"{name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M %Z')}\n")
-    print("| check | result | figure |")
-    print("| --- | --- | --- |")
+    table = Table("check", "result", "figure", align="lll")
     arrays = synthetic_arrays(200_000, TABLES)
     failed = 0
     for title, check in CHECKS.items():
@@ -310,7 +312,7 @@ def main() -> None:
             if not cuda:  # what the dry run measured on the CPU claims nothing about CUDA
                 result, figure = ("SKIP" if passed else "FAIL"), f"no CUDA (ran on the CPU: {figure})"
         failed += result == "FAIL"
-        print(f"| {title} | {result} | {figure} ({time.perf_counter() - started:.0f} s) |", flush=True)
+        table.row(title, result, f"{figure} ({time.perf_counter() - started:.0f} s)")
     sys.stdout.flush()
     sys.stderr.flush()
     # At once: with its output a pipe, this process hung at exit after the checks, in the teardown of what they

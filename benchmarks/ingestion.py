@@ -4,16 +4,14 @@ Generates N rows of Criteo-format data, converts them both ways in separate proc
 reports its own peak RSS), and prints rows/s, peak memory and the ratio. Ours is also run on 4N rows
 to show that its peak memory does not grow with the file.
 
-    python benchmarks/ingestion.py --rows 1000000
+    python -m benchmarks.ingestion --rows 1000000
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.harness import Arguments, Table, child_command
 from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
@@ -61,8 +60,7 @@ def worker(method: str, source: Path, destination: Path) -> None:
 def measure(method: str, source: Path, folder: Path) -> dict:
     output = subprocess.run(
         [
-            sys.executable,
-            __file__,
+            *child_command(__spec__.name),
             "--worker",
             method,
             "--source",
@@ -77,8 +75,12 @@ def measure(method: str, source: Path, folder: Path) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--worker", choices=["ours", "predecessor"])
     parser.add_argument("--source", type=Path)
@@ -102,11 +104,10 @@ def main() -> None:
         write_day(huge, 4 * args.rows, day=1, model=model)
         results[f"ours, {4 * args.rows:,} rows"] = measure("ours", huge, folder)
     print(f"\nIngestion of {args.rows:,} rows of plain Criteo TSV ({size_mb:,.0f} MB)\n")
-    print("| method | rows/s | seconds | peak RSS (MB) |")
-    print("| --- | ---: | ---: | ---: |")
+    table = Table("method", "rows/s", "seconds", "peak RSS (MB)")
     for name, result in results.items():
-        print(
-            f"| {name} | {result['rows'] / result['seconds']:,.0f} | {result['seconds']:.1f} | {result['peak_mb']:,.0f} |"
+        table.row(
+            name, f"{result['rows'] / result['seconds']:,.0f}", f"{result['seconds']:.1f}", f"{result['peak_mb']:,.0f}"
         )
     ours, predecessor = results[f"ours, {args.rows:,} rows"], results[f"predecessor, {args.rows:,} rows"]
     ratio = (ours["rows"] / ours["seconds"]) / (predecessor["rows"] / predecessor["seconds"])

@@ -5,20 +5,19 @@
 - encoded rows: the digests written after encoding and checked on load, against the encoding itself;
 - a checkpoint of the default model: its sha256 checked on load, against the load.
 
-    python benchmarks/integrity.py [--rows 1000000] [--repeats 3]
+    python -m benchmarks.integrity [--rows 1000000] [--repeats 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-from machine import cpu_model
 
+from benchmarks.harness import Arguments, Table, best_of, cpu_model
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.chunk_digests import verify_encoded, write_digests
@@ -31,18 +30,12 @@ from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.models import DLRM
 
-
-def best(repeats: int, work) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return min(times)
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000", "--repeats", "1"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -53,10 +46,10 @@ def main() -> None:
         parquet = Path(convert_day(folder / "day_0", folder / "day_0.parquet", progress=False).parquet)
         table = pq.read_table(parquet)
         measured = {}
-        measured["write a day, page checksums"] = best(
+        measured["write a day, page checksums"] = best_of(
             repeats, lambda: pq.write_table(table, folder / "with.parquet", write_page_checksum=True)
         )
-        measured["write a day, no checksums (baseline)"] = best(
+        measured["write a day, no checksums (baseline)"] = best_of(
             repeats, lambda: pq.write_table(table, folder / "without.parquet")
         )
 
@@ -65,22 +58,24 @@ def main() -> None:
             for _ in day.iter_batches(batch_size=BATCH_ROWS):
                 pass
 
-        measured["read a day, checksums verified"] = best(repeats, lambda: read(True))
-        measured["read a day, unverified (baseline)"] = best(repeats, lambda: read(False))
-        measured["verify a day before reusing it (ingestion)"] = best(repeats, lambda: verify_day(parquet))
-        measured["convert the day (what a reuse saves)"] = best(
+        measured["read a day, checksums verified"] = best_of(repeats, lambda: read(True))
+        measured["read a day, unverified (baseline)"] = best_of(repeats, lambda: read(False))
+        measured["verify a day before reusing it (ingestion)"] = best_of(repeats, lambda: verify_day(parquet))
+        measured["convert the day (what a reuse saves)"] = best_of(
             1, lambda: convert_day(folder / "day_0", folder / "again.parquet", progress=False)
         )
 
         metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(), progress=False)
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
         encoded = folder / "encoded"
-        measured["encode the day into stored rows (baseline)"] = best(
+        measured["encode the day into stored rows (baseline)"] = best_of(
             1, lambda: encoder.encode_days([parquet], into=encoded, workers=1)
         )
-        measured["digest the stored rows after encoding"] = best(repeats, lambda: write_digests(encoded))
-        measured["open the stored rows (small files and sizes checked)"] = best(repeats, lambda: open_encoded(encoded))
-        measured["check every chunk of the stored rows (as training first reads them)"] = best(
+        measured["digest the stored rows after encoding"] = best_of(repeats, lambda: write_digests(encoded))
+        measured["open the stored rows (small files and sizes checked)"] = best_of(
+            repeats, lambda: open_encoded(encoded)
+        )
+        measured["check every chunk of the stored rows (as training first reads them)"] = best_of(
             repeats, lambda: verify_encoded(encoded)
         )
         size = sum(path.stat().st_size for path in encoded.iterdir())
@@ -90,15 +85,14 @@ def main() -> None:
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
         dataset.save({"model_state": model.state_dict()})
         checkpoint = folder / "checkpoint.pt"
-        measured["load a checkpoint, digest checked"] = best(repeats, dataset.load)
-        measured["load a checkpoint, torch.load alone (baseline)"] = best(
+        measured["load a checkpoint, digest checked"] = best_of(repeats, dataset.load)
+        measured["load a checkpoint, torch.load alone (baseline)"] = best_of(
             repeats, lambda: torch.load(checkpoint, map_location="cpu", weights_only=True)
         )
         checkpoint_size = checkpoint.stat().st_size
 
     print(f"{cpu_model()}, {rows:,} rows, {time.strftime('%Y-%m-%d')}, best of {repeats}\n")
-    print("| operation | seconds | x its baseline |")
-    print("| --- | ---: | ---: |")
+    table = Table("operation", "seconds", "x its baseline")
     baselines = {
         "write a day, page checksums": "write a day, no checksums (baseline)",
         "read a day, checksums verified": "read a day, unverified (baseline)",
@@ -112,7 +106,7 @@ def main() -> None:
     }
     for name, seconds in measured.items():
         ratio = f"{seconds / measured[baselines[name]]:.2f}" if name in baselines else ""
-        print(f"| {name} | {seconds:.3f} | {ratio} |")
+        table.row(name, f"{seconds:.3f}", ratio)
     print(f"\nstored rows: {size / 1e6:,.0f} MB; checkpoint: {checkpoint_size / 1e6:,.1f} MB")
 
 

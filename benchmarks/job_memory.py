@@ -1,6 +1,6 @@
 """Each stage's memory as ``kedro run`` runs it, and the smallest memory limit the whole job completes in.
 
-    sudo python benchmarks/job_memory.py [--rows N] [--stages ...] [--limits-mb 2048 1700 1600 1024]
+    sudo python -m benchmarks.job_memory [--rows N] [--stages ...] [--limits-mb 2048 1700 1600 1024]
                                         [--params KEY=VALUE,...] [--out DIR]
 
 A copy of the project (``conf/`` and the bundled sample; with ``--rows``, 3 generated gzip days of that many rows
@@ -16,7 +16,6 @@ Needs root (the memory groups, dropping the page cache) and cgroup v1's memory c
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -24,11 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model  # noqa: E402
-from memory_limit import MEMORY, in_memory_group  # noqa: E402
+from benchmarks.harness import ROOT, Arguments, Table, cpu_model
+from benchmarks.memory_limit import MEMORY, in_memory_group
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("ingestion", "metadata", "training", "evaluation", "scoring")
 
 
@@ -48,8 +45,12 @@ def kedro(*args: str) -> list[str]:
     return [sys.executable, "-m", "kedro", "run", *args]
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--stages", "ingestion", "--limits-mb"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=None, help="generated rows in all (default: the bundled sample)")
     parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
     parser.add_argument("--params", default=None, help="--params for every kedro run (e.g. training.max_steps=200)")
@@ -72,8 +73,9 @@ def main() -> None:
                 write_days(raw, 3, args.rows // 3)
         what = f"{args.rows:,} generated rows in 3 gzip days" if args.rows else "the bundled sample (60,000 rows)"
         print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {what}; page cache dropped before each run\n")
-        print("| stage | seconds | own memory peak, all its processes (MB) | group peak, page cache included (MB) |")
-        print("|---|---:|---:|---:|")
+        table = Table(
+            "stage", "seconds", "own memory peak, all its processes (MB)", "group peak, page cache included (MB)"
+        )
         project = project_copy(base / "stages", raw)
         floor = 0
         for stage in args.stages:
@@ -85,11 +87,11 @@ def main() -> None:
             if got["code"] != 0:
                 raise RuntimeError(f"kedro run --pipelines={stage} failed:\n{got['tail']}")
             floor = max(floor, got["own_peak"])
-            print(f"| {stage} | {got['seconds']:.1f} | {got['own_peak'] / 2**20:,.0f} | "
-                  f"{got['group_peak'] / 2**20:,.0f} |", flush=True)  # fmt: skip
+            table.row(
+                stage, f"{got['seconds']:.1f}", f"{got['own_peak'] / 2**20:,.0f}", f"{got['group_peak'] / 2**20:,.0f}"
+            )
         print(f"\nThe largest stage's own peak: {floor / 2**20:,.0f} MB. The whole `kedro run` in memory limits:\n")
-        print("| memory limit (MB) | outcome | seconds | group peak (MB) |")
-        print("|---:|---|---:|---:|")
+        table = Table("memory limit (MB)", "outcome", "seconds", "group peak (MB)", align="rlrr")
         for limit in (mb << 20 for mb in args.limits_mb):
             project = project_copy(base / "job", raw)
             got = in_memory_group(kedro(*([f"--params={args.params}"] if args.params else [])), limit, args.timeout,
@@ -101,8 +103,7 @@ def main() -> None:
             else:
                 lines = [line for line in got["tail"].splitlines() if line.strip() and "Full traceback" not in line]
                 outcome = f"exit {got['code']}: {(lines or ['(no output)'])[-1][:300]}"
-            print(f"| {limit >> 20:,} | {outcome} | {got['seconds']:.1f} | {got['group_peak'] / 2**20:,.0f} |",
-                  flush=True)  # fmt: skip
+            table.row(f"{limit >> 20:,}", outcome, f"{got['seconds']:.1f}", f"{got['group_peak'] / 2**20:,.0f}")
             time.sleep(1)
     finally:
         if args.out is None:

@@ -1,6 +1,6 @@
 """Encoding inside a memory limit: what a batch job's scheduler does to the stored shuffle, cold page cache, one run.
 
-    sudo python benchmarks/memory_limit.py [--rows 16000000] [--limits-mb MB ...] [--baseline GIT_REF]
+    sudo python -m benchmarks.memory_limit [--rows 16000000] [--limits-mb MB ...] [--baseline GIT_REF]
                                            [--timeout 600] [--out DIR]
 
 4 generated gzip days (25% clicks; ``--rows`` is all of them) are ingested and counted once; then the training
@@ -32,10 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model  # noqa: E402
+from benchmarks.harness import ROOT, Arguments, Table, child_command, cpu_model
 
-ROOT = Path(__file__).resolve().parents[1]
 MEMORY = Path("/sys/fs/cgroup/memory")
 DAYS = 4
 STORED = ("labels.npy", "dense.npy", "sparse.npy")
@@ -180,8 +178,9 @@ def measured_run(src: Path, data: Path, out: Path, limit: int | None, timeout: f
     """``encode`` with ``src``'s code in a fresh process inside its own memory group, cold page cache (``startup``:
     the modules imported, nothing encoded)."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(src), "KEDRO_DISABLE_TELEMETRY": "1"}
-    command = [sys.executable, __file__, "--startup" if startup else "--encode", str(data), str(out)]
+    # ``src``'s package first; this benchmark's own module from this project (it is run by module name).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(src), str(ROOT))), "KEDRO_DISABLE_TELEMETRY": "1"}
+    command = [*child_command(__spec__.name), "--startup" if startup else "--encode", str(data), str(out)]
     return in_memory_group(command, limit, timeout, data, env)
 
 
@@ -200,8 +199,12 @@ def _worktree(ref: str, where: Path) -> Path:
     return where / "src"
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "100000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=16_000_000, help="rows of all 4 generated days")
     parser.add_argument("--limits-mb", type=int, nargs="*", default=[],
                         help="memory limits measured after 3x and 1.5x the unlimited run's own memory")  # fmt: skip
@@ -248,9 +251,9 @@ def main() -> None:
               f"{floor / 2**20:,.0f} MB (the limits are 3x and 1.5x that, then those asked for). Reads are "
               f"counted less {startup / 1e6:,.0f} MB, what a process importing the modules reads from a cold "
               "cache (Python's, numpy's, pyarrow's libraries)\n")  # fmt: skip
-        print("| code | memory limit (MB) | seconds | read from disk (GB) | read per byte of Parquet + encoded | "
-              "group peak, page cache included (MB) | own memory peak (MB) | stored rows |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        table = Table("code", "memory limit (MB)", "seconds", "read from disk (GB)", "read per byte of Parquet + encoded",
+                      "group peak, page cache included (MB)", "own memory peak (MB)", "stored rows",
+                      align="lrrrrrrl")  # fmt: skip
         for name, src in codes:
             for limit in [None, *limits]:
                 if name == "current" and limit is None:
@@ -264,12 +267,10 @@ def main() -> None:
                     outcome = f"stopped after {args.timeout:.0f} s"
                 else:
                     outcome = f"failed, exit {got['code']}"
-                print(
-                    f"| {name} | {'none' if limit is None else f'{limit >> 20:,}'} | {got['seconds']:.1f} | "
-                    f"{(got['read'] - startup) / 1e9:.2f} | {(got['read'] - startup) / (parquet_bytes + encoded_bytes):.2f} | "
-                    f"{got['group_peak'] / 2**20:,.0f} | {got['own_peak'] / 2**20:,.0f} | {outcome} |",
-                    flush=True,
-                )
+                read = got["read"] - startup
+                table.row(name, "none" if limit is None else f"{limit >> 20:,}", f"{got['seconds']:.1f}",
+                          f"{read / 1e9:.2f}", f"{read / (parquet_bytes + encoded_bytes):.2f}",
+                          f"{got['group_peak'] / 2**20:,.0f}", f"{got['own_peak'] / 2**20:,.0f}", outcome)  # fmt: skip
     finally:
         if worktree is not None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],

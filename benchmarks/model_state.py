@@ -7,7 +7,7 @@ resume on, two validations, with the torch backend (SparseAdam: twice the tables
 process) and TorchRec (row-wise Adagrad, tables sharded table-wise), in 1 and 2 processes over gloo; ``base`` is a
 child's memory before the model exists (Python, torch, the rows).
 
-    python benchmarks/model_state.py [--table-gb 0.25 1 4] [--runs torch:1 torch:2 torchrec:1 torchrec:2]
+    python -m benchmarks.model_state [--table-gb 0.25 1 4] [--runs torch:1 torch:2 torchrec:1 torchrec:2]
                                      [--metric-rows 10000000 89137319]
 """
 
@@ -18,7 +18,6 @@ import importlib.util
 import json
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,16 +25,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from machine import describe_machine
 
+from benchmarks.harness import Arguments, Table, child_command, describe_machine
+from benchmarks.training import synthetic_arrays
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.modes import build_mode
-
-from training import synthetic_arrays
 
 DIM = 32
 
@@ -127,8 +125,7 @@ def run_children(table_gb: float, backend: str, processes: int) -> list[dict]:
         children = [
             subprocess.Popen(
                 [
-                    sys.executable,
-                    __file__,
+                    *child_command(__spec__.name),
                     "--child",
                     str(table_gb),
                     "--folder",
@@ -167,8 +164,12 @@ def metrics_rate(rows: int, repeats: int = 3) -> dict:
     return {"rows": rows, "sort": sort, "metrics": metrics}
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--table-gb", "0.01", "--runs", "torch:1", "torchrec:2", "--metric-rows", "100000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--table-gb", type=float, nargs="+", default=[0.25, 1.0, 4.0])
     parser.add_argument("--metric-rows", type=int, nargs="+", default=[10_000_000, 89_137_319])
     parser.add_argument("--runs", nargs="+", default=["torch:1", "torch:2", "torchrec:1", "torchrec:2"],
@@ -190,13 +191,12 @@ def main() -> None:
     print("replica in each process; TorchRec: row-wise Adagrad, its own tables), peak memory over the process's")
     print("memory before the model, and the in-progress checkpoint's write and resume seconds per GB the process")
     print("wrote (torch: rank 0 writes the one file; TorchRec: each process its own shards).\n")
-    print("| backend | processes | tables GB | tables + state GB | peak over base GB | peak / state | write s/GB "
-          "| resume s/GB |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = Table("backend", "processes", "tables GB", "tables + state GB", "peak over base GB", "peak / state",
+                  "write s/GB", "resume s/GB")  # fmt: skip
     for run in args.runs:
         backend, processes = run.split(":")[0], int(run.split(":")[1])
         if backend == "torchrec" and importlib.util.find_spec("torchrec") is None:
-            print(f"| {backend} | {processes} | not run: the torchrec extra is not installed (docs/torchrec.md) |")
+            table.row(backend, processes, "not run: the torchrec extra is not installed (docs/torchrec.md)", *[""] * 5)
             continue
         for gb in args.table_gb:
             if backend == "torch" and processes > 1 and 3 * gb > args.max_replica_gb:
@@ -207,19 +207,16 @@ def main() -> None:
             writers = [m for m in ranks if m["written"]]
             write = max(m["write_s"] / (m["written"] / 1e9) for m in writers)
             resume = max(m["resume_s"] / (m["written"] / 1e9) for m in writers)
-            print(
-                f"| {backend} | {processes} | {max(m['tables'] for m in ranks) / 1e9:.2f} | {state:.2f} | {grown:.2f} "
-                f"| {grown / state:.2f} | {write:.2f} | {resume:.2f} |",
-                flush=True,
-            )
-    print("\n| rows | numpy sort of the float32 scores s | exact metrics s | rows/s | ratio to the sort |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+            tables = max(m["tables"] for m in ranks) / 1e9
+            table.row(backend, processes, f"{tables:.2f}", f"{state:.2f}", f"{grown:.2f}", f"{grown / state:.2f}",
+                      f"{write:.2f}", f"{resume:.2f}")  # fmt: skip
+    print()
+    table = Table("rows", "numpy sort of the float32 scores s", "exact metrics s", "rows/s", "ratio to the sort",
+                  align="rrrrr")  # fmt: skip
     for rows in args.metric_rows:
         m = metrics_rate(rows)
-        print(
-            f"| {rows:,} | {m['sort']:.3f} | {m['metrics']:.3f} | {rows / m['metrics'] / 1e6:,.1f}M "
-            f"| {m['metrics'] / m['sort']:.2f} |"
-        )
+        table.row(f"{rows:,}", f"{m['sort']:.3f}", f"{m['metrics']:.3f}", f"{rows / m['metrics'] / 1e6:,.1f}M",
+                  f"{m['metrics'] / m['sort']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Preprocessing benchmark: ingestion, metadata and encoding with 1 and more worker processes, in one run.
 
-    python benchmarks/preprocessing.py [--days 4] [--rows-per-day 500000] [--workers 1 2] [--distinct 20000000]
+    python -m benchmarks.preprocessing [--days 4] [--rows-per-day 500000] [--workers 1 2] [--distinct 20000000]
                                        [--repeats 3]
 
 Generates D gzip days, then runs each stage with each number of ``--workers`` (1, the baseline, always
@@ -23,7 +23,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +32,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+
+from benchmarks.harness import Arguments, Table, child_command
 
 STAGES = ("ingestion", "metadata", "encoding")
 
@@ -183,31 +184,28 @@ CRITEO_1TB_TABLES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 385
                      11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36]  # fmt: skip
 
 
-def project(results: dict, per_value: float, cores: int, workers: int, target_cores: int = 16) -> list[str]:
-    """Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with ``workers``
+def project(results: dict, per_value: float, cores: int, workers: int, target_cores: int = 16) -> None:
+    """Print Criteo 1TB on ``target_cores`` cores from this run's measured rate per busy core (with ``workers``
     workers, the most measured, so the interference between workers is in it) and memory per distinct value."""
     from criteo_dlrm.data.metadata import feature_groups
     from criteo_dlrm.data.stored import index_widths
 
-    lines = [
-        f"| stage | rows/s per busy core ({workers} workers, measured) | {target_cores} cores (projected rows/s) | "
-        "Criteo 1TB (hours) |",
-        "| --- | ---: | ---: | ---: |",
-    ]
+    table = Table("stage", f"rows/s per busy core ({workers} workers, measured)",
+                  f"{target_cores} cores (projected rows/s)", "Criteo 1TB (hours)")  # fmt: skip
     hours = {}
     for stage in STAGES:
         result = results[(stage, workers)]
         per_core = result["rows"] / result["wall"] / max(result["busy"] * cores, 1e-9)
         hours[stage] = CRITEO_1TB_ROWS / (per_core * target_cores) / 3600
-        lines.append(f"| {stage} | {per_core:,.0f} | {per_core * target_cores:,.0f} | {hours[stage]:.2f} |")
-    lines.append(f"| all three | | | {sum(hours.values()):.2f} |")
+        table.row(stage, f"{per_core:,.0f}", f"{per_core * target_cores:,.0f}", f"{hours[stage]:.2f}")
+    table.row("all three", "", "", f"{sum(hours.values()):.2f}")
     slowest = max(hours, key=hours.get)
     widths = index_widths(CRITEO_1TB_TABLES)
     stored = 1 + 4 * 13 + sum(widths)
     groups = feature_groups(4, target_cores)
     passes = sorted((sum(CRITEO_1TB_TABLES[int(name.split("_")[1])] for name in group) for group, _ in groups))
     at_once = sum(passes[-target_cores:])  # the largest passes running together, one per worker
-    lines += [
+    lines = [
         "",
         f"{slowest} bounds the total. Disk: model input {stored} bytes a row "
         f"({CRITEO_1TB_ROWS * stored / 1e9:,.0f} GB; {CRITEO_1TB_ROWS * 160 / 1e9:,.0f} GB at 160 bytes).",
@@ -216,7 +214,7 @@ def project(results: dict, per_value: float, cores: int, workers: int, target_co
         f"workers ({len(groups)} passes) the largest pass {passes[-1] * per_value / 1e9:.1f} GB, at most "
         f"{at_once * per_value / 1e9:.1f} GB for all workers at once.",
     ]
-    return lines
+    print("\n".join(lines))
 
 
 def kernel(kind: str, start: float) -> dict:
@@ -256,7 +254,7 @@ def machine_ceiling(repeats: int = 3, processes: int = 2) -> dict:
             for count in walls:
                 start = str(time.time() + 1.0)
                 runs = [
-                    subprocess.Popen([sys.executable, __file__, "--kernel", kind, start], stdout=subprocess.PIPE)
+                    subprocess.Popen([*child_command(__spec__.name), "--kernel", kind, start], stdout=subprocess.PIPE)
                     for _ in range(count)
                 ]
                 walls[count].append(max(json.loads(run.communicate()[0])["wall"] for run in runs))
@@ -266,12 +264,16 @@ def machine_ceiling(repeats: int = 3, processes: int = 2) -> dict:
 
 
 def _child(*args: str) -> dict:
-    output = subprocess.run([sys.executable, __file__, *args], check=True, capture_output=True, text=True).stdout
+    output = subprocess.run([*child_command(__spec__.name), *args], check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--days", "1", "--rows-per-day", "10000", "--workers", "1", "--distinct", "10000", "--repeats", "1"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=500_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure (1 added)")
@@ -322,35 +324,30 @@ def main() -> None:
     ceiling = machine_ceiling(args.repeats, counts[-1])
     cores = os.cpu_count()
     print(f"\n{args.days} days of {args.rows_per_day:,} rows (gzip), {cores} cores\n")
-    print(
-        "| stage | workers | rows/s | CPU busy (all cores) | largest process (MB) | all processes (MB) | speed-up "
-        "| slowest run / fastest |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    table = Table("stage", "workers", "rows/s", "CPU busy (all cores)", "largest process (MB)", "all processes (MB)",
+                  "speed-up", "slowest run / fastest")  # fmt: skip
     for stage in STAGES:
         for workers in settings:
             result = results[(stage, workers)]
             rate = result["rows"] / result["wall"]
             speedup = results[(stage, 1)]["wall"] / result["wall"]
             shown = f"default ({result['workers']})" if workers == "default" else workers
-            print(
-                f"| {stage} | {shown} | {rate:,.0f} | {result['busy']:.0%} | {result['largest_rss'] >> 20:,} | "
-                f"{result['total_rss'] >> 20:,} | {speedup:.2f}x | "
-                f"{max(r['wall'] for r in runs[(stage, workers)]) / result['wall']:.2f} |"
-            )
+            slowest = max(r["wall"] for r in runs[(stage, workers)]) / result["wall"]
+            table.row(stage, shown, f"{rate:,.0f}", f"{result['busy']:.0%}", f"{result['largest_rss'] >> 20:,}",
+                      f"{result['total_rss'] >> 20:,}", f"{speedup:.2f}x", f"{slowest:.2f}")  # fmt: skip
     print(
         f"\nthis machine's ceiling for {counts[-1]} single-threaded processes over 1 (same work each, best of {args.repeats}): "
         f"pure computation {ceiling['compute']:.2f}x, vectorised sort in cache {ceiling['sort']:.2f}x, memory streaming "
         f"{ceiling['memory']:.2f}x (one process alone: slowest run {ceiling['compute_spread']:.2f}x / "
         f"{ceiling['sort_spread']:.2f}x / {ceiling['memory_spread']:.2f}x the fastest)"
     )
-    print("\n| stored rows | bytes per row | training loader rows/s (batch 16,384, shuffled, memory-mapped) |")
-    print("| --- | ---: | ---: |")
+    print()
+    table = Table("stored rows", "bytes per row", "training loader rows/s (batch 16,384, shuffled, memory-mapped)")
     for name, label in (
         ("int32", "int32 indices, float32 labels (before)"),
         ("packed", "packed indices, uint8 labels"),
     ):
-        print(f"| {label} | {loading['bytes'][name]} | {loading['rates'][name]:,.0f} |")
+        table.row(label, loading["bytes"][name], f"{loading['rates'][name]:,.0f}")
     counted = _child("--count-distinct", str(args.distinct))
     per_value = (counted["peak_rss"] - counted["baseline_rss"]) / counted["distinct"]
     print(
@@ -359,7 +356,7 @@ def main() -> None:
         f"{counted['baseline_rss'] >> 20:,} MB interpreter)"
     )
     print("\nProjection for Criteo 1TB on 16 cores:\n")
-    print("\n".join(project(results, per_value, cores, counts[-1])))
+    project(results, per_value, cores, counts[-1])
 
 
 if __name__ == "__main__":

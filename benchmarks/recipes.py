@@ -7,26 +7,24 @@ eps 1e-8), its tables capped at --max-table-rows (MLPerf's 204M rows are 104.5 G
 process, at --batch rows a step (MLPerf's: 65,536 over 8 GPUs). The limit: the machine's 2048^3 matmul rate over
 the model's matmul FLOPs a row (forward and backward: 3 x 2 x its linear layers' multiply-adds).
 
-    python benchmarks/recipes.py [--rows 100000] [--batch 2048] [--steps 10] [--max-table-rows 100000]
+    python -m benchmarks.recipes [--rows 100000] [--batch 2048] [--steps 10] [--max-table-rows 100000]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 import yaml
-from machine import describe_machine
 from torch import nn
 
+from benchmarks.harness import Arguments, Table, describe_machine
+from benchmarks.training import _cycle, synthetic_arrays, train_rate, training_step
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.multi_hot import MultiHot
-
-from training import _cycle, synthetic_arrays, train_rate, training_step
 
 # MLPerf's table sizes (its reference's --num_embeddings_per_feature).
 MLPERF_TABLES = [
@@ -61,8 +59,12 @@ def expansion_rate(arrays, tables: list[int], sizes: list[int] | None, batch: in
     return rows / (time.perf_counter() - start)
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000", "--batch", "256", "--steps", "2", "--max-table-rows", "2000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per precision")
@@ -75,17 +77,16 @@ def main() -> None:
 
     sizes = recipe_config(args.batch, "fp32").multi_hot_sizes
     print(f"Input: the loader's batches of {args.batch:,} rows, alone and expanded to multi-hot ids.\n")
-    print("| input | rows/s |")
-    print("| --- | ---: |")
+    table = Table("input", "rows/s")
     single = expansion_rate(arrays, tables, None, args.batch)
     multi = expansion_rate(arrays, tables, sizes, args.batch)
-    print(f"| loader, single-hot (26 ids a row) | {single:,.0f} |")
-    print(f"| loader + multi-hot expansion ({sum(sizes)} ids a row) | {multi:,.0f} ({multi / single:.2f}x) |\n")
+    table.row("loader, single-hot (26 ids a row)", f"{single:,.0f}")
+    table.row(f"loader + multi-hot expansion ({sum(sizes)} ids a row)", f"{multi:,.0f} ({multi / single:.2f}x)")
+    print()
 
     print(f"Training: MLPerf's model, tables capped at {args.max_table_rows:,} rows ({sum(tables):,} rows), one "
           f"process, {args.batch:,} rows a step, {args.steps} timed steps.\n")  # fmt: skip
-    print("| precision | samples/s | matmul GFLOP/s reached | matmul limit samples/s | share of the limit |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    table = Table("precision", "samples/s", "matmul GFLOP/s reached", "matmul limit samples/s", "share of the limit")
     for precision, rate in (("fp32", fp32), ("bf16", bf16)):
         config = recipe_config(args.batch, precision)
         torch.manual_seed(0)
@@ -94,8 +95,9 @@ def main() -> None:
         step = training_step(model, config, torch.device("cpu"), arrays)
         samples = train_rate(model, step, _cycle(BatchLoader(arrays, args.batch, shuffle=True)), 2, args.steps)
         limit = rate * 1e9 / flops
-        print(f"| {precision} | {samples:,.0f} | {samples * flops / 1e9:,.0f} | {limit:,.0f} | {samples / limit:.0%} |",
-              flush=True)  # fmt: skip
+        table.row(
+            precision, f"{samples:,.0f}", f"{samples * flops / 1e9:,.0f}", f"{limit:,.0f}", f"{samples / limit:.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Scale benchmark: how the training input and the whole pipeline grow with the rows, cold page cache, in one run.
 
-    python benchmarks/scale.py [--loader-rows 1000000 10000000 40000000] [--batches 200]
+    python -m benchmarks.scale [--loader-rows 1000000 10000000 40000000] [--batches 200]
                                [--pipeline-rows 1000000 4000000 16000000] [--steps 200] [--out DIR]
 
 Part 1, the training loader: random encoded rows (Criteo 1TB's index widths) stored as this project stores them,
@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,9 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_model  # noqa: E402
-from preprocessing import CRITEO_1TB_ROWS, CRITEO_1TB_TABLES  # noqa: E402
+from benchmarks.harness import Arguments, Table, child_command, cpu_model
+from benchmarks.preprocessing import CRITEO_1TB_ROWS, CRITEO_1TB_TABLES
 
 BATCH = 16_384
 
@@ -231,7 +229,7 @@ class _AnonymousMemory(threading.Thread):
 
 
 def _fresh(*args: str) -> dict:
-    result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    result = subprocess.run([*child_command(__spec__.name), *args], capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -311,8 +309,12 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
     return {"rows": rows, "stages": stages}
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--loader-rows", "100000", "--batches", "3", "--pipeline-rows", "40000", "--steps", "3"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--loader-rows", type=int, nargs="*", default=[1_000_000, 10_000_000, 40_000_000])
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--pipeline-rows", type=int, nargs="*", default=[1_000_000, 4_000_000, 16_000_000])
@@ -338,19 +340,16 @@ def main() -> None:
     try:
         if args.loader_rows:
             print(f"Training loader, shuffled batches of {BATCH:,} rows, first {args.batches} batches, cold cache:\n")
-            print("| rows | loader | first batch (s) | rows/s | bytes read per byte delivered | memory added (MB) |")
-            print("|---:|---|---:|---:|---:|---:|")
+            table = Table("rows", "loader", "first batch (s)", "rows/s", "bytes read per byte delivered",
+                          "memory added (MB)", align="rlrrrr")  # fmt: skip
             waits = {}
             for rows in args.loader_rows:
                 folder = base / f"rows_{rows}"
                 write_rows(folder, rows)
                 for which in ("previous", "current", "current, reading ahead"):
                     got = _fresh("--measure", str(folder), which, str(args.batches))
-                    print(
-                        f"| {rows:,} | {which} | {got['first_batch_s']:.2f} | {got['rows_per_s']:,.0f} | "
-                        f"{got['read_per_delivered']:.2f} | {got['memory_mb']:,.0f} |",
-                        flush=True,
-                    )
+                    table.row(f"{rows:,}", which, f"{got['first_batch_s']:.2f}", f"{got['rows_per_s']:,.0f}",
+                              f"{got['read_per_delivered']:.2f}", f"{got['memory_mb']:,.0f}")  # fmt: skip
                 waits[rows] = {
                     ahead: _fresh("--waits", str(folder), ahead, str(args.batches)) for ahead in ("one", "ahead")
                 }
@@ -359,30 +358,24 @@ def main() -> None:
                 f"\nThe loop's wait for its batch, steps of {STEP_SECONDS * 1000:.0f} ms (the CPU left to the loader, as "
                 f"on a GPU), {PREFETCH} batches prefetched, cold cache, after the first batch:\n"
             )
-            print(
-                "| rows | windows read | steps | steps that waited (> 1 ms) | waited in all (ms) | longest wait (ms) |"
-            )
-            print("|---:|---|---:|---:|---:|---:|")
+            table = Table("rows", "windows read", "steps", "steps that waited (> 1 ms)", "waited in all (ms)",
+                          "longest wait (ms)", align="rlrrrr")  # fmt: skip
             for rows, both in waits.items():
                 for ahead, got in both.items():
                     how = "one at a time" if ahead == "one" else "the next one ahead"
-                    print(f"| {rows:,} | {how} | {got['steps']} | {got['steps_waiting']} | {got['waits_ms']:,.0f} | "
-                          f"{got['longest_ms']:,.0f} |")  # fmt: skip
+                    table.row(f"{rows:,}", how, got["steps"], got["steps_waiting"], f"{got['waits_ms']:,.0f}",
+                              f"{got['longest_ms']:,.0f}")  # fmt: skip
         if args.pipeline_rows:
             print("\nWhole pipeline (4 generated gzip days; training rows: 3 of them), cold start:\n")
-            print(
-                "| rows | stage | rows it read | seconds | rows/s | peak own memory (RssAnon), process tree (MB) | disk written (MB) |"
-            )
-            print("|---:|---|---:|---:|---:|---:|---:|")
+            table = Table("rows", "stage", "rows it read", "seconds", "rows/s",
+                          "peak own memory (RssAnon), process tree (MB)", "disk written (MB)", align="rlrrrrr")  # fmt: skip
             for rows in args.pipeline_rows:
                 folder = base / f"pipeline_{rows}"
                 got = _fresh("--pipeline", str(folder), str(rows), str(args.steps))
                 for name, stage in got["stages"].items():
-                    print(
-                        f"| {rows:,} | {name} | {stage['rows']:,} | {stage['seconds']:.1f} | "
-                        f"{stage['rows'] / stage['seconds']:,.0f} | {stage['peak_mb']:,.0f} | {stage['disk_mb']:,.0f} |",
-                        flush=True,
-                    )
+                    table.row(f"{rows:,}", name, f"{stage['rows']:,}", f"{stage['seconds']:.1f}",
+                              f"{stage['rows'] / stage['seconds']:,.0f}", f"{stage['peak_mb']:,.0f}",
+                              f"{stage['disk_mb']:,.0f}")  # fmt: skip
                 shutil.rmtree(folder)
             print(f"\nCriteo 1TB: {CRITEO_1TB_ROWS:,} rows. The process tree includes this benchmark's own process.")
     finally:

@@ -1,7 +1,7 @@
 """Batch-scoring benchmark: the scoring pipeline's streaming writer against the evaluation pipeline's
 scoring loop and the training loader, on the same Parquet day and model, in one run.
 
-    python benchmarks/scoring.py [--rows 1000000]
+    python -m benchmarks.scoring [--rows 1000000]
 
 Rows/s of (1) the training batch loader over already-encoded arrays (what training reads), (2) reading and
 encoding the Parquet day without a model, (3) the evaluation loop as it was (one forward pass per
@@ -12,15 +12,14 @@ the exported model over the encoded rows.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import torch
 
+from benchmarks.harness import Arguments, Table, timed
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
@@ -35,15 +34,12 @@ from criteo_dlrm.engine.export import export_onnx
 from criteo_dlrm.engine.scoring import score_days, write_predictions
 from criteo_dlrm.models import DLRM
 
-
-def timed(work) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,9 +106,9 @@ def main() -> None:
             results = {name: min(seconds, results.get(name, seconds)) for name, seconds in measured.items()}
     print(f"\n{args.rows:,} rows, default model ({sum(p.numel() for p in model.parameters()):,} parameters), "
           f"{torch.get_num_threads()} threads\n")  # fmt: skip
-    print("| measurement | rows/s |\n| --- | ---: |")
+    table = Table("measurement", "rows/s")
     for name, seconds in results.items():
-        print(f"| {name} | {args.rows / seconds:,.0f} |")
+        table.row(name, f"{args.rows / seconds:,.0f}")
     evaluation = results["evaluation loop (`score_days`: encode + model, in memory)"]
     scoring_seconds = results["batch scoring (`write_predictions`: encode + model + Parquet out)"]
     baseline = results["baseline: evaluation loop, one forward per Parquet batch (before)"]

@@ -1,7 +1,7 @@
 """Embedding backends compared: ``torch`` (every process holds every table) vs ``torchrec`` (sharded), in one run.
 
-    python benchmarks/sharding.py [--processes 1,2] [--device cpu] [--steps 30] [--rows 200000]
-    python benchmarks/sharding.py --device cuda --processes 1 --sharding row_wise   # on a GPU machine
+    python -m benchmarks.sharding [--processes 1,2] [--device cpu] [--steps 30] [--rows 200000]
+    python -m benchmarks.sharding --device cuda --processes 1 --sharding row_wise   # on a GPU machine
 
 Part 1, throughput at the Kaggle-like configuration of ``benchmarks/training.py`` (26 tables sized like
 Kaggle's, capped at 100,000 rows; 16-dim embeddings; MLPs 512-256-64-16 and 512-256; global batch 2048): each
@@ -18,7 +18,6 @@ replicate the table in every process); TorchRec's planner splits it across the p
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import tempfile
@@ -26,10 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from distributed import join_process_group, seconds_per_step
-from machine import describe_machine
 from torch.distributed.launcher.api import elastic_launch
 
+from benchmarks.distributed import join_process_group, seconds_per_step
+from benchmarks.harness import Arguments, Table, describe_machine
+from benchmarks.training import CONFIGURATIONS, spec_batch, spec_config, synthetic_arrays
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
@@ -38,8 +38,6 @@ from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.memory import check_replicated_memory
 from criteo_dlrm.engine.modes import build_mode
 from criteo_dlrm.engine.step import TrainStep
-
-from training import CONFIGURATIONS, spec_batch, spec_config, synthetic_arrays
 
 OPTIMIZERS = {"torch": "sparse_adam", "torchrec": "rowwise_adagrad"}
 
@@ -103,24 +101,25 @@ def _run(folder: str, tables: list[int], backend: str, processes: int, args, sha
         return f"failed: {'no plan fits the budget' if 'planner' in str(error).lower() else type(error).__name__}"
 
 
-def _row(backend: str, processes: int, result: dict | str, base: float | None) -> str:
+def _row(backend: str, processes: int, result: dict | str, base: float | None) -> list:
     if isinstance(result, str):
-        return f"| {backend} | {processes} | {result} | | | | | |"
+        return [backend, processes, result, *[""] * 5]
     ratio = f"{result['samples_per_second'] / base:.2f}x" if base else ""
-    return (
-        f"| {backend} | {processes} | {result['samples_per_second']:,.0f} | {ratio} | {result['step_ms']:.1f} | "
-        f"{', '.join(result['types'])} | {result['memory'] / 1e6:,.0f} | {result['peak_rss'] / 1e6:,.0f} |"
-    )
+    return [backend, processes, f"{result['samples_per_second']:,.0f}", ratio, f"{result['step_ms']:.1f}",
+            ", ".join(result["types"]), f"{result['memory'] / 1e6:,.0f}", f"{result['peak_rss'] / 1e6:,.0f}"]  # fmt: skip
 
 
-HEADER = (
-    "| backend | processes | samples/s | x torch, 1 process | step ms | sharding | tables + optimiser MB per process "
-    "| peak RSS MB (rank 0) |\n| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"
-)
+def _table() -> Table:
+    return Table("backend", "processes", "samples/s", "x torch, 1 process", "step ms", "sharding",
+                 "tables + optimiser MB per process", "peak RSS MB (rank 0)", align="lrrrrlrr")  # fmt: skip
+
+
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--processes", "1", "--steps", "3", "--rows", "10000", "--skip-budget"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=30)
@@ -147,11 +146,11 @@ def main() -> None:
         print()
         describe_machine()
         print(f"Kaggle-like DLRM, global batch {args.batch:,}, {args.steps} steps each, {device}\n")
-        print(HEADER)
+        table = _table()
         base = results[("torch", counts[0])]
         base_rate = base["samples_per_second"] if isinstance(base, dict) else None
         for (backend, processes), result in results.items():
-            print(_row(backend, processes, result, base_rate))
+            table.row(*_row(backend, processes, result, base_rate))
         if args.skip_budget:
             return
         budget = {**forced, "memory_per_process_gb": args.budget_gb}
@@ -164,9 +163,9 @@ def main() -> None:
             f"\nOne table of {args.big_rows:,} rows x 16 ({args.big_rows * 64 / 1e9:.2f} GB of fp32 weights), "
             f"budget {args.budget_gb} GB per process (sharding.memory_per_process_gb)\n"
         )
-        print(HEADER)
+        table = _table()
         for (backend, processes), result in big.items():
-            print(_row(backend, processes, result, None))
+            table.row(*_row(backend, processes, result, None))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Spark engine benchmark: ingestion, metadata and encoding on the local engine and on Spark, the same days, one run.
 
-    python benchmarks/spark.py [--days 4] [--rows-per-day 250000] [--master "local[2]"] [--repeats 2]
+    python -m benchmarks.spark [--days 4] [--rows-per-day 250000] [--master "local[2]"] [--repeats 2]
                                [--executor-cores 64 256 1024]
 
 Generates D gzip days, then runs each stage with each engine, each measurement in a fresh process (``--repeats``
@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from machine import cpu_model
-from preprocessing import CRITEO_1TB_ROWS, STAGES, measured
+
+from benchmarks.harness import Arguments, Table, child_command, cpu_model
+from benchmarks.preprocessing import CRITEO_1TB_ROWS, STAGES, measured
 
 # Ingestion and encoding are one Spark task per day (gzip is not splittable; the stored layout is written per day):
 # Criteo 1TB's 24 days, each task keeping about 2 cores busy (the local engine's CONVERSION_CORES, ENCODING_CORES).
@@ -76,7 +77,7 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
 
 
 def _child(*args: str) -> dict:
-    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    done = subprocess.run([*child_command(__spec__.name), *args], capture_output=True, text=True)
     if done.returncode != 0:  # the measurement's own last lines (its error), not a bare CalledProcessError
         raise SystemExit(f"benchmarks/spark.py: measuring {' '.join(args[1:3])} failed:\n" + done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -97,8 +98,12 @@ def _same_outputs(data: Path) -> list[str]:
     return problems
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--rows-per-day", type=int, default=250_000)
     parser.add_argument("--master", default="local[2]")
@@ -144,25 +149,21 @@ def main() -> None:
     cores = os.cpu_count()
     sessions = [result["session"] for (_, engine), result in results.items() if engine == "spark"]
     print(f"\n{cpu_model()}, {cores} cores; {args.days} gzip days of {args.rows_per_day:,} rows; Spark {args.master}\n")
-    print("| stage | engine | rows/s | CPU busy (all cores) | all processes (MB) | time / local engine's |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    table = Table("stage", "engine", "rows/s", "CPU busy (all cores)", "all processes (MB)", "time / local engine's",
+                  align="llrrrr")  # fmt: skip
     for stage in STAGES:
         for engine in engines:
             result = results[(stage, engine)]
             ratio = result["wall"] / results[(stage, "local")]["wall"]
-            print(
-                f"| {stage} | {engine} | {result['rows'] / result['wall']:,.0f} | {result['busy']:.0%} | "
-                f"{result['total_rss'] >> 20:,} | {ratio:.2f}x |"
-            )
+            table.row(stage, engine, f"{result['rows'] / result['wall']:,.0f}", f"{result['busy']:.0%}",
+                      f"{result['total_rss'] >> 20:,}", f"{ratio:.2f}x")  # fmt: skip
     print(
         f"\nSpark's session start (JVM and a first job, not in the table): {min(sessions):.1f} s. "
         + ("Both engines wrote the same Parquet days, metadata and encoded files." if not problems else
            f"DIFFERENT OUTPUTS: {', '.join(problems)}")
     )  # fmt: skip
     print("\nCriteo 1TB projected from the measured rates per busy core (hours; local: one 16-core machine):\n")
-    header = " | ".join(f"Spark, {count:,} cores" for count in args.executor_cores)
-    print(f"| stage | local, 16 cores | {header} |")
-    print("| --- | ---: |" + " ---: |" * len(args.executor_cores))
+    table = Table("stage", "local, 16 cores", *(f"Spark, {count:,} cores" for count in args.executor_cores))
     totals = [0.0] * (1 + len(args.executor_cores))
     for stage in STAGES:
         cells = []
@@ -174,8 +175,8 @@ def main() -> None:
             hours = CRITEO_1TB_ROWS / (per_core * target) / 3600
             totals[index] += hours
             cells.append(f"{hours:.2f}")
-        print(f"| {stage} | " + " | ".join(cells) + " |")
-    print("| all three | " + " | ".join(f"{hours:.2f}" for hours in totals) + " |")
+        table.row(stage, *cells)
+    table.row("all three", *(f"{hours:.2f}" for hours in totals))
     print(
         f"\nA projection, not a measurement: it assumes the per-core rate holds on every executor and that the shared "
         f"filesystem keeps up; ingestion and encoding are one task per day, so on Criteo 1TB's 24 days they use at "

@@ -6,25 +6,23 @@ the prediction MLP (each module's own time); the loss; the backward pass of each
 (``AddmmBackward0`` and ``ReluBackward0`` count to the MLPs, ``EmbeddingBackward0`` to the lookups, ``BmmBackward0``
 and the reshapes around it to the interaction); the embedding and dense optimisers' steps and ``zero_grad``.
 
-    python benchmarks/step_profile.py [--steps 20] [--threads 1]
+    python -m benchmarks.step_profile [--steps 20] [--threads 1]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import defaultdict
 
 import torch
-from machine import describe_machine
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from benchmarks.harness import Arguments, Table, describe_machine
+from benchmarks.training import CONFIGURATIONS, flops_per_sample, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM
-
-from training import CONFIGURATIONS, flops_per_sample, spec_config, spec_training, synthetic_arrays
 
 SPEC = CONFIGURATIONS["kaggle-like"]
 MODULES = {"embeddings": "lookups", "dense_mlp": "dense MLP", "interaction": "interaction",
@@ -110,8 +108,12 @@ def profile_step(precision: str, steps: int) -> tuple[dict, float]:
     return phases, steps * settings.batch_size.train / seconds
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--steps", "2"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -121,14 +123,14 @@ def main() -> None:
     results = {precision: profile_step(precision, args.steps) for precision in ("fp32", "bf16")}
     print(f"Kaggle-like model, batch {spec_training(SPEC).batch_size.train:,}, {args.steps} profiled steps, "
           f"{args.threads} thread(s); ms a step (share of the step):\n")  # fmt: skip
-    print("| phase | fp32 | bf16 |\n| --- | ---: | ---: |")
+    table = Table("phase", "fp32", "bf16")
     for phase in [*ORDER, "step (wall)"]:
         cells = []
         for phases, _ in results.values():
             wall = phases["step (wall)"]
             value = phases.get(phase, 0.0)
             cells.append(f"{value:.2f}" if phase == "step (wall)" else f"{value:.2f} ({value / wall:.0%})")
-        print(f"| {phase} | {' | '.join(cells)} |")
+        table.row(phase, *cells)
     print()
     for precision, (_, rate) in results.items():
         limit = (fp32_rate if precision == "fp32" else bf16_rate) * 1e9 / flops

@@ -5,7 +5,7 @@ DLRM (the bundled sample's sizes, batch 256) with the project's own step for a f
 samples/s, best of ``--repeats``, interleaved. The busy neighbour is one single-threaded process spinning on
 a core, as another job on a shared machine would.
 
-    python benchmarks/threads.py [--steps 400] [--repeats 3] [--loads idle 'beside one busy process']
+    python -m benchmarks.threads [--steps 400] [--repeats 3] [--loads idle 'beside one busy process']
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+
+from benchmarks.harness import ROOT, Arguments, Table, child_command
 
 LOADS = ("idle", "beside one busy process")
 SETTINGS = {
@@ -33,13 +35,12 @@ def measure(threads: str, steps: int) -> float:
     """Samples/s of ``steps`` training steps in this process (after a warm-up)."""
     import torch
 
+    from benchmarks.training import CONFIGURATIONS, spec_config, synthetic_arrays
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.engine.device import configure_backends
     from criteo_dlrm.engine.modes import build_mode
     from criteo_dlrm.engine.step import TrainStep
-
-    from training import CONFIGURATIONS, spec_config, synthetic_arrays
 
     config = TrainingConfig()
     count = {"all": os.cpu_count(), "1": 1, "default": None}[threads]
@@ -69,13 +70,17 @@ def measure(threads: str, steps: int) -> float:
 
 def _run(setting: dict, steps: int) -> float:
     env = {**os.environ, **setting["env"]}
-    command = [sys.executable, __file__, "--measure", setting["threads"], "--steps", str(steps)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=os.path.dirname(__file__))
+    command = [*child_command(__spec__.name), "--measure", setting["threads"], "--steps", str(steps)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(result.stdout.strip().splitlines()[-1])["samples_per_second"]
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--steps", "5", "--repeats", "1", "--loads", "idle"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loads", nargs="+", choices=LOADS, default=list(LOADS), help="the machine's states measured")
@@ -85,7 +90,7 @@ def main() -> None:
         print(json.dumps({"samples_per_second": measure(args.measure, args.steps)}))
         return
 
-    from machine import describe_machine
+    from benchmarks.harness import describe_machine
 
     print(f"{os.cpu_count()} cores; the matmul rates at torch's default threads:")
     describe_machine()
@@ -105,11 +110,12 @@ def main() -> None:
                 neighbour.kill()
                 neighbour.wait()
     baseline = {load: results[(load, "every core (torch's default)")] for load in args.loads}
-    print("| threads | " + " | ".join(f"{load}: samples/s | x every core" for load in args.loads) + " |")
-    print("| --- |" + " ---: | ---: |" * len(args.loads))
+    table = Table("threads", *(f"{load}: {what}" for load in args.loads for what in ("samples/s", "x every core")))
     for name in SETTINGS:
-        cells = [f"{results[(load, name)]:,.0f} | {results[(load, name)] / baseline[load]:.2f}" for load in args.loads]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        cells = [
+            (f"{results[(load, name)]:,.0f}", f"{results[(load, name)] / baseline[load]:.2f}") for load in args.loads
+        ]
+        table.row(name, *(cell for pair in cells for cell in pair))
 
 
 if __name__ == "__main__":

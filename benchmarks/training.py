@@ -8,19 +8,19 @@ capped at 100,000 rows; 16-dim embeddings; dense MLP 512-256-64-16; top MLP 512-
   - the predecessor's design (outer-product interaction, per-row Dataset + default collate, dense Adam),
 and the machine's fp32 matmul rate, to print the share of the matmul-bound limit reached.
 
-    python benchmarks/training.py [--rows 200000] [--skip-compile] [--max-table-rows 100000]
+    python -m benchmarks.training [--rows 200000] [--skip-compile] [--max-table-rows 100000]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 import torch
-from machine import describe_machine
 from torch import nn
 
+from benchmarks.harness import Arguments, Table, describe_machine
+from benchmarks.predecessor import PredecessorDLRM, predecessor_loader
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.stored import EncodedArrays
@@ -28,8 +28,6 @@ from criteo_dlrm.engine.device import compile_model
 from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.engine.step import TrainStep
 from criteo_dlrm.models import DLRM, DLRMConfig
-
-from predecessor import PredecessorDLRM, predecessor_loader
 
 KAGGLE_CARDINALITIES = [
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
@@ -164,8 +162,12 @@ def _cycle(loader: BatchLoader):
         epoch += 1
 
 
+# What the tests run (--smallest): this benchmark at its smallest sizes.
+SMALLEST = ["--rows", "10000", "--steps", "3", "--skip-compile", "--predecessor-steps", "1", "--max-table-rows", "2000"]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--steps", type=int, default=60, help="timed steps per measurement (ours)")
     parser.add_argument(
@@ -201,11 +203,10 @@ def main() -> None:
         print(
             f"## {name}: batch {spec_batch(spec)}, {flops_per_sample(config) / 1e6:.2f} MFLOP/sample, matmul-bound limit {limit:,.0f} samples/s\n"
         )
-        print("| measurement | samples/s | x predecessor | share of matmul limit |")
-        print("| --- | ---: | ---: | ---: |")
+        table = Table("measurement", "samples/s", "x predecessor", "share of matmul limit")
         for label, rate in rows.items():
             share = "" if label == "loader alone" else f"{rate / limit:.0%}"
-            print(f"| {label} | {rate:,.0f} | {rate / baseline:,.1f} | {share} |")
+            table.row(label, f"{rate:,.0f}", f"{rate / baseline:,.1f}", share)
         print()
 
 
