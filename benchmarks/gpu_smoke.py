@@ -11,6 +11,7 @@ its bound. Exit status 1 when any check failed.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import os
 import sys
@@ -174,8 +175,10 @@ def nccl_world_of_one(device, arrays) -> tuple[bool, str]:
 
 
 def _two_process_worker(rank: int, folder: str, device_type: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["SMOKE_PORT"])
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # A file in the run's own folder, not a TCP port probed free and then bound: nothing else can take it between
+    # the two, and a rank that never comes fails after the timeout instead of waiting half an hour.
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))  # fmt: skip
     device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
     settings = config(embedding_optimizer="sgd", embedding_learning_rate=0.05)
     arrays = synthetic_arrays(4096, TABLES)
@@ -187,13 +190,8 @@ def _two_process_worker(rank: int, folder: str, device_type: str) -> None:
 def two_processes_over_gloo(device, arrays) -> tuple[bool, str]:
     """Two processes over gloo with CUDA tensors (NCCL refuses two ranks on one GPU): DDP's all-reduce and the
     sparse gradients' all-gather leave both replicas with the same weights."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        os.environ["SMOKE_PORT"] = str(probe.getsockname()[1])
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(_two_process_worker, args=(folder, device.type), nprocs=2, join=True)
         first, second = (torch.load(Path(folder) / f"rank{r}.pt") for r in (0, 1))

@@ -9,7 +9,6 @@ Benchmarks are modules of this package, run from the project's root: ``python -m
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,8 +19,6 @@ if TYPE_CHECKING:
     import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-# A benchmark's own child processes (``child_command``) find this package from any working folder.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 __all__ = ["ROOT", "Arguments", "Table", "best_of", "child_command", "cpu_model", "describe_machine",
            "matmul_gflops", "timed"]  # fmt: skip
@@ -50,7 +47,8 @@ class Arguments(argparse.ArgumentParser):
 
 
 def child_command(module: str, *args: str) -> list[str]:
-    """The command that runs benchmark ``module`` (``__spec__.name``: ``benchmarks.<name>``) in a fresh process."""
+    """The command that runs benchmark ``module`` (``__spec__.name``: ``benchmarks.<name>``) in a fresh process: it
+    finds this package as its parent did (the project's root as the working folder, or on ``PYTHONPATH``)."""
     return [sys.executable, "-m", module, *args]
 
 
