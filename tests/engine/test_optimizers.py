@@ -69,3 +69,22 @@ def test_the_optimisers_state_round_trips_into_fresh_ones():
         for key, values in written.items():
             for field, value in values.items():
                 torch.testing.assert_close(restored[key][field], value, msg=f"{name} {key} {field}")
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad", "sgd"])
+def test_the_dense_optimiser_is_torch_s_fused_kernel_and_steps_as_the_plain_one_within_rounding(name):
+    config = _config(dense_optimizer=name)
+    torch.manual_seed(0)
+    model = build_mode(config.model_config(SIZES), config, CPU).model
+    fused = build_optimizers(model, config)["dense"]
+    assert fused.defaults["fused"] is True
+    parameters = [p.detach().clone().requires_grad_() for p in model.dense_parameters()]
+    plain = type(fused)(parameters, **config.dense_optimizer_args())  # torch's loop over the tensors
+    for _ in range(3):
+        for mine, theirs in zip(model.dense_parameters(), parameters, strict=True):
+            mine.grad = torch.randn_like(mine)
+            theirs.grad = mine.grad.clone()
+        fused.step()
+        plain.step()
+    for mine, theirs in zip(model.dense_parameters(), parameters, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
