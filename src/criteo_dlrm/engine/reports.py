@@ -15,7 +15,7 @@ from typing import Any
 
 from criteo_dlrm.common.schema import NUM_SPARSE
 
-HISTORY = ("log_loss", "auc", "normalized_entropy", "calibration")  # a validation's figures, each tracked
+FIGURES = ("auc", "log_loss", "normalized_entropy", "calibration")  # a validation's or evaluation's, each tracked
 INDENT = " " * 12  # a report's lines after its first, under the block's column of values
 
 
@@ -27,18 +27,14 @@ class Tracked:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-def _from_dict(cls, values: dict[str, Any]):
-    names = {f.name for f in fields(cls)} - {"others"}
-    known = {key: value for key, value in values.items() if key in names}
-    return cls(**known, others={key: value for key, value in values.items() if key not in names})
-
-
 class _Record:
     """``from_dict`` and ``to_dict`` of a report: its fields by name, then the keys it did not know."""
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]):
-        return _from_dict(cls, values)
+        names = {f.name for f in fields(cls)} - {"others"}
+        known = {key: value for key, value in values.items() if key in names}
+        return cls(**known, others={key: value for key, value in values.items() if key not in names})
 
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "others"}
@@ -158,10 +154,10 @@ class TrainingSummary(_Record):
         """Every validation at its step, the kept model's figures at its step, the run's totals, MLPerf's time to
         target, and where it trained."""
         metrics = [
-            ({f"validation_{name}": record[name] for name in HISTORY if record.get(name) is not None}, record["step"])
+            ({f"validation_{name}": record[name] for name in FIGURES if record.get(name) is not None}, record["step"])
             for record in self.history
         ]
-        kept = {f"kept_validation_{name}": self.best_validation.get(name) for name in HISTORY}
+        kept = {f"kept_validation_{name}": self.best_validation.get(name) for name in FIGURES}
         metrics.append(({key: value for key, value in kept.items() if value is not None}, self.best_step))
         totals = {"training_steps": self.steps, "kept_step": self.best_step,
                   "samples_per_second": self.samples_per_second, "processes": self.processes}  # fmt: skip
@@ -173,9 +169,6 @@ class TrainingSummary(_Record):
                 **{key: str(value) for key, value in (self.precision or {}).items()},
                 "embedding_backend": str((self.embeddings or {}).get("backend", "torch"))}  # fmt: skip
         return Tracked(metrics, tags)
-
-
-REPORTED = ("auc", "log_loss", "normalized_entropy", "calibration")  # an evaluation's figures, each tracked
 
 
 @dataclass(frozen=True)
@@ -232,8 +225,8 @@ class EvaluationReport(_Record):
         """The figures, named by the rows they are of (``test_auc``, ``validation_raw_log_loss``, ...), and which
         model and rows they are of, also when the run evaluated a stored checkpoint only."""
         rows = self.rows_evaluated
-        values = {f"{rows}_{name}": self.model[name] for name in REPORTED}
-        values.update({f"{rows}_raw_{name}": self.model_raw[name] for name in REPORTED})
+        values = {f"{rows}_{name}": self.model[name] for name in FIGURES}
+        values.update({f"{rows}_raw_{name}": self.model_raw[name] for name in FIGURES})
         values[f"{rows}_expected_calibration_error"] = self.calibration_by_decile["calibrated"][
             "expected_calibration_error"
         ]
