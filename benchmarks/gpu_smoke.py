@@ -153,6 +153,9 @@ def checkpoint_memory(device, arrays) -> tuple[bool, str]:
     return peak < 1.5 * state, f"peak GPU memory {peak / 1e9:.2f} GB for {state / 1e9:.2f} GB of tables and state"
 
 
+_KEPT: list = []
+
+
 def nccl_world_of_one(device, arrays) -> tuple[bool, str]:
     """NCCL in a group of one: an all-reduce, the validation gather to rank 0 and a DDP step."""
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -168,6 +171,10 @@ def nccl_world_of_one(device, arrays) -> tuple[bool, str]:
             model.dense_mlp, device_ids=[device.index] if device.type == "cuda" else None
         )
         ddp(torch.randn(8, 13, device=device)).sum().backward()
+        # Kept until the process ends (os._exit, no destructors): freeing the DDP's reducer destroys its gloo group
+        # while this thread holds the GIL, and the group's worker thread, finishing the backward's all-reduce,
+        # waits for the GIL to free a Python object: a deadlock seen in the stack of a hung dry run.
+        _KEPT.append(ddp)
         ok = bool(value.eq(1).all()) and gathered.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     finally:
         dist.destroy_process_group()
