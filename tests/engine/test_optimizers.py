@@ -6,7 +6,7 @@ import torch
 
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.engine.modes import build_mode
-from criteo_dlrm.engine.optimizers import Optimizers, build_optimizers
+from criteo_dlrm.engine.optimizers import Optimizers, SparseAdam, build_optimizers, summed_rows
 from tests.conftest import TINY_MODEL
 
 SIZES = [3 + 5 * f for f in range(26)]
@@ -27,7 +27,7 @@ def test_every_torch_optimiser_of_the_table_is_built_over_the_right_parameters(n
         assert list(optimizers) == ["dense"] and type(optimizers["dense"]) is torch.optim.Adam
         assert sum(len(g["params"]) for g in optimizers["dense"].param_groups) == len(list(model.parameters()))
         return
-    assert type(optimizers["embeddings"]) is getattr(torch.optim, row.torch)
+    assert isinstance(optimizers["embeddings"], getattr(torch.optim, row.torch))
     held = {id(p) for g in optimizers["embeddings"].param_groups for p in g["params"]}
     assert held == {id(p) for p in model.embedding_parameters()}
     assert optimizers["embeddings"].param_groups[0]["lr"] == config.embedding_learning_rate
@@ -88,3 +88,53 @@ def test_the_dense_optimiser_is_torch_s_fused_kernel_and_steps_as_the_plain_one_
         plain.step()
     for mine, theirs in zip(model.dense_parameters(), parameters, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def _row_gradient(generator: torch.Generator, rows: int, lookups: int, dim: int) -> torch.Tensor:
+    """A lookup's sparse gradient as backward makes it: one entry per looked-up row, duplicates not summed."""
+    indices = torch.randint(0, rows, (1, lookups), generator=generator)  # many repeats: rows << lookups
+    return torch.sparse_coo_tensor(
+        indices, torch.randn(lookups, dim, generator=generator), (rows, dim), check_invariants=True
+    )
+
+
+def test_summed_rows_sums_each_row_s_duplicates_as_coalesce_does():
+    gradient = _row_gradient(torch.Generator().manual_seed(0), rows=7, lookups=40, dim=3)
+    rows, values = summed_rows(gradient)
+    reference = gradient.coalesce()
+    assert torch.equal(rows, reference.indices()[0])
+    torch.testing.assert_close(values, reference.values())
+    assert summed_rows(reference)[1].data_ptr() == reference.values().data_ptr()  # already summed: taken as is
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+def test_sparse_adam_steps_as_torch_s_within_rounding_and_shares_its_state(maximize):
+    generator = torch.Generator().manual_seed(1)
+    start = torch.randn(50, 4, generator=generator)
+    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    settings = {"lr": 0.05, "betas": (0.8, 0.95), "eps": 1e-6, "maximize": maximize}
+    mine, reference = SparseAdam([ours], **settings), torch.optim.SparseAdam([theirs], **settings)
+    for step in range(6):
+        gradient = _row_gradient(generator, rows=50, lookups=80, dim=4)
+        ours.grad = gradient if step % 2 else gradient.coalesce()  # DataParallel's are summed already
+        theirs.grad = gradient.clone()
+        mine.step()
+        reference.step()
+    assert not torch.equal(ours, start)  # it moved
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    for field in ("exp_avg", "exp_avg_sq"):
+        torch.testing.assert_close(mine.state[ours][field], reference.state[theirs][field], rtol=1e-6, atol=1e-9)
+    assert mine.state[ours]["step"] == reference.state[theirs]["step"] == 6
+    # Checkpoints written by either load into the other: the same state, the same keys.
+    torch_state = reference.state_dict()
+    restored = SparseAdam([torch.nn.Parameter(theirs.detach().clone())], **settings)
+    restored.load_state_dict(torch_state)
+    assert restored.state_dict()["state"].keys() == torch_state["state"].keys()
+    assert restored.state_dict()["state"][0].keys() == torch_state["state"][0].keys()
+
+
+def test_sparse_adam_refuses_a_dense_gradient_as_torch_s_does():
+    parameter = torch.nn.Parameter(torch.zeros(3, 2))
+    parameter.grad = torch.ones(3, 2)
+    with pytest.raises(RuntimeError, match="sparse row gradients"):
+        SparseAdam([parameter]).step()

@@ -37,7 +37,7 @@ from criteo_dlrm.engine.device import Runtime, compile_model
 from criteo_dlrm.engine.group import InGroup, all_gather_rows, predict_alone
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.optimizers import Optimizers
+from criteo_dlrm.engine.optimizers import Optimizers, summed_rows
 from criteo_dlrm.engine.progress import ProgressFiles
 from criteo_dlrm.engine.sharding import ShardedDLRM, check_fused_optimizer, log_plan, require_torchrec, shard_model
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
@@ -261,16 +261,15 @@ class DataParallel:
     def exchange_sparse_gradients(self) -> None:
         """Average the sparse embedding gradients over the processes, as DDP averages the dense ones.
 
-        Each process's gradient (coalesced: one entry per touched row) is all-gathered as indices and
+        Each process's gradient (``summed_rows``: one entry per touched row) is all-gathered as indices and
         values, padded to the longest, so it works on gloo and nccl alike; the optimiser sums duplicates.
         """
         for parameter in self.sparse_parameters:
-            gradient = parameter.grad.coalesce()
-            indices, values = all_gather_rows(self.world_size, gradient.indices()[0], gradient.values())
+            indices, values = all_gather_rows(self.world_size, *summed_rows(parameter.grad))
             parameter.grad = torch.sparse_coo_tensor(
                 torch.cat(indices).unsqueeze(0),
                 torch.cat(values) / self.world_size,
-                gradient.shape,
+                parameter.grad.shape,
                 check_invariants=False,  # built from valid indices just above
             )
 
