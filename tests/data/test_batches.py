@@ -176,9 +176,9 @@ def test_reading_ahead_reads_each_next_window_while_the_one_before_is_still_bein
     window_rows, original = 2_000, BatchLoader._read_window  # 8 batches a window
     started = {begin: threading.Event() for begin in range(0, 16_000, window_rows)}
 
-    def noted(self, chunks, start, epoch):
+    def noted(self, chunks, start, epoch, *pool):
         started[start].set()
-        return original(self, chunks, start, epoch)
+        return original(self, chunks, start, epoch, *pool)
 
     monkeypatch.setattr(BatchLoader, "_read_window", noted)
     got = []
@@ -198,10 +198,10 @@ def test_a_window_read_ahead_fails_on_the_batch_that_needs_it_and_an_early_stop_
     loader = BatchLoader(_arrays(8_000), 250, shuffle=True, seed=3, chunk_rows=500, window_chunks=4)  # 4 windows
     original = BatchLoader._read_window
 
-    def damaged_third(self, chunks, start, epoch):
+    def damaged_third(self, chunks, start, epoch, *pool):
         if start == 4_000:
             raise DamagedFileError("window 3 is damaged")
-        return original(self, chunks, start, epoch)
+        return original(self, chunks, start, epoch, *pool)
 
     monkeypatch.setattr(BatchLoader, "_read_window", damaged_third)
     batches = loader.batches(read_ahead=True)
@@ -213,6 +213,64 @@ def test_a_window_read_ahead_fails_on_the_batch_that_needs_it_and_an_early_stop_
     next(early)
     early.close()  # a run stopping mid-epoch (early stopping, the last step)
     assert not [t for t in threading.enumerate() if t.name.startswith("window-read-ahead")]
+
+
+class _Threads(EncodedArrays):
+    """``arrays``, noting the thread that checks (reads) each chunk, waiting until ``together`` threads read at
+    once (so the test sees the chunks read side by side, on any machine), and refusing chunk ``damaged``."""
+
+    def __init__(self, arrays: EncodedArrays, together: int, damaged: int | None = None):
+        import threading
+
+        super().__init__(arrays.labels, arrays.dense, arrays.sparse)
+        self.names: set[str] = set()
+        self.barrier = threading.Barrier(together, timeout=60)
+        self.damaged, self.met = damaged, False
+
+    def check_rows(self, start: int, end: int) -> None:
+        import threading
+
+        from criteo_dlrm.common.storage import DamagedFileError
+
+        self.names.add(threading.current_thread().name)
+        if start // 500 == self.damaged:
+            raise DamagedFileError(f"rows {start}-{end - 1} are damaged")
+        if not self.met:  # the first reads wait for one another; the later ones go on
+            self.barrier.wait()
+            self.met = True
+
+
+@pytest.mark.parametrize(("world_size", "rank"), [(1, 0), (2, 1)])
+def test_reading_threads_read_a_window_s_chunks_at_once_and_give_the_same_batches(world_size, rank):
+    import threading
+
+    arrays = _arrays(16_000)
+    settings = {
+        "shuffle": True,
+        "seed": 3,
+        "chunk_rows": 500,
+        "window_chunks": 8,
+        "rank": rank,
+        "world_size": world_size,
+    }
+    one = _rows(BatchLoader(arrays, 250, **settings).batches(epoch=1, start=2, read_ahead=True))
+    threaded = BatchLoader(_Threads(arrays, together=3), 250, reading_threads=3, **settings)
+    assert _rows(threaded.batches(epoch=1, start=2, read_ahead=True)) == one
+    assert _rows(threaded.batches(epoch=1, start=2)) == one  # each window read when asked for, by the threads too
+    assert len({name for name in threaded.arrays.names if name.startswith("window-read_")}) == 3
+    assert not [t for t in threading.enumerate() if t.name.startswith("window-read")], "the epoch's threads stopped"
+
+
+def test_a_damaged_chunk_read_by_one_of_the_reading_threads_stops_the_batch_that_needs_it():
+    from criteo_dlrm.common.storage import DamagedFileError
+
+    arrays = _Threads(_arrays(8_000), together=1, damaged=9)  # chunk 9 is in the second or a later window
+    loader = BatchLoader(arrays, 250, shuffle=True, seed=3, chunk_rows=500, window_chunks=4, reading_threads=2)
+    with pytest.raises(DamagedFileError, match="rows 4500-4999 are damaged"):
+        for _ in loader.batches(read_ahead=True):
+            pass
+    with pytest.raises(ValueError, match="reading_threads must be at least 1"):
+        BatchLoader(arrays, 250, reading_threads=0)
 
 
 def test_each_rank_s_share_of_the_batches_goes_back_in_row_order_as_arrays_or_as_tensors_where_they_are():

@@ -154,6 +154,8 @@ class TrainingConfig(Config):
     log_every_steps: int = 20
     # Training batches prepared ahead in a background thread (gather, pin, the copy on CUDA); 0: none.
     prefetch_batches: int = 2
+    # Threads reading each window of training rows (its chunks at once); the rows are the same with any number.
+    reading_threads: int = 2
     # Per-phase step times; None: on the CPU (free there), off on CUDA (each phase would synchronise the GPU)
     # unless the profiler runs.
     phase_timing: bool | None = None
@@ -218,7 +220,8 @@ class TrainingConfig(Config):
         checks.one_of("precision", (*PRECISIONS, "auto"))
         checks.one_of("compile_mode", COMPILE_MODES)
         checks.one_of("distributed.backend", BACKENDS)
-        checks.at_least(0, "prefetch_batches", "seed")  # numpy's generators take no negative seed
+        checks.at_least(0, "prefetch_batches", "seed")
+        checks.at_least(1, "reading_threads")  # numpy's generators take no negative seed
         checks.at_least(1, "num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
                         "validations_per_epoch", "distributed.nproc_per_node", "distributed.nnodes",
                         "early_stopping.patience")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +124,8 @@ class BatchLoader:
         chunk_rows, window_chunks: the shuffle's chunk and window (defaults ``CHUNK_ROWS`` and
             ``WINDOW_CHUNKS``); fewer rows than a window's make smaller chunks, so a window always has
             ``window_chunks`` chunks (rounded up to a multiple of ``world_size``, so each process reads as many).
+        reading_threads: threads reading a window's chunks at once (shuffled): each chunk is one read and one
+            permutation into its own part of the window, so the rows are the same with any number.
     """
 
     def __init__(
@@ -136,9 +139,13 @@ class BatchLoader:
         world_size: int = 1,
         chunk_rows: int | None = None,
         window_chunks: int = WINDOW_CHUNKS,
+        reading_threads: int = 1,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if reading_threads < 1:
+            raise ValueError(f"reading_threads must be at least 1, got {reading_threads}")
+        self.reading_threads = reading_threads
         self.arrays, self.batch_size, self.shuffle, self.seed, self.pin = arrays, batch_size, shuffle, seed, pin_memory
         self.rank, self.world_size = rank, world_size
         self.window_chunks = -(-max(window_chunks, 1) // world_size) * world_size
@@ -193,21 +200,27 @@ class BatchLoader:
         finally:
             reader.close()
 
-    def _read_window(self, chunks: np.ndarray, start: int, epoch: int) -> _Window:
-        """Read this process's chunks of a window (each one sequential read, checked), rows permuted."""
+    def _read_window(self, chunks: np.ndarray, start: int, epoch: int, pool: Executor | None = None) -> _Window:
+        """Read this process's chunks of a window (each one sequential read, checked), rows permuted; by ``pool``'s
+        threads at once if given (numpy and the reads release the GIL)."""
         sizes = [self._chunk_size(int(chunk)) for chunk in chunks]
         owned = np.arange(len(chunks)) % self.world_size == self.rank
         first = np.concatenate([[0], np.cumsum(np.where(owned, sizes, 0))[:-1]])
         total = int(np.where(owned, sizes, 0).sum())
         sources = self.arrays.stored()
         rows = tuple(np.empty((total, *array.shape[1:]), dtype=array.dtype) for array in sources)
-        for slot in np.flatnonzero(owned):
+
+        def read(slot: int) -> None:
             chunk, size, at = int(chunks[slot]), sizes[slot], int(first[slot])
             begin = chunk * self.chunk_rows
             self.arrays.check_rows(begin, begin + size)
             permutation = np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
             for out, source in zip(rows, sources, strict=True):
                 np.take(self._read(source, begin, begin + size), permutation, axis=0, out=out[at : at + size])
+
+        slots = np.flatnonzero(owned).tolist()
+        for _ in map(read, slots) if pool is None else pool.map(read, slots):  # raises the first slot's error
+            pass
         return _Window(start, sizes, owned, first, rows)
 
     def _gather(self, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], global_rows: int) -> Batch:
@@ -246,17 +259,18 @@ class BatchLoader:
 
 class _WindowReader:
     """An epoch's windows for ``BatchLoader._shuffled``: read when asked (``read_ahead`` off), or each one's
-    successor read in a thread of its own as soon as it is handed out (on)."""
+    successor read in a thread of its own as soon as it is handed out (on); each window's chunks by the loader's
+    ``reading_threads``."""
 
     def __init__(self, loader: BatchLoader, windows: list[np.ndarray], starts: np.ndarray, epoch: int, ahead: bool):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.loader, self.windows, self.starts, self.epoch = loader, windows, starts, epoch
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="window-read-ahead") if ahead else None
+        threads = loader.reading_threads
+        self.readers = ThreadPoolExecutor(threads, thread_name_prefix="window-read") if threads > 1 else None
         self.next: tuple | None = None  # (index, future) of the window being read ahead
 
     def _read(self, index: int) -> _Window:
-        return self.loader._read_window(self.windows[index], int(self.starts[index]), self.epoch)
+        return self.loader._read_window(self.windows[index], int(self.starts[index]), self.epoch, self.readers)
 
     def window(self, index: int) -> _Window:
         if self.pool is None:
@@ -271,6 +285,8 @@ class _WindowReader:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.next = None
+        if self.readers is not None:
+            self.readers.shutdown(wait=True, cancel_futures=True)
 
 
 class Prefetcher:

@@ -46,6 +46,7 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
             pin_memory=pin,
             rank=rank,
             world_size=world_size,
+            reading_threads=config.reading_threads,
         )
         validation_loader = BatchLoader(job.rows("validation"), config.batch_size.validation, pin_memory=pin)
         trainer = Trainer(
