@@ -127,6 +127,11 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     assert float(evaluation["calibration"]) == pytest.approx(quoted["calibration"], abs=5e-3)
     assert block[7].lstrip().startswith("platt calibration: ECE "), "the calibration applied, and the raw output"
     assert float(re.search(r"oracle AUC ([0-9.]+)", block[8]).group(1)) == quoted["oracle AUC"]
+    # The precision it trained in, as the README's pasted run says: conf/base's, the same on every CPU (with
+    # precision: auto it would follow the CPU, and the README would be true on some machines only).
+    readme_training = re.search(r"^  training    .*$", (PROJECT_ROOT / "README.md").read_text(), re.MULTILINE).group(0)
+    trained_in = r", (fp32|bf16), [0-9,]+ samples/s$"
+    assert re.search(trained_in, block[4]).group(1) == re.search(trained_in, readme_training).group(1) == "fp32"
 
     # A list parameter on the command line, as the README's parameters section shows it.
     listed = _kedro(

@@ -60,10 +60,10 @@ def test_training_says_when_it_reached_its_target_auc_or_that_it_did_not():
     target = {"auc": 0.75, "reached": True, "step": 150, "epoch": 0, "validation_auc": 0.7512,
               "train_seconds": 1234.56, "wall_seconds": 1500.0}  # fmt: skip
     reached = render(RunRecord("v", {"training_summary": {**_training(None), "target": target}})).splitlines()
-    assert reached[1] == (
-        "  training    300 steps (target AUC 0.75 at step 150: 1,234.6 s of training, 1,500.0 s wall), kept step 200, "
-        "1,000 samples/s"
-    )
+    assert reached[1:3] == [  # wrapped: the block's lines stay short
+        "  training    300 steps (target AUC 0.75 at step 150: 1,234.6 s of training, 1,500.0 s wall), kept",
+        "              step 200, 1,000 samples/s",
+    ]
     missed = {"auc": 0.8, "reached": False}
     summary = {**_training(None), "target": missed, "lookups_per_row": 214}
     lines = render(RunRecord("v", {"training_summary": summary})).splitlines()
@@ -78,8 +78,11 @@ def test_training_says_which_precision_auto_chose_and_why():
     summary = {**_training(None), "precision": {"precision": "bf16", "precision_auto": why}}
     lines = render(RunRecord("v", {"training_summary": summary})).splitlines()
     assert " ".join(line.strip() for line in lines[2:4]) == f"precision auto: bf16, {why}"
+    assert lines[1].endswith(", bf16, 1,000 samples/s"), "the training line names what it trained in"
     set_precision = {**_training(None), "precision": {"precision": "fp32"}}
-    assert "precision" not in render(RunRecord("v", {"training_summary": set_precision})), "a set one: no line"
+    rendered = render(RunRecord("v", {"training_summary": set_precision}))
+    assert "precision" not in rendered, "a set one: no line of its own"
+    assert rendered.splitlines()[1].endswith("kept step 200, fp32, 1,000 samples/s")
 
 
 def test_the_ingestion_summary_says_which_days_train_validate_and_test():

@@ -131,11 +131,14 @@ class TrainingSummary(_Record):
         start = f"resumed at step {self.resumed_from_step:,}, " if self.resumed_from_step else ""
         if self.reused_version:
             start = f"reused version {self.reused_version}: "
-        lines = [
-            f"training    {start}{self.steps:,} steps ({stop}), kept step {self.best_step:,}, "
-            f"{self.samples_per_second:,.0f} samples/s"
-        ]
         precision = self.precision or {}
+        trained_in = f"{precision['precision']}, " if precision.get("precision") else ""  # absent in older records
+        first, *rest = textwrap.wrap(
+            f"{start}{self.steps:,} steps ({stop}), kept step {self.best_step:,}, {trained_in}"
+            f"{self.samples_per_second:,.0f} samples/s",
+            86,
+        )  # the block's lines stay short: a reused version's name or a reached target wraps
+        lines = [f"training    {first}", *(INDENT + line for line in rest)]
         if why := precision.get("precision_auto"):
             lines += [INDENT + line for line in textwrap.wrap(f"precision auto: {precision['precision']}, {why}", 86)]
         if self.lookups_per_row and self.lookups_per_row != NUM_SPARSE:
