@@ -41,19 +41,28 @@ def read_whole(folder: Path) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def measure(folder: Path, cache: str, threads: int, batches: int) -> dict:
-    """In this (fresh) process: the loader's first batch and its rows/s over ``batches`` batches."""
-    from criteo_dlrm.data.batches import BatchLoader
-    from criteo_dlrm.data.stored import open_encoded
-
+def prepare(folder: Path, cache: str) -> None:
+    """The rows' files dropped from the page cache (``cold``), or read into it (``warm``)."""
     if cache == "cold":
         drop_from_cache(folder)
     else:
         read_whole(folder)
+
+
+def measure(folder: Path, cache: str, threads: int, batches: int) -> dict:
+    """In this (fresh) process: the loader's first batch and its rows/s over ``batches`` batches; warm, the rows
+    are opened and their digests checked before (as an epoch after the first finds them), cold, in the time."""
+    from criteo_dlrm.data.batches import BatchLoader
+    from criteo_dlrm.data.stored import open_encoded
+
+    prepare(folder, cache)
+    arrays = None
+    if cache == "warm":
         arrays = open_encoded(folder)
-        arrays.check_rows(0, len(arrays))  # the digests checked on the warm-up, as an epoch after the first finds them
+        arrays.check_rows(0, len(arrays))
     start = time.perf_counter()
-    arrays = open_encoded(folder) if cache == "cold" else arrays
+    if arrays is None:
+        arrays = open_encoded(folder)
     loader = BatchLoader(arrays, BATCH, shuffle=True, reading_threads=threads)
     first, rows = None, 0
     for index, batch in enumerate(loader.batches(read_ahead=True)):
@@ -89,10 +98,7 @@ def main() -> None:
         return
     if args.whole:
         folder, cache = Path(args.whole[0]), args.whole[1]
-        if cache == "cold":
-            drop_from_cache(folder)
-        else:
-            read_whole(folder)
+        prepare(folder, cache)
         print(json.dumps({"rows_per_s": read_whole(folder)}))
         return
     base = Path(tempfile.mkdtemp(prefix="loader-"))

@@ -23,7 +23,13 @@ def test_missing_keys_keep_their_defaults_and_lists_come_back_as_lists():
 def test_wrong_types_are_all_reported_with_their_field_names():
     with pytest.raises(ConfigError) as caught:
         TrainingConfig.from_dict(
-            {"num_epochs": "abc", "batch_size": {"train": 1.5}, "distributed": {"nproc_per_node": 0}, "decay": "x"},
+            {
+                "num_epochs": "abc",
+                "batch_size": {"train": 1.5},
+                "distributed": {"nproc_per_node": 0},
+                "decay": "x",
+                "reading_threads": 0,
+            },
             prefix="training.",
         )
     message = str(caught.value)
@@ -31,6 +37,7 @@ def test_wrong_types_are_all_reported_with_their_field_names():
     assert "training.batch_size.train must be an integer, got 1.5" in message
     assert "training.distributed.nproc_per_node must be >= 1" in message
     assert "training.decay must be one of" in message
+    assert "training.reading_threads must be >= 1, got 0" in message
 
 
 def test_unknown_keys_are_named_with_their_path():

@@ -220,11 +220,10 @@ class TrainingConfig(Config):
         checks.one_of("precision", (*PRECISIONS, "auto"))
         checks.one_of("compile_mode", COMPILE_MODES)
         checks.one_of("distributed.backend", BACKENDS)
-        checks.at_least(0, "prefetch_batches", "seed")
-        checks.at_least(1, "reading_threads")  # numpy's generators take no negative seed
+        checks.at_least(0, "prefetch_batches", "seed")  # numpy's generators take no negative seed
         checks.at_least(1, "num_epochs", "batch_size.train", "batch_size.validation", "log_every_steps",
                         "validations_per_epoch", "distributed.nproc_per_node", "distributed.nnodes",
-                        "early_stopping.patience")  # fmt: skip
+                        "early_stopping.patience", "reading_threads")  # fmt: skip
         checks.positive("learning_rate", "embedding_learning_rate")
         checks.at_least(0, "embedding_weight_decay", "early_stopping.min_delta", "warmup_steps",
                         "validate_every_steps", "checkpoint_every_steps", "distributed.max_restarts",

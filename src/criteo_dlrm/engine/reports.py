@@ -17,6 +17,14 @@ from criteo_dlrm.common.schema import NUM_SPARSE
 
 FIGURES = ("auc", "log_loss", "normalized_entropy", "calibration")  # a validation's or evaluation's, each tracked
 INDENT = " " * 12  # a report's lines after its first, under the block's column of values
+WIDTH = 100 - 2 - len(INDENT)  # a value's columns: the block's lines stay within 100, never wrapped by a terminal
+
+
+def wrapped(text: str, first: str = INDENT) -> list[str]:
+    """``text`` as lines of the block: the first after ``first`` (a stage's name, or the indent), the rest under
+    the column of values."""
+    head, *rest = textwrap.wrap(text, WIDTH)
+    return [first + head, *(INDENT + line for line in rest)]
 
 
 @dataclass(frozen=True)
@@ -133,20 +141,19 @@ class TrainingSummary(_Record):
             start = f"reused version {self.reused_version}: "
         precision = self.precision or {}
         trained_in = f"{precision['precision']}, " if precision.get("precision") else ""  # absent in older records
-        first, *rest = textwrap.wrap(
+        lines = wrapped(  # a reused version's name or a reached target wraps
             f"{start}{self.steps:,} steps ({stop}), kept step {self.best_step:,}, {trained_in}"
             f"{self.samples_per_second:,.0f} samples/s",
-            86,
-        )  # the block's lines stay short: a reused version's name or a reached target wraps
-        lines = [f"training    {first}", *(INDENT + line for line in rest)]
+            first="training    ",
+        )
         if why := precision.get("precision_auto"):
-            lines += [INDENT + line for line in textwrap.wrap(f"precision auto: {precision['precision']}, {why}", 86)]
+            lines += wrapped(f"precision auto: {precision['precision']}, {why}")
         if self.lookups_per_row and self.lookups_per_row != NUM_SPARSE:
             lines.append(f"{INDENT}multi-hot: {self.lookups_per_row} lookups a row")
         if target and not target["reached"]:
             lines.append(f"{INDENT}target AUC {target['auc']} not reached")
-        for warning in self.warnings or ():  # wrapped: the block's lines stay short
-            lines += [INDENT + line for line in textwrap.wrap(f"warning: {warning}", 86)]
+        for warning in self.warnings or ():
+            lines += wrapped(f"warning: {warning}")
         if not evaluated:
             lines.append(f"{INDENT}validation {metrics_line(self.best_validation)}")
             if warning := below_prior(self.best_validation):
