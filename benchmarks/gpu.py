@@ -6,7 +6,7 @@ side stream two batches ahead (``Prefetcher``, as training does), phases untimed
 so the figure is the GPU's unless the input is slower. Exits with a message when no CUDA device is present.
 ``benchmarks/gpu_smoke.py`` checks every CUDA path first.
 
-    python -m benchmarks.gpu [--batches 2048 8192 32768 65536] [--steps 50]
+    python -m benchmarks.gpu [--batches 2048 8192 32768 65536] [--steps 50] [--compile-mode default]
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ from criteo_dlrm.engine.device import compile_model, configure_backends
 from criteo_dlrm.models import DLRM
 
 
-def measure(batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arrays) -> tuple[float, float]:
+def measure(
+    batch: int, bf16: bool, tf32: bool, compiled: bool, steps: int, arrays, compile_mode: str
+) -> tuple[float, float]:
     device = torch.device("cuda")
     configure_backends(device, allow_tf32=tf32, num_threads=None)
     torch.manual_seed(0)
     model = DLRM(spec_config(KAGGLE_LIKE)).to(device)
     if compiled:
-        compile_model(model, "max-autotune-no-cudagraphs")
+        compile_model(model, compile_mode)
     config = spec_training(
         KAGGLE_LIKE, precision="bf16" if bf16 else "fp32", batch_size={"train": batch}, phase_timing=False
     )
@@ -74,6 +76,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument(
+        "--compile-mode",
+        default="max-autotune-no-cudagraphs",
+        help="torch.compile's mode (default: autotuned, minutes)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("No CUDA device: this benchmark needs a GPU (see benchmarks/training.py for the CPU one).")
@@ -92,7 +99,7 @@ def main() -> None:
         ]:
             if compiled and args.skip_compile:
                 continue
-            rate, memory = measure(batch, bf16, tf32, compiled, args.steps, arrays)
+            rate, memory = measure(batch, bf16, tf32, compiled, args.steps, arrays, args.compile_mode)
             table.row(f"{batch:,}", bf16, tf32, compiled, f"{rate:,.0f}", f"{memory:.2f}")
 
 

@@ -191,6 +191,17 @@ def ran_project(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def nccl_like_processes(monkeypatch):
+    """Processes started in the test (and those they start) refuse host tensors in this package's collectives and
+    take its NCCL branches, as a GPU run over NCCL would (tests/nccl_like.py)."""
+    from tests.nccl_like import nccl_like_environment
+
+    for name, value in nccl_like_environment().items():
+        if os.environ.get(name) != value:
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
 def logged():
     """The messages loguru logs during the test, one string each."""
     from loguru import logger

@@ -82,10 +82,14 @@ def test_the_gpu_smoke_test_dry_runs_on_the_cpu_with_every_cuda_check_skipped():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU machine runs the smoke test itself (docs/gpus.md)")  # the skip guard allows it
+    # Only what docs/gpus.md's install line names (with torch, numpy and what a new environment holds) is visible to
+    # its imports: the line is what a bare GPU machine needs.
+    installed = ",".join(["torch", "numpy", "pip", "setuptools", *smoke_test_packages()])
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "benchmarks.gpu_smoke", "--smallest"],
+            [sys.executable, "tests/installed_only.py", installed, "benchmarks.gpu_smoke", "--smallest"],
             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(["src", "."])},
         )  # fmt: skip
     except subprocess.TimeoutExpired as hung:
         pytest.fail(f"hung after these checks:\n{hung.stdout}\n{(hung.stderr or '')[-2000:]}")
@@ -93,6 +97,28 @@ def test_the_gpu_smoke_test_dry_runs_on_the_cpu_with_every_cuda_check_skipped():
     assert [row[0].removeprefix("| ") for row in rows] == list(CHECKS), result.stdout + result.stderr[-3000:]
     assert all("no CUDA (ran on the CPU: " in row[2] for row in rows), result.stdout
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+
+def smoke_test_packages() -> list[str]:
+    """The packages docs/gpus.md's install line for the smoke test names (in the code block that runs it)."""
+    text = (PROJECT_ROOT / "docs" / "gpus.md").read_text()
+    [block] = [b for b in text.split("```")[1::2] if "benchmarks.gpu_smoke" in b]
+    [line] = [line for line in block.splitlines() if line.startswith("python -m pip install ")]
+    return line.removeprefix("python -m pip install ").split()
+
+
+def test_the_smoke_test_s_install_line_leaves_out_what_the_smoke_test_does_not_need():
+    """Each package of the line is needed: without it the smoke test does not start (so the line stays short)."""
+    packages = smoke_test_packages()
+    assert "loguru" in packages and "torch" not in packages
+    for left_out in packages:
+        installed = ",".join(["torch", "numpy", "pip", "setuptools", *(p for p in packages if p != left_out)])
+        result = subprocess.run(
+            [sys.executable, "tests/installed_only.py", installed, "benchmarks.gpu_smoke", "--help"],
+            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(["src", "."])},
+        )  # fmt: skip
+        assert result.returncode != 0 and f"No module named '{left_out}'" in result.stderr, left_out
 
 
 def test_every_quality_study_setting_builds_its_model_through_the_yaml_names(tmp_path):

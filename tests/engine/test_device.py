@@ -90,6 +90,20 @@ def test_compiled_model_matches_eager_and_keeps_state_dict_keys():
     assert compiled.embeddings[0].weight.weight.grad.is_sparse
 
 
+@pytest.mark.slow
+def test_compile_captures_a_graph_of_each_mlp():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = compile_model(_small_model())
+    for _ in range(2):
+        compiled(torch.randn(16, 13), torch.randint(0, 5, (16, 26))).sum().backward()
+    # One graph for each MLP: a plain nn.Sequential compiled with Module.compile captured none and ran eagerly.
+    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["frames"]["ok"] == 2
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_training_step_with_bf16_tf32_and_pinned_batches():

@@ -76,7 +76,9 @@ def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tin
         assert two["calibration"][name] == pytest.approx(one["calibration"][name], abs=1e-3), name
 
 
-def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(tiny_features, tmp_path, logged):
+def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(
+    tiny_features, tmp_path, logged, nccl_like_processes
+):
     checkpoint, summary = _run(
         tiny_features,
         _config(tmp_path, 2, validate_every_steps=5, num_epochs=2),

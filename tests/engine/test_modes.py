@@ -1,5 +1,6 @@
 """The parallel modes: which one a run gets, what each builds and reports, and that each holds its parts."""
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -92,3 +93,29 @@ def test_every_mode_has_what_the_loop_and_the_step_call():
     config = _config()
     built = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
     assert isinstance(built, ParallelMode) and built.world_size == 1 and built.is_main
+
+
+def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_does():
+    """Under a group that refuses host tensors as NCCL does (tests/nccl_like.py), TorchRec's mode is built with resume
+    on (its weights checked at once), trains a step, checks its weights, averages and validates: a tensor made
+    without a device in any of its collectives fails here as it fails on a GPU."""
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
+    from criteo_dlrm.data.batches import Batch, BatchLoader
+    from criteo_dlrm.engine.group import gather_rows_to_main
+    from criteo_dlrm.engine.step import TrainStep
+    from tests.engine.test_group import _arrays
+    from tests.nccl_like import HostTensorError, nccl_like
+
+    config = _torchrec()
+    arrays = _arrays(np.random.default_rng(0), 64)
+    with nccl_like(), Sharded.process_group(CPU):
+        with pytest.raises(HostTensorError, match="NCCL refuses it"):
+            gather_rows_to_main(1, 0, torch.from_numpy(np.arange(3.0)))  # host rows, as a GPU run would hold them
+        torch.manual_seed(0)
+        mode = build_mode(config.model_config([5] * 26), config, CPU)
+        batch = Batch(torch.rand(16).round(), torch.randn(16, 13), torch.randint(0, 5, (16, 26))).to(CPU)
+        TrainStep(mode, config)(batch, 0, 1)
+        assert mode.weights_finite()
+        assert mode.mean_over_processes(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
+        assert mode.runtime.backend == "nccl", "the package takes its NCCL branches"
+        assert len(mode.predict(BatchLoader(arrays, 8))) == 64

@@ -211,7 +211,9 @@ def _evaluate_alone(checkpoint: dict, features) -> dict:
 
 
 @pytest.mark.slow
-def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates_alone(tiny_features, tmp_path):
+def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates_alone(
+    tiny_features, tmp_path, nccl_like_processes
+):
     torch_run, torch_summary = _run(
         tiny_features, _config(tmp_path / "torch", embedding_backend="torch", embedding_optimizer="adagrad"), "torch"
     )

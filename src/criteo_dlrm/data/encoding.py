@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 from loguru import logger
 
@@ -30,6 +30,9 @@ from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.shuffle import BucketWriter, day_buckets, shuffle_destinations
 from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
+
+if TYPE_CHECKING:  # pandas is imported by the lookups that use it (_hash_tables): training never needs it
+    import pandas as pd
 
 
 @dataclass
@@ -295,7 +298,10 @@ class FeatureEncoder:
 
 
 def _hash_tables(vocabularies: list[np.ndarray] | None) -> list[pd.Index] | None:
-    """One pandas index per vocabulary (its hash table is built on the first lookup)."""
+    """One pandas index per vocabulary (its hash table is built on the first lookup). pandas is imported here, by
+    the encoders that look values up, not by training, which imports this module for the encoder's record."""
+    import pandas as pd
+
     return None if vocabularies is None else [pd.Index(np.asarray(v, dtype=np.int64)) for v in vocabularies]
 
 

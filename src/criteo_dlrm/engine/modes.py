@@ -384,7 +384,8 @@ class Sharded:
 
     def weights_finite(self) -> bool:
         """This process's shards and the dense layers finite in every process (the same answer in each)."""
-        finite = torch.tensor([float(weights_finite(self.model))])
+        # On the run's device: NCCL serves CUDA tensors only (a CPU one fails as the Trainer is built, resume on).
+        finite = torch.tensor([float(weights_finite(self.model))], device=self.device)
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 

@@ -152,7 +152,18 @@ class DLRMConfig:
         return asdict(self)
 
 
-def mlp(sizes: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """``nn.Sequential`` with a forward of this package's own: ``torch.compile`` (``Module.compile``) skips the
+    frames of torch's built-in modules, so a plain ``nn.Sequential`` compiled that way captures no graph and runs
+    eagerly. The layers and their state-dict keys are the ``nn.Sequential``'s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            x = layer(x)
+        return x
+
+
+def mlp(sizes: list[int], final_activation: bool, dropout: float = 0.0) -> MLP:
     """Linear layers between consecutive ``sizes`` with ReLU in between (and after the last if asked), and
     ``dropout`` after each hidden ReLU when it is above 0."""
     layers: list[nn.Module] = []
@@ -162,7 +173,7 @@ def mlp(sizes: list[int], final_activation: bool, dropout: float = 0.0) -> nn.Se
             layers.append(nn.ReLU())
             if dropout > 0 and i < len(sizes) - 2:
                 layers.append(nn.Dropout(dropout))
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 class LowRankCrossNet(nn.Module):
