@@ -114,5 +114,5 @@ def describe_machine() -> tuple[float, float]:
     print(
         f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {time.strftime('%Y-%m-%d')}"
     )
-    print(f"matmul 2048x2048: fp32 {fp32:,.0f} GFLOP/s, bf16 {bf16:,.0f} GFLOP/s ({bf16 / fp32:.2f}x fp32)\n")
+    print(f"matmul 2048x2048: fp32 {fp32:,.3g} GFLOP/s, bf16 {bf16:,.3g} GFLOP/s ({bf16 / fp32:.3g}x fp32)\n")
     return fp32, bf16

@@ -14,6 +14,7 @@ also told its group's backend is ``nccl``, so it takes its NCCL branches (predic
 
 Collectives of objects (``broadcast_object_list``, ``gather_object``: NCCL moves them to the device itself) and those
 torch or TorchRec call internally are left alone; what torch computes in C++ (autograd's gradients) is never marked.
+torch.compile captures nothing under it (a function mode is active): the runs under it train eagerly.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class HostTensors(TorchFunctionMode):
             if not _names_a_device(args, kwargs):
                 host = any(is_host(t) for t in _tensors(args))
             else:
-                if out is args[0]:  # already there: a new tensor object for the moved one, the original keeps its mark
-                    out = out.view_as(out)
+                if out is args[0] and out.layout == torch.strided:
+                    out = out.view_as(out)  # already there: a new tensor object for the moved one, the original kept
                 host = False
         elif isinstance(out, torch.Tensor) and args and out is args[0]:
             return out  # in place: the destination stays where it is (a copy into a GPU tensor stays on the GPU)

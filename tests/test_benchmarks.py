@@ -3,6 +3,7 @@ one unseen (three were: two built models with sizes the new defaults refuse, one
 table layout). Their figures are not checked here; the benchmarks page records them."""
 
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
@@ -84,7 +85,9 @@ def test_the_gpu_smoke_test_dry_runs_on_the_cpu_with_every_cuda_check_skipped():
         pytest.skip("a GPU machine runs the smoke test itself (docs/gpus.md)")  # the skip guard allows it
     # Only what docs/gpus.md's install line names (with torch, numpy and what a new environment holds) is visible to
     # its imports: the line is what a bare GPU machine needs.
-    installed = ",".join(["torch", "numpy", "pip", "setuptools", *smoke_test_packages()])
+    # TorchRec's check runs where its extra is installed (CI), as on a GPU machine that has it.
+    torchrec = ["torchrec", "fbgemm-gpu-cpu"] if importlib.util.find_spec("torchrec") else []
+    installed = ",".join(["torch", "numpy", "pip", "setuptools", *smoke_test_packages(), *torchrec])
     try:
         result = subprocess.run(
             [sys.executable, "tests/installed_only.py", installed, "benchmarks.gpu_smoke", "--smallest"],
@@ -95,7 +98,10 @@ def test_the_gpu_smoke_test_dry_runs_on_the_cpu_with_every_cuda_check_skipped():
         pytest.fail(f"hung after these checks:\n{hung.stdout}\n{(hung.stderr or '')[-2000:]}")
     rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| ") and " | SKIP | " in line]
     assert [row[0].removeprefix("| ") for row in rows] == list(CHECKS), result.stdout + result.stderr[-3000:]
-    assert all("no CUDA (ran on the CPU: " in row[2] for row in rows), result.stdout
+    ran = [row for row in rows if "no CUDA (ran on the CPU: " in row[2]]
+    not_installed = [row[0].removeprefix("| ") for row in rows if "is not installed here" in row[2]]
+    assert len(ran) == len(rows) - len(not_installed), result.stdout
+    assert not_installed == ([] if torchrec else ["TorchRec on the device"]), result.stdout
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
 
 

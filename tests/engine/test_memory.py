@@ -116,3 +116,23 @@ def test_on_a_gpu_the_count_is_the_tables_the_dense_layers_and_a_batch_s_work(mo
     assert "a validation batch's activations" in message and "dense layers" in message
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (needed + 1, 150_000_000_000))
     check_table_memory(config, SIZES, torch.device("cuda", 0))
+
+
+def test_on_a_gpu_the_validation_s_predictions_and_the_allocator_s_margin_are_counted(monkeypatch):
+    """On a GPU the validation's predictions and metrics stay there: a run whose tables, model and batches fit is
+    refused when MLPerf's 89M validation rows (2.9 GB) would not fit beside them, or the allocator's margin."""
+    config = TrainingConfig.from_dict({})
+    model_config = config.model_config(SIZES)
+    tables = embedding_bytes(SIZES, [32] * 26, "sparse_adam")
+    alone = memory.gpu_memory_bytes(config, model_config, tables)
+    parts = memory.gpu_memory_bytes(config, model_config, tables, validation_rows=89_137_319)
+    validation = "the validation's predictions and metrics (89,137,319 rows)"
+    assert parts[validation] == memory.VALIDATION_BYTES_PER_ROW * 89_137_319
+    counted = sum(size for name, size in parts.items() if name != "the caching allocator's margin")
+    assert parts["the caching allocator's margin"] == int(0.10 * counted)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (sum(alone.values()) + 1, 150_000_000_000))
+    check_table_memory(config, SIZES, torch.device("cuda", 0))  # no validation rows: it fits
+    with pytest.raises(ConfigError) as refused:
+        check_table_memory(config, SIZES, torch.device("cuda", 0), validation_rows=89_137_319)
+    assert validation in str(refused.value) and "the caching allocator's margin" in str(refused.value)

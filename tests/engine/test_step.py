@@ -133,3 +133,69 @@ def test_the_looked_up_squares_come_from_training_passes_of_a_model_that_returns
     model(batch.dense, batch.sparse)
     with pytest.raises(RuntimeError):
         squares.take()
+
+
+_MLPERF_HOTS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"multi_hot_sizes": _MLPERF_HOTS},
+        {"interaction": "dcn", "sparse_embedding_sizes": [4] * 13 + [8] * 13, "embedding_optimizer": "sgd"},
+        {"embedding_weight_decay": 1e-6, "embedding_optimizer": "adagrad"},
+    ],
+    ids=["single-hot", "multi-hot", "dcn, two table groups", "weight decay, adagrad"],
+)
+def test_a_training_step_waits_for_the_device_only_to_count_each_table_group_s_rows(settings):
+    """On a GPU the host runs ahead of the kernels it queues; each read-back, data-sized output or copy from host
+    memory in a step makes it wait (tests/host_syncs.py counts them on the CPU). A step waits once per table group,
+    where the optimiser sums its gradient's duplicate rows (their number is the data's); nothing else in forward,
+    backward or the optimisers reads the device back (multi-hot copied its bag offsets from host memory on every
+    forward pass, and the tables' columns were picked with a Python list)."""
+    from tests.host_syncs import HostSyncs
+
+    config = TrainingConfig.from_dict({**TINY_MODEL, "phase_timing": False, **settings})
+    mode, _, batch = _mode_and_batch(config)
+    step = TrainStep(mode, config)
+    step(batch, 0, 10)  # the first step makes the optimisers' state
+    # torch's optimisers keep their step counts in host memory (not capturable, not fused): reading one waits for
+    # nothing.
+    counts = [state["step"] for name in mode.optimizers for state in mode.optimizers[name].state.values()]
+    with HostSyncs(on_the_host=[c for c in counts if isinstance(c, torch.Tensor)]) as syncs:
+        for index in (1, 2):
+            step(batch, index, 10)
+    sums_rows = config.embedding_optimizer in ("sparse_adam", "adagrad")  # SGD adds the duplicates as they come
+    groups = len(mode.model.embeddings) if sums_rows else 0
+    # On the CPU SparseAdam sums them with unique (a GPU coalesces): either waits once.
+    assert syncs.counts.pop("coalesce", 0) + syncs.counts.pop("unique", 0) == 2 * groups
+    assert dict(syncs.counts) == {}, "nothing else waits for the device"
+
+
+def test_a_data_parallel_step_waits_once_more_for_every_table_group_s_row_counts_together():
+    """The replicas' sparse gradients are exchanged with one read-back of every group's row counts (on a GPU a
+    wait for the device), besides each group's summed rows: with two groups, five waits a step (there were nine with
+    two processes: each group's counts copied from host memory, their largest read, each process's count read)."""
+    import torch.distributed as dist
+
+    from criteo_dlrm.engine.modes import DataParallel
+    from tests.host_syncs import HostSyncs
+
+    settings = {"interaction": "dcn", "sparse_embedding_sizes": [4] * 13 + [8] * 13, "phase_timing": False}
+    config = TrainingConfig.from_dict({**TINY_MODEL, **settings})
+    _, _, batch = _mode_and_batch(config)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        mode = DataParallel.build(config.model_config(SIZES), config, torch.device("cpu"))
+        step = TrainStep(mode, config)
+        step(batch, 0, 10)
+        counts = [state["step"] for name in mode.optimizers for state in mode.optimizers[name].state.values()]
+        with HostSyncs(on_the_host=[c for c in counts if isinstance(c, torch.Tensor)]) as syncs:
+            step(batch, 1, 10)
+    finally:
+        dist.destroy_process_group()
+    # Each group's rows summed before the exchange, and again across the processes by the optimiser.
+    assert syncs.counts.pop("coalesce", 0) + syncs.counts.pop("unique", 0) == 2 * 2
+    assert dict(syncs.counts) == {"tolist": 1}, "every group's row counts read back together"

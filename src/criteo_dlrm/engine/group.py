@@ -76,29 +76,45 @@ class InGroup:
 def all_gather_rows(world_size: int, *tensors: torch.Tensor) -> list[list[torch.Tensor]]:
     """Every process's ``tensors`` (each with the same number of rows, any number per process), in rank
     order: the row counts are gathered first, then each tensor padded to the longest, trimmed again."""
-    count = torch.tensor([len(tensors[0])], device=tensors[0].device)
+    [gathered] = all_gather_row_sets(world_size, [tensors])
+    return gathered
+
+
+def all_gather_row_sets(world_size: int, sets: list[tuple[torch.Tensor, ...]]) -> list[list[list[torch.Tensor]]]:
+    """``all_gather_rows`` of each set of tensors (the tensors of a set with the same number of rows), the row
+    counts of every set gathered in one all-gather and read back once: on a GPU the host waits for the device once,
+    not once per count."""
+    count = torch.zeros(len(sets), dtype=torch.long, device=sets[0][0].device)
+    for s, tensors in enumerate(sets):
+        count[s] = len(tensors[0])  # filled on the device: a list copied from host memory would make a GPU wait
     counts = [torch.empty_like(count) for _ in range(world_size)]
     dist.all_gather(counts, count)
+    by_rank = torch.stack(counts).tolist()  # [rank][set]
     gathered = []
-    for tensor in tensors:
-        padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
-        padded[: len(tensor)] = tensor
-        parts = [torch.empty_like(padded) for _ in range(world_size)]
-        dist.all_gather(parts, padded)
-        gathered.append([part[: int(n)] for part, n in zip(parts, counts, strict=True)])
+    for s, tensors in enumerate(sets):
+        rows = [by_rank[rank][s] for rank in range(world_size)]
+        parts_of_set = []
+        for tensor in tensors:
+            padded = tensor.new_zeros((max(rows), *tensor.shape[1:]))
+            padded[: len(tensor)] = tensor
+            parts = [torch.empty_like(padded) for _ in range(world_size)]
+            dist.all_gather(parts, padded)
+            parts_of_set.append([part[:n] for part, n in zip(parts, rows, strict=True)])
+        gathered.append(parts_of_set)
     return gathered
 
 
 def gather_rows_to_main(world_size: int, rank: int, tensor: torch.Tensor) -> list[torch.Tensor] | None:
     """Every process's ``tensor`` (any number of rows each), in rank order, on rank 0 only (None elsewhere): the
     row counts all-gathered first (so every process pads to the longest), the padded tensors gathered to rank 0."""
-    count = torch.tensor([len(tensor)], device=tensor.device)
+    count = torch.full((1,), len(tensor), device=tensor.device)
     counts = [torch.empty_like(count) for _ in range(world_size)]
     dist.all_gather(counts, count)
-    padded = tensor.new_zeros((int(max(counts)), *tensor.shape[1:]))
+    rows = torch.cat(counts).tolist()  # read back once
+    padded = tensor.new_zeros((max(rows), *tensor.shape[1:]))
     padded[: len(tensor)] = tensor
     parts = [torch.empty_like(padded) for _ in range(world_size)] if rank == 0 else None
     dist.gather(padded, parts, dst=0)
     if rank != 0:
         return None
-    return [part[: int(n)] for part, n in zip(parts, counts, strict=True)]
+    return [part[:n] for part, n in zip(parts, rows, strict=True)]

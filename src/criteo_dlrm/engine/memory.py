@@ -64,12 +64,27 @@ def run_memory_bytes(config: TrainingConfig, table_bytes: int) -> int:
     return processes * table_bytes + RUN_OVERHEAD_BYTES + (processes - 1) * PROCESS_OVERHEAD_BYTES
 
 
-def gpu_memory_bytes(config: TrainingConfig, model_config: DLRMConfig, tables: int) -> dict[str, int]:
+# On a GPU the validation's predictions stay there and its exact metrics are computed there
+# (``engine.metrics.binary_metrics_torch``): at its peak, per row, the float32 probabilities and their copy while the
+# batches' outputs are joined (8 bytes), the labels (float32 and bool: 5), one class's scores picked, sorted and
+# their sort's int64 order (16); the log loss's float64 terms are taken in pieces. MLPerf's 89M validation rows:
+# 2.6 GB.
+VALIDATION_BYTES_PER_ROW = 32
+# The CUDA caching allocator's rounding (blocks of 512 B, segments of 2 MB and more) and the fragmentation of what
+# it keeps: a margin on everything counted, not measured here.
+ALLOCATOR_MARGIN = 0.10
+
+
+def gpu_memory_bytes(
+    config: TrainingConfig, model_config: DLRMConfig, tables: int, validation_rows: int = 0
+) -> dict[str, int]:
     """What a torch-backend training process holds on its GPU, by part: the tables and their optimiser state; the
     dense layers' weights, gradients and Adam's two moments (four copies); a training batch's activations and
     their gradients, and the tables' sparse gradients (values and the optimiser's coalesced copy) for the batch;
-    a validation batch's activations. The dense layers and the activations (every module's output, per row) are
-    counted on a copy of the model with tables of two rows, which costs nothing."""
+    a validation batch's activations; the validation set's predictions and metrics (``validation_rows`` of them,
+    ``VALIDATION_BYTES_PER_ROW``); and the caching allocator's margin on all of it. The dense layers and the
+    activations (every module's output, per row) are counted on a copy of the model with tables of two rows,
+    which costs nothing."""
     from criteo_dlrm.models.dlrm import DLRM
 
     small = DLRM(dataclasses.replace(model_config, table_sizes=[2] * len(model_config.table_sizes)))
@@ -85,24 +100,33 @@ def gpu_memory_bytes(config: TrainingConfig, model_config: DLRMConfig, tables: i
     per_row = sum(o.numel() for out in outputs for o in (out if isinstance(out, list | tuple) else [out])) / rows
     lookups = sum(model_config.sparse_embedding_sizes)  # one looked-up row per table and row
     batch = config.batch_size
-    return {
+    parts = {
         "tables and their optimiser state": tables,
         "dense layers (weights, gradients, Adam's moments)": 4 * 4 * dense,
         "a training batch (activations, their gradients, the tables' gradients)": int(
             4 * batch.train * (2 * per_row + 2 * lookups)
         ),
         "a validation batch's activations": int(4 * batch.validation * per_row),
+        f"the validation's predictions and metrics ({validation_rows:,} rows)": (
+            VALIDATION_BYTES_PER_ROW * validation_rows
+        ),
     }
+    return {**parts, "the caching allocator's margin": int(ALLOCATOR_MARGIN * sum(parts.values()))}
 
 
 def check_table_memory(
-    config: TrainingConfig, table_sizes: list[int], device: torch.device, settings: str = TABLE_SETTINGS
+    config: TrainingConfig,
+    table_sizes: list[int],
+    device: torch.device,
+    settings: str = TABLE_SETTINGS,
+    validation_rows: int = 0,
 ) -> None:
     """Refuse, before encoding or training, a run whose tables (and their optimiser state) cannot fit: in the
     set budget, or else in the GPU's free memory (``gpu_memory_bytes``: the tables, the dense layers, a batch's
     work), or on the CPU in the room this process has (the smallest of its
     memory cgroup's, its ancestors' and the machine's: a batch job's limit, not the node's), counting every
-    process's replica and what a run holds besides (``run_memory_bytes``). ``settings``: what shrinks them."""
+    process's replica and what a run holds besides (``run_memory_bytes``). ``settings``: what shrinks them;
+    ``validation_rows``: the rows validated at most (on a GPU their predictions and metrics stay there)."""
     model_config = config.model_config(table_sizes)
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
@@ -110,7 +134,7 @@ def check_table_memory(
     tables = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     processes = config.distributed.nproc_per_node
     if device.type == "cuda":
-        parts = gpu_memory_bytes(config, model_config, tables)
+        parts = gpu_memory_bytes(config, model_config, tables, validation_rows)
         needed, available = sum(parts.values()), torch.cuda.mem_get_info(device)[0]
         where, left = f"{torch.cuda.get_device_name(device)}'s free memory", "GB left"
         counted = (

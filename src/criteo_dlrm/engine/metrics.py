@@ -184,18 +184,30 @@ def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> d
     auc = roc_auc_torch(labels, p)  # checks rows, finiteness and both classes first
     rows = len(labels)
     ctr = int(labels.sum()) / rows
-    wide = p.double()
-    clipped = wide.clamp(EPSILON, 1 - EPSILON)
-    loss = -float(torch.where(labels, clipped, 1 - clipped).log().sum()) / rows
+    # Summed on the device in pieces (float64 temporaries of a piece, not of the whole set: 8 bytes a row each),
+    # read back once.
+    sums = torch.zeros(3, dtype=torch.float64, device=p.device)  # log loss, probability, right at 0.5
+    for begin in range(0, rows, _DEVICE_PIECE):
+        clicked, wide = labels[begin : begin + _DEVICE_PIECE], p[begin : begin + _DEVICE_PIECE].double()
+        clipped = wide.clamp(EPSILON, 1 - EPSILON)
+        sums[0] -= torch.where(clicked, clipped, 1 - clipped).log().sum()
+        sums[1] += wide.sum()
+        sums[2] += ((wide >= 0.5) == clicked).sum()
+    loss_sum, total, right = sums.tolist()
+    loss = loss_sum / rows
     return {
         "rows": rows,
         "ctr": ctr,
         "auc": auc,
         "log_loss": loss,
         "normalized_entropy": loss / entropy(ctr),
-        "calibration": float(wide.sum()) / rows / ctr if ctr > 0 else float("inf"),
-        "accuracy": int(((wide >= 0.5) == labels).sum()) / rows,
+        "calibration": total / rows / ctr if ctr > 0 else float("inf"),
+        "accuracy": int(right) / rows,
     }
+
+
+# Rows per piece of ``binary_metrics_torch``'s sums: 32 MB of float64 temporaries, long enough for a GPU's kernels.
+_DEVICE_PIECE = 1 << 22
 
 
 def roc_curve(labels: np.ndarray, scores: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:

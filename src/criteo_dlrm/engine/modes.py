@@ -34,7 +34,7 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import Runtime, compile_model
-from criteo_dlrm.engine.group import InGroup, all_gather_rows, predict_alone
+from criteo_dlrm.engine.group import InGroup, all_gather_row_sets, predict_alone
 from criteo_dlrm.engine.memory import embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
 from criteo_dlrm.engine.optimizers import Optimizers, summed_rows
@@ -218,7 +218,10 @@ class DataParallel:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [names[id(p)] for p in self.sparse_parameters]
         )
-        self.train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # The model's buffers are constants (table offsets, columns): nothing to broadcast before every forward pass.
+        self.train_model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
 
     check = SingleProcess.check  # a replica needs what one process needs
     process_group = SingleProcess.process_group  # the launcher started the group
@@ -264,8 +267,9 @@ class DataParallel:
         Each process's gradient (``summed_rows``: one entry per touched row) is all-gathered as indices and
         values, padded to the longest, so it works on gloo and nccl alike; the optimiser sums duplicates.
         """
-        for parameter in self.sparse_parameters:
-            indices, values = all_gather_rows(self.world_size, *summed_rows(parameter.grad))
+        summed = [summed_rows(parameter.grad) for parameter in self.sparse_parameters]  # a wait each (data-sized)
+        gathered = all_gather_row_sets(self.world_size, summed) if summed else []  # one wait for every row count
+        for parameter, (indices, values) in zip(self.sparse_parameters, gathered, strict=True):
             parameter.grad = torch.sparse_coo_tensor(
                 torch.cat(indices).unsqueeze(0),
                 torch.cat(values) / self.world_size,

@@ -305,6 +305,7 @@ class FusedEmbedding(nn.Module):
         offsets = torch.tensor([0, *table_sizes[:-1]], dtype=torch.long).cumsum(0)
         self.register_buffer("offsets", offsets, persistent=False)
         self.weight = nn.Embedding(sum(table_sizes), dim, sparse=sparse)
+        self._bag_starts: dict[tuple, torch.Tensor] = {}  # multi-hot bags' starts by (sizes, device): ``_starts``
         # DLRM's initialisation: uniform in +-1/sqrt(rows) per table, so large tables start near zero.
         with torch.no_grad():
             for start, rows in zip(offsets.tolist(), table_sizes, strict=True):
@@ -323,14 +324,21 @@ class FusedEmbedding(nn.Module):
         as one gather and one sum (its ``embedding_bag`` is a loop over the bags: 25 ms a row in onnxruntime)."""
         if torch.compiler.is_exporting():
             return torch.stack([self.weight(part + self.offsets[t]).sum(1) for t, part in enumerate(ids)], dim=1)
-        batch, sizes = ids[0].shape[0], [part.shape[1] for part in ids]
+        batch, sizes = ids[0].shape[0], tuple(part.shape[1] for part in ids)
         flat = torch.cat([part + self.offsets[t] for t, part in enumerate(ids)], dim=1)  # (B, L)
-        starts = torch.tensor([0, *sizes[:-1]], device=flat.device).cumsum(0)
-        bag_starts = torch.arange(batch, device=flat.device).unsqueeze(1) * flat.shape[1] + starts  # (B, T)
+        bag_starts = torch.arange(batch, device=flat.device).unsqueeze(1) * flat.shape[1] + self._starts(sizes, flat)
         pooled = F.embedding_bag(
             flat.reshape(-1), self.weight.weight, bag_starts.reshape(-1), mode="sum", sparse=self.weight.sparse
         )
         return pooled.reshape(batch, len(ids), -1)
+
+    def _starts(self, sizes: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
+        """(T,) where each table's ids start in a row of ``flat``, made once per bag sizes and device: made on
+        every forward pass, a GPU would wait for the copy from host memory each time."""
+        key = (sizes, flat.device)
+        if key not in self._bag_starts:
+            self._bag_starts[key] = torch.tensor([0, *sizes[:-1]], device=flat.device).cumsum(0)
+        return self._bag_starts[key]
 
 
 def embedding_groups(config: DLRMConfig) -> list[list[int]]:
@@ -353,10 +361,14 @@ class GroupedTables(nn.ModuleList):
             )
             for group in self.groups
         )
+        # Each group's columns as a tensor on the model's device (indexing with the Python list copied it from host
+        # memory on every forward pass: a GPU waited for it each time); not stored in the state.
+        for g, group in enumerate(self.groups):
+            self.register_buffer(f"columns_{g}", torch.tensor(group, dtype=torch.long), persistent=False)
 
     def forward(self, sparse: torch.Tensor) -> list[torch.Tensor]:
         """sparse: (B, 26) table indices -> one (B, T_g, dim_g) tensor per group of ``embedding_groups``."""
-        return [table(sparse[:, group]) for table, group in zip(self, self.groups, strict=True)]
+        return [table(sparse.index_select(1, getattr(self, f"columns_{g}"))) for g, table in enumerate(self)]
 
     def bags(self, ids: list[torch.Tensor]) -> list[torch.Tensor]:
         """ids: per feature (B, k_f) ids of its table -> one (B, T_g, dim_g) tensor of bag sums per group."""
