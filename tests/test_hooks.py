@@ -56,7 +56,9 @@ def test_a_node_s_versions_are_incomplete_until_every_output_is_stored_and_an_un
 
 def test_the_in_progress_checkpoint_goes_only_once_every_output_of_training_is_stored(monkeypatch):
     finished = []
-    monkeypatch.setattr(hooks, "finish_run", finished.append)
+    from criteo_dlrm.engine import recipe
+
+    monkeypatch.setattr(recipe, "finish_run", finished.append)  # imported by the hook when it runs
     training = node(_two_outputs, ["a", "b"], ["dlrm_checkpoint", "training_summary"], name="train_dlrm")
     other = node(_two_outputs, ["a", "b"], ["feature_metadata", "feature_vocabularies"], name="metadata")
     in_progress = hooks.InProgressCheckpointHooks()

@@ -1,6 +1,7 @@
 """Imports run one way: common knows no other part of the package; config knows no engine; the core no Kedro."""
 
 import ast
+import os
 
 import pytest
 
@@ -102,4 +103,22 @@ def test_a_kedro_command_s_start_imports_neither_matplotlib_nor_torch_s_distribu
         "print([m for m in ('matplotlib', 'torch.distributed.checkpoint') if m in sys.modules])"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT)
+    assert loaded.stdout.strip() == "[]"
+
+
+def test_the_project_s_settings_import_neither_torch_nor_mlflow():
+    """Every ``kedro`` command imports the settings first: torch and MLflow (seconds each) are imported by the run
+    that needs them (the hooks and the datasets import them when they first run), not by ``kedro --help``,
+    ``kedro viz --help`` or ``kedro catalog list``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import criteo_dlrm.settings; "
+        "print([m for m in ('torch', 'mlflow', 'kedro_mlflow.mlflow') if m in sys.modules])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRITEO_DLRM_")}  # tracking on: the default
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT, env=env
+    )
     assert loaded.stdout.strip() == "[]"

@@ -26,10 +26,8 @@ from kedro.framework.hooks import hook_impl
 from criteo_dlrm.common.errors import WHOLE_JOB, Fix, UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
-from criteo_dlrm.engine.recipe import finish_run
 from criteo_dlrm.logs import prepare_console
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
-from criteo_dlrm.preflight import check_before_run, pin_versions, preprocesses, report_incomplete_versions
 from criteo_dlrm.summary import SUMMARISED, RunRecord, split_line
 
 RUN_VERSION = "run_version"
@@ -118,6 +116,10 @@ class PreflightHooks:
                 f"Run `{first}` first, or `{whole}` for the whole job.",
                 fix=[first, whole],
             )
+        # Imported by the run that needs it (the checks read every pipeline's settings and the training engine's
+        # memory count): a kedro command that runs nothing starts without torch.
+        from criteo_dlrm.preflight import check_before_run, pin_versions, report_incomplete_versions
+
         check_before_run(self.parameters.configs, pipeline, catalog)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))
         if self._version is not None:
@@ -180,6 +182,8 @@ class InProgressCheckpointHooks:
         if dataset_name == "training_summary":
             self._summary = data
         if self._saved >= set(node.outputs):
+            from criteo_dlrm.engine.recipe import finish_run  # imported by a run that trained
+
             finish_run(self._summary)  # the checkpoint is stored: nothing to resume
             self._saved, self._summary = set(), None
 
@@ -235,6 +239,8 @@ class PreprocessingEngineHooks:
 
     @hook_impl
     def before_pipeline_run(self, pipeline) -> None:
+        from criteo_dlrm.preflight import preprocesses
+
         if self.engine is not None and preprocesses(pipeline):
             self.engine.start(self.settings)
             self.started = True

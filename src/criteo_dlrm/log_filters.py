@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import importlib.abc
+import importlib.util
 import logging
 import re
+import sys
 import warnings
 
 # (the start of the message, its category): what Python's warnings filters match.
@@ -55,6 +58,47 @@ def import_quietly(module: str) -> None:
     for warning in caught:
         if not unactionable(str(warning.message)):
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs a module's loader with the warnings it issues recorded, the ``UNACTIONABLE`` ones dropped."""
+
+    def __init__(self, loader: importlib.abc.Loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.loader.exec_module(module)
+        for warning in caught:
+            if not unactionable(str(warning.message)):
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+class _QuietOnImport(importlib.abc.MetaPathFinder):
+    """``import_quietly`` for ``modules``, done when something first imports them (not before: MLflow takes seconds
+    to import, and a kedro command that tracks nothing never needs it)."""
+
+    def __init__(self, modules: set[str]):
+        self.modules = modules
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        self.modules = self.modules - {name}  # found once, by the finders after this one
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+def quiet_on_import(*modules: str) -> None:
+    """``import_quietly`` each of ``modules`` when it is first imported (by anyone), from now on in this process."""
+    if not any(isinstance(finder, _QuietOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietOnImport(set(modules)))
 
 
 def ignore_warnings() -> None:

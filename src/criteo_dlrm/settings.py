@@ -1,7 +1,7 @@
 """Project settings (see https://docs.kedro.org/en/stable/configure/configuration_basics/)."""
 
 from criteo_dlrm.hooks import project_hooks
-from criteo_dlrm.log_filters import import_quietly
+from criteo_dlrm.log_filters import quiet_on_import
 from criteo_dlrm.logs import ConsoleSession
 from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 
@@ -14,10 +14,11 @@ SESSION_CLASS = ConsoleSession
 _tracking = TrackingHooks()  # also resolves ${project_path:} in mlflow.yml (tracking on or off)
 if tracking_enabled():
     HOOKS = (*project_hooks(), _tracking)
-    # kedro-mlflow's pyfunc class makes MLflow warn when it is first imported (log_filters.import_quietly). A process
-    # that reads these settings but is no session of ours (kedro viz's server, a plain KedroSession) reads them
-    # before it loads the plugins' hooks, which import it: imported here first, its warning never shows.
-    import_quietly("kedro_mlflow.mlflow")
+    # kedro-mlflow's pyfunc class makes MLflow warn when it is first imported (log_filters). A process that reads
+    # these settings but is no session of ours (kedro viz's server, a plain KedroSession) reads them before it loads
+    # the plugins' hooks, which import it: from here on it is imported quietly, when it is (a command that starts no
+    # session, kedro --help, never imports MLflow).
+    quiet_on_import("kedro_mlflow.mlflow.kedro_pipeline_model")
 else:
     HOOKS = project_hooks()
     DISABLE_HOOKS_FOR_PLUGINS = ("kedro-mlflow", "kedro_mlflow")  # its names on PyPI and in its wheel

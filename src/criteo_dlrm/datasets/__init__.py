@@ -1,20 +1,24 @@
-"""Custom Kedro datasets (adapters: they store what the core produces)."""
+"""Custom Kedro datasets (adapters: they store what the core produces).
 
-from .binary_file_dataset import BinaryFileDataset
-from .encoded_arrays_dataset import EncodedArraysDataset
-from .feature_vocabularies_dataset import FeatureVocabulariesDataset
-from .figure_dataset import FigureDataset
-from .json_dataset import JSONDataset
-from .previous_version_dataset import Previous, PreviousVersionDataset
-from .torch_checkpoint_dataset import TorchCheckpointDataset
+Each is imported when first named (the catalog names them as ``criteo_dlrm.datasets.<Class>``): a ``kedro``
+command that reads no checkpoint never imports torch for it."""
 
-__all__ = [
-    "BinaryFileDataset",
-    "EncodedArraysDataset",
-    "FeatureVocabulariesDataset",
-    "FigureDataset",
-    "JSONDataset",
-    "Previous",
-    "PreviousVersionDataset",
-    "TorchCheckpointDataset",
-]
+_MODULES = {
+    "BinaryFileDataset": "binary_file_dataset",
+    "EncodedArraysDataset": "encoded_arrays_dataset",
+    "FeatureVocabulariesDataset": "feature_vocabularies_dataset",
+    "FigureDataset": "figure_dataset",
+    "JSONDataset": "json_dataset",
+    "Previous": "previous_version_dataset",
+    "PreviousVersionDataset": "previous_version_dataset",
+    "TorchCheckpointDataset": "torch_checkpoint_dataset",
+}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name in _MODULES:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

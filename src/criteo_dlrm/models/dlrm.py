@@ -12,7 +12,7 @@ per-feature row offsets, so a batch needs one lookup per dimension instead of 26
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,30 +21,9 @@ from torch import nn
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import NUM_DENSE
 from criteo_dlrm.models.multi_hot import MultiHot
+from criteo_dlrm.models.shapes import DCN, DCN_INITS, DenseMLP
 
 __all__ = ["DCN", "DLRM", "INTERACTIONS", "ConfigError", "DLRMConfig", "DenseMLP"]
-
-
-@dataclass
-class DenseMLP:
-    """The bottom MLP over the 13 dense features (``training.dense_mlp``)."""
-
-    hidden_layer_sizes: list[int] = field(default_factory=lambda: [64])
-    output_size: int = 32
-
-
-@dataclass
-class DCN:
-    """DCN-v2's low-rank cross network (``training.dcn``, with ``interaction: dcn``)."""
-
-    num_layers: int = 3
-    low_rank: int = 64
-    # The cross layers' initial weights: torch's default for nn.Linear, or xavier_normal with zero biases (MLPerf's
-    # reference, TorchRec's LowRankCrossNet).
-    init: str = "torch"
-
-
-DCN_INITS = ("torch", "xavier_normal")
 
 
 # DLRMConfig's names before they became the YAML's (checkpoints of format 1 hold them).

@@ -28,7 +28,6 @@ from loguru import logger
 from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
-from criteo_dlrm.engine.checkpoint import Checkpoint
 from criteo_dlrm.engine.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
@@ -224,6 +223,8 @@ class TrackingHooks:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
 
         path = self._path("dlrm_checkpoint")
+        from criteo_dlrm.engine.checkpoint import Checkpoint  # a run that evaluated has torch already
+
         days = Checkpoint.from_dict(checkpoint).source_days
         parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)
         if path is None or parquet is None:

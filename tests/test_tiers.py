@@ -1,0 +1,39 @@
+"""The tiers are decided by rule at collection (tests/tiers.py): a test that starts a process is slow."""
+
+from tests import tiers
+
+
+def test_a_test_is_slow_when_it_or_a_helper_of_its_module_starts_a_process(tmp_path):
+    module = tmp_path / "test_example.py"
+    module.write_text(
+        "import subprocess\n\n"
+        "def _kedro(project, *args):\n    return subprocess.run(['kedro', 'run', *args], cwd=project)\n\n"
+        "def _twice(project):\n    return _kedro(project), _kedro(project)\n\n"
+        "def _sum(values):\n    return sum(values)\n\n"
+        "def test_runs_kedro(tmp_path):\n    _twice(tmp_path)\n\n"
+        "def test_adds():\n    assert _sum([1, 2]) == 3\n"
+    )
+    assert tiers._slow_functions(str(module)) == {"_kedro", "_twice", "test_runs_kedro"}
+
+
+def test_every_test_left_in_the_fast_tier_starts_no_process(request):
+    """What this session keeps in the fast tier reads as fast to the rule (a hand mark cannot make it so)."""
+    fast = [item for item in request.session.items if item.get_closest_marker("slow") is None]
+    assert fast and not [item.nodeid for item in fast if tiers.is_slow(item)]
+
+
+def test_the_readme_s_pytest_collects_at_least_400_fast_tests_and_no_kedro_run():
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRITEO_DLRM_")}
+    found = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-n", "0"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    collected = [line for line in found.stdout.splitlines() if "::" in line]
+    assert len(collected) >= 400, found.stdout[-2000:]
+    assert not [line for line in collected if "test_kedro_run_ends_with_one_summary_block" in line]
