@@ -19,7 +19,8 @@ from tests.conftest import PROJECT_ROOT, copy_project
 def _kedro(project: Path, *args: str, tracking: bool = True) -> subprocess.CompletedProcess:
     """``kedro run`` with ``args``, as a user types it; ``tracking=False``: with CRITEO_DLRM_TRACKING=off (about
     4 s less per run, for tests whose subject is not what MLflow records)."""
-    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1"}
+    # The caller's own CRITEO_DLRM_* settings left out: each test sets what it needs.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRITEO_DLRM_")} | {"KEDRO_DISABLE_TELEMETRY": "1"}
     env.pop("COLUMNS", None)
     if not tracking:
         env["CRITEO_DLRM_TRACKING"] = "off"
@@ -152,6 +153,16 @@ def test_a_catalog_file_with_a_python_tag_is_refused_in_a_few_lines_naming_it(tm
     assert result.returncode == 1 and len(output.strip().splitlines()) < 10, output[-3000:]
     assert "conf/local/catalog.yml, line 1, column 6: could not determine a constructor" in output
     assert "Traceback" not in output
+
+
+def test_an_unknown_environment_is_refused_in_two_lines_naming_the_ones_there(tmp_path):
+    """--env mlpref ended in 290 lines whose last was an MLflow store error."""
+    project = copy_project(tmp_path / "project")
+    result = _kedro(project, "--env", "mlpref")
+    output = (result.stdout + result.stderr).strip()
+    assert result.returncode == 1 and len(output.splitlines()) <= 3, output[-3000:]
+    assert "No environment 'mlpref' (did you mean mlperf?)" in output
+    assert "The environments: local, mlperf, torchrec_dlrm." in output and "Traceback" not in output
 
 
 @pytest.mark.slow

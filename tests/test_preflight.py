@@ -223,3 +223,31 @@ def test_predictions_that_cannot_fit_are_refused_before_the_export_runs(tmp_path
     assert f"No space left on {predictions} while writing the predictions of 524 rows or more" in message
     assert "(1.0 kB free; it needs 2.1 kB)" in message
     check_before_run(configs, _pipeline("scoring"), DataCatalog())  # the staging folder has room
+
+
+def test_a_multi_hot_size_no_batch_can_look_up_is_refused_before_any_node(tmp_path, monkeypatch):
+    """One multi-hot size of 1e9 grew the kedro process to 20 GB until the kernel killed it (rc 137, no message):
+    the lookups a training batch needs are counted before any node runs, the table sizes not needed for it."""
+    hots = [1] * 26
+    hots[20] = 1_000_000_000
+    params = {"training": {"device": "cpu", "multi_hot_sizes": hots}}
+    with pytest.raises(ConfigError, match=r"looks up 1,000,000,025 table rows a row .* Lower training.multi_hot_sizes"):
+        _preflight("training", params, tmp_path, monkeypatch)
+    hots[20] = 100  # MLPerf's largest
+    _preflight("training", {"training": {"device": "cpu", "multi_hot_sizes": hots}}, tmp_path, monkeypatch)
+
+
+def test_a_batch_whose_lookups_cannot_fit_is_refused_with_a_batch_that_fits(monkeypatch):
+    import torch
+
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.engine import memory
+
+    config = TrainingConfig.from_dict({"batch_size": {"train": 1_000_000}})
+    monkeypatch.setattr(memory, "memory_room", lambda: type("Room", (), {"available": 0, "where": "the test's room"}))
+    monkeypatch.setattr(memory, "own_memory_bytes", lambda: memory.lookup_bytes(config) // 10)
+    with pytest.raises(ConfigError) as refused:
+        memory.check_lookup_memory(config, torch.device("cpu"))
+    [fix] = refused.value.fixes
+    smaller = TrainingConfig.from_dict({"batch_size": {"train": fix.params["training.batch_size.train"]}})
+    memory.check_lookup_memory(smaller, torch.device("cpu"))  # the suggested batch fits

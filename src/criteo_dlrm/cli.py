@@ -22,6 +22,7 @@ from typing import Any
 import click
 import yaml
 from kedro.framework.cli.project import run as kedro_run
+from loguru import logger
 from omegaconf import OmegaConf
 
 from criteo_dlrm.common.commands import Invocation, dotted, invoked
@@ -99,6 +100,25 @@ def yaml_problem(path: Path, text: str) -> str | None:
             "configuration loader (OmegaConf) reads; write the values out, or use fewer levels of aliases"
         )
     return None
+
+
+def check_environment(conf_source: Path, env: str | None) -> None:
+    """Refuse an ``--env`` with no folder in ``conf_source``, naming the environments there (Kedro went on without
+    it and failed hundreds of lines later, in MLflow's tracking store); say, in the log, that conf/local is left
+    out when another environment is asked for and conf/local holds settings (Kedro's rule, silent otherwise)."""
+    if not env:
+        return
+    known = (
+        sorted(p.name for p in conf_source.iterdir() if p.is_dir() and p.name != "base") if conf_source.is_dir() else []
+    )
+    if not (conf_source / env).is_dir():
+        raise ConfigError(
+            f"No environment {env!r}{_closest(env, known)}: {conf_source} has no folder {env}. The environments: "
+            f"{', '.join(known) or 'none besides base'}."
+        )
+    local = conf_source / "local"
+    if env != "local" and local.is_dir() and any(local.glob("**/*.y*ml")):
+        logger.info("--env={}: conf/{} is read over conf/base; conf/local's settings are left out", env, env)
 
 
 def check_conf_files(conf_source: Path, env: str | None) -> None:
@@ -255,6 +275,7 @@ def run(ctx: click.Context, verbose: bool, **kwargs: Any) -> Any:
     typed = invocation(kwargs)
     try:
         check_pipelines([*(kwargs.get("pipelines") or []), *filter(None, [kwargs.get("pipeline")])])
+        check_environment(Path(kwargs.get("conf_source") or "conf"), kwargs.get("env"))
         check_conf_files(Path(kwargs.get("conf_source") or "conf"), kwargs.get("env"))
         with invoked(typed):
             result = ctx.invoke(kedro_run, **kwargs)

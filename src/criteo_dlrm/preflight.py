@@ -27,7 +27,7 @@ from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.engine.device import check_process_count, resolve_device
-from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_table_memory
+from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_lookup_memory, check_table_memory
 from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
 from criteo_dlrm.pipelines.ingestion.nodes import convert_raw_days
@@ -138,6 +138,7 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)
     mode_class(config).check(config, device)
+    check_lookup_memory(config, device)  # the table sizes are not needed for it: every run, before any node
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
             sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)

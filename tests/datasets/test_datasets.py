@@ -97,6 +97,26 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
     assert not (tmp_path / "features.partial").exists()
 
 
+@pytest.mark.parametrize("damage", ["{not json", "[1, 2]", ""])
+def test_a_damaged_lineage_of_the_encoded_rows_is_named_and_the_next_save_encodes_them_again(
+    tiny_features, tmp_path, damage
+):
+    """A damaged lineage.json ended in a 267-line traceback, and the same command failed again: loading names it with
+    the command that encodes again; saving (that command's encoding) encodes the rows again."""
+    encoder = FeatureEncoder.from_metadata(
+        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
+    )
+    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
+    lineage = tiny_features["train"].lineage
+    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
+    dataset.save(EncodedDays(encoder, paths, lineage))
+    (tmp_path / "features" / "lineage.json").write_text(damage)
+    message = refused(dataset.load, tmp_path / "features" / "lineage.json")
+    assert "Encode the rows again: `kedro run --pipelines=training`" in message
+    dataset.save(EncodedDays(encoder, paths, lineage))
+    assert dataset.load().lineage == lineage, "encoded again, its lineage written again"
+
+
 def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, tmp_path, monkeypatch):
 
     encoder = FeatureEncoder.from_metadata(

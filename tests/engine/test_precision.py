@@ -54,3 +54,33 @@ def test_the_real_probe_measures_this_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
     rates = device_module.cpu_matmul_rates()
     assert rates["fp32"] > 0 and rates["bf16"] > 0
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"fp32": "150", "bf16": "900"}, {"fp32": 0, "bf16": 900.0}, {"bf16": 900.0}, "fast", {"fp32": True, "bf16": 9}],
+    ids=["strings", "zero", "a missing key", "not a mapping", "a boolean"],
+)
+def test_a_cache_entry_of_the_wrong_types_is_measured_again_and_rewritten(probe, tmp_path, entry):
+    rates, calls = probe
+    rates(150.0, 900.0)
+    key = f"{device_module.cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+    (tmp_path / "probe.json").write_text(json.dumps({key: entry, "another machine": {"fp32": 1.0, "bf16": 2.0}}))
+    assert resolve_precision("auto", torch.device("cpu"))[0] == "bf16"
+    assert len(calls) == 2, "measured again"
+    cached = json.loads((tmp_path / "probe.json").read_text())
+    assert cached == {key: {"fp32": 150.0, "bf16": 900.0}, "another machine": {"fp32": 1.0, "bf16": 2.0}}
+
+
+def test_a_cache_that_cannot_be_rewritten_is_named_and_the_run_goes_on(probe, tmp_path, monkeypatch, logged):
+    rates, calls = probe
+    rates(150.0, 900.0)
+    monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "read-only" / "probe.json")
+    monkeypatch.setattr(
+        device_module,
+        "write_bytes_atomically",
+        lambda *a: (_ for _ in ()).throw(PermissionError(13, "Permission denied")),
+    )
+    assert resolve_precision("auto", torch.device("cpu"))[0] == "bf16"
+    [line] = [line for line in logged if "could not keep them" in line]
+    assert str(tmp_path / "read-only" / "probe.json") in line and "Permission denied" in line

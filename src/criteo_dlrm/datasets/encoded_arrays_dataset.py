@@ -10,8 +10,14 @@ from kedro.io import AbstractDataset
 from loguru import logger
 
 from criteo_dlrm.common.locks import exclusive
-from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, remove_stale_partials, write_bytes_atomically
-from criteo_dlrm.data.chunk_digests import write_digests
+from criteo_dlrm.common.storage import (
+    DamagedFileError,
+    atomic_folder,
+    reading,
+    remove_stale_partials,
+    write_bytes_atomically,
+)
+from criteo_dlrm.data.chunk_digests import REENCODE, write_digests
 from criteo_dlrm.data.encoding import EncodedDays
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range, open_encoded, write_encoded
 
@@ -54,13 +60,27 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
         return open_encoded(self._path, lineage=self._stored_lineage())
 
     def _stored_lineage(self) -> dict | None:
+        """The folder's ``lineage.json`` (None: none there).
+
+        Raises:
+            DamagedFileError: it cannot be read as what was written, naming it and the command that encodes again.
+        """
         path = self._path / LINEAGE
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        lineage = reading(path, lambda: json.loads(path.read_text()), REENCODE, "the encoded rows' lineage")
+        if not isinstance(lineage, dict):
+            raise DamagedFileError(
+                f"the encoded rows' lineage: {path} is not a lineage record. {REENCODE}", fix=REENCODE
+            )
+        return lineage
 
     def _reusable(self, data: EncodedArrays | EncodedDays) -> bool:
-        if data.lineage is None or not self._exists() or self._stored_lineage() != data.lineage:
+        if data.lineage is None or not self._exists():
             return False
         try:
+            if self._stored_lineage() != data.lineage:
+                return False
             stored = open_encoded(self._path)  # small files, sizes; damage an earlier reader recorded
             if isinstance(data, EncodedDays):  # a lineage that claims these tables, and indices beyond them
                 check_index_range(stored, data.encoder.table_sizes, "the stored rows")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import time
@@ -11,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.common.parallel import available_cores
 from criteo_dlrm.common.storage import write_bytes_atomically
+from criteo_dlrm.config.evaluation import PRECISIONS  # one definition, the settings'
 
-PRECISIONS = ("fp32", "bf16")
 # precision: auto takes bf16 on a CPU whose bf16 matmuls run at least this many times its fp32 ones (AMX: 6x; an
 # AMD CPU with AVX512_BF16: 1.65x, where bf16 training measured faster; AVX2 only: 0.04x, emulated).
 BF16_SPEEDUP = 1.5
@@ -84,16 +86,31 @@ def cpu_matmul_rates() -> dict:
         cached = json.loads(PROBE_CACHE.read_text())
     except (OSError, ValueError):
         cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), dict):
-        return cached[key]
+    cached = cached if isinstance(cached, dict) else {}
+    if _valid_rates(cached.get(key)):
+        return {name: float(cached[key][name]) for name in PRECISIONS}
+    # Measured (again, where the cache held something else: a hand edit, another version's format).
     rates = {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)}
     try:
-        write_bytes_atomically(
-            PROBE_CACHE, json.dumps({**(cached if isinstance(cached, dict) else {}), key: rates}, indent=1).encode()
-        )
-    except OSError:
-        pass  # a read-only home: measured again next time
+        write_bytes_atomically(PROBE_CACHE, json.dumps({**cached, key: rates}, indent=1).encode())
+    except OSError as error:
+        logger.warning(
+            "precision: auto measured this CPU's matmul rates but could not keep them in {} ({}): they are measured "
+            "again at every run until it can be written (or set training.precision to fp32 or bf16).",
+            PROBE_CACHE, error.strerror or error,
+        )  # fmt: skip
     return rates
+
+
+def _valid_rates(rates) -> bool:
+    """A cache entry of positive finite GFLOP/s for each precision (not a string, a 0 or a missing key)."""
+    return isinstance(rates, dict) and all(
+        isinstance(rates.get(name), int | float)
+        and not isinstance(rates.get(name), bool)
+        and math.isfinite(rates[name])
+        and rates[name] > 0
+        for name in PRECISIONS
+    )
 
 
 def resolve_precision(setting: str, device: torch.device) -> tuple[str, str]:

@@ -12,8 +12,9 @@ import dataclasses
 import psutil
 import torch
 
-from criteo_dlrm.common.errors import ConfigError
+from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.common.memory import memory_room
+from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.models.dlrm import DLRMConfig
 
@@ -112,6 +113,47 @@ def gpu_memory_bytes(
         ),
     }
     return {**parts, "the caching allocator's margin": int(ALLOCATOR_MARGIN * sum(parts.values()))}
+
+
+# Per row a training batch looks up: its int64 id with the multi-hot draws' temporaries (32 bytes), and its row of
+# the tables' sparse gradient (one row per lookup, float32), twice: the gradient and its rows summed.
+LOOKUP_ID_BYTES = 32
+
+
+def lookup_bytes(config: TrainingConfig) -> int:
+    """Bytes a training batch's lookups take at once (``LOOKUP_ID_BYTES``; 8 bytes a value of each looked-up row):
+    26 a row, or ``multi_hot_sizes`` summed (MLPerf's 214)."""
+    model_config = config.model_config([2] * NUM_SPARSE)
+    hots = model_config.multi_hot_sizes or [1] * NUM_SPARSE
+    per_row = sum(
+        int(k) * (LOOKUP_ID_BYTES + 8 * dim) for k, dim in zip(hots, model_config.sparse_embedding_sizes, strict=True)
+    )
+    return config.batch_size.train * per_row
+
+
+def check_lookup_memory(config: TrainingConfig, device: torch.device) -> None:
+    """Refuse, before any node runs (the table sizes are not needed), a training batch whose lookups cannot fit
+    (``lookup_bytes``) in the GPU's free memory or this process's room on the CPU: a multi-hot size of 1e9 grew the
+    process until the kernel killed it, with no message."""
+    needed = lookup_bytes(config)
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], f"{torch.cuda.get_device_name(device)}'s free memory"
+    else:
+        room = memory_room()
+        available, where = room.available + own_memory_bytes(), room.where
+    if needed > available:
+        lookups = sum(config.multi_hot_sizes) if config.multi_hot_sizes else NUM_SPARSE
+        per_row = needed // config.batch_size.train
+        # A batch that takes half the room, where one row fits at all (else only smaller multi-hot sizes help).
+        fits = available // (2 * per_row)
+        fix = Fix(params={"training.batch_size.train": int(fits)}) if fits >= 1 else ()
+        raise ConfigError(
+            f"A training batch of {config.batch_size.train:,} rows looks up {lookups:,} table rows a row "
+            f"(training.multi_hot_sizes): its ids and the tables' gradients for them need {needed / 1e9:,.1f} GB, "
+            f"more than {where} ({available / 1e9:,.1f} GB). Lower training.multi_hot_sizes (MLPerf's sum to 214)"
+            + (f" or use `{fix}`." if fix else "."),
+            fix=fix,
+        )
 
 
 def check_table_memory(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from criteo_dlrm.config import EvaluationConfig
 from criteo_dlrm.engine.checkpoint import Checkpoint
@@ -10,6 +10,8 @@ from criteo_dlrm.engine.evaluation import evaluation_figures, score_checkpoint
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: 0.3 s of every kedro command's start
     from matplotlib.figure import Figure
+else:  # the name the annotation reads at run time (Kedro reads every node's type hints, and warned without it)
+    Figure = Any
 
 
 def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, Figure, Figure, Figure]:
