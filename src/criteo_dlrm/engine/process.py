@@ -13,11 +13,13 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.config.evaluation import PRECISIONS
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import configure_backends, resolve_device, resolve_precision
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.modes import mode_class
+from criteo_dlrm.engine.run_state import resumed_precision
 
 
 def train_process(job: TrainingJob, device: torch.device | None = None) -> TrainingOutcome:
@@ -29,6 +31,10 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         backends = configure_backends(device, config.allow_tf32, config.num_threads)
         precision, why = resolve_precision(config.precision, device)  # after the threads: the probe uses them
+        kept = resumed_precision(job.resume_path, job.fingerprint) if config.precision == "auto" else None
+        if kept in PRECISIONS and kept != precision:  # the probe's cache or the thread count changed since
+            why = f"kept from the in-progress checkpoint, trained in {kept} (auto would choose {precision} now: {why})"
+            precision = kept
         if world_size > 1:  # rank 0's choice in every process (each measured its own CPU share)
             chosen = [precision, why]
             dist.broadcast_object_list(chosen, src=0)

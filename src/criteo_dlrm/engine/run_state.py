@@ -162,6 +162,9 @@ class InProgress:
         if self.path is None and not improved:
             return
         values = {"fingerprint": self.fingerprint, **state.values(), "torch_rng_state": torch.get_rng_state()}
+        runtime = getattr(self.mode, "runtime", None)
+        if runtime is not None:  # a resumed run trains on in what this state was trained in (resumed_precision)
+            values["precision"] = runtime.precision
         self.mode.save_state(self.files, values, improved)
 
     def kept(self) -> str:
@@ -175,3 +178,19 @@ class InProgress:
         if self.mode.is_main:
             os.replace(self.path, aside)
             logger.warning("{} Moved to {}; this run starts afresh.", error, aside)
+
+
+def resumed_precision(path: Path | None, fingerprint: str) -> str | None:
+    """The precision the in-progress checkpoint at ``path`` was trained in, when it is this run's (``fingerprint``)
+    and says (None otherwise): a resumed run keeps it, whatever ``precision: auto`` would choose now. Read without
+    its digest check (the resume checks it, and starts afresh from a damaged one)."""
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        values = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - damaged: the resume sets it aside and says so
+        return None
+    if not isinstance(values, dict) or values.get("fingerprint") != fingerprint:
+        return None
+    precision = values.get("precision")
+    return precision if isinstance(precision, str) else None

@@ -226,6 +226,45 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     assert summary["tensorboard_run"].endswith("r1"), "in the folder it started in"
 
 
+def test_a_resumed_run_keeps_the_precision_its_in_progress_state_was_trained_in(tiny_features, tmp_path, monkeypatch):
+    """precision: auto resolved otherwise after an interruption (the probe's cache changed, the thread count followed
+    the idle cores) trained the remaining steps in the other precision and recorded only the new one."""
+    from criteo_dlrm.engine import device as device_module
+    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.pipelines.training.nodes import train_dlrm
+
+    monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
+    rates = {torch.float32: 150.0, torch.bfloat16: 900.0}  # bf16 6x fp32: auto takes bf16
+    monkeypatch.setattr(device_module, "matmul_rate", lambda dtype, seconds=0.25, size=1024: rates[dtype])
+    params = training_params(tmp_path, precision="auto", validate_every_steps=5)
+    original_step = TrainStep.__call__
+    precisions = []
+
+    def killed_at_step_8(self, batch, index, *args):
+        precisions.append(self.mode.runtime.precision)
+        if index == 8:
+            raise _Killed
+        return original_step(self, batch, index, *args)
+
+    monkeypatch.setattr(TrainStep, "__call__", killed_at_step_8)
+    inputs = (tiny_features["train"], tiny_features["validation"], tiny_features["metadata"])
+    with pytest.raises(_Killed):
+        train_dlrm(*inputs, tiny_features["vocabularies"], params, "r1")
+    assert set(precisions) == {"bf16"}
+    (tmp_path / "probe.json").unlink()
+    rates[torch.bfloat16] = 6.0  # measured again: now auto would take fp32
+    precisions.clear()
+    monkeypatch.setattr(TrainStep, "__call__", lambda self, *a: precisions.append(self.mode.runtime.precision)
+                        or original_step(self, *a))  # fmt: skip
+    _, summary = train_dlrm(*inputs, tiny_features["vocabularies"], params, "r2")
+    assert summary["resumed_from_step"] in (5, 8) and set(precisions) == {"bf16"}, "the rest trained in bf16 too"
+    assert summary["precision"]["precision"] == "bf16"
+    assert (
+        "kept from the in-progress checkpoint, trained in bf16 (auto would choose fp32 now"
+        in (summary["precision"]["precision_auto"])
+    )
+
+
 def test_rows_encoded_from_other_days_or_vocabularies_are_refused(tiny_features, tmp_path):
     import dataclasses
 
