@@ -32,7 +32,7 @@ from criteo_dlrm.common.storage import (
     sync_folder,
     write_bytes_atomically,
 )
-from criteo_dlrm.data.lineage import source_metadata
+from criteo_dlrm.data.lineage import content_sample, source_metadata
 from criteo_dlrm.data.parquet import WRITE_OPTIONS, fingerprint_path, seal_day
 from criteo_dlrm.data.raw.files import day_name, open_raw
 from criteo_dlrm.data.raw.parsing import parse_batch
@@ -332,7 +332,7 @@ def split_day(source: Path, output_dir: Path, rows_per_day: int, **options) -> l
     stat = source.stat()
     write_bytes_atomically(manifest, json.dumps({
         "source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-        "rows_per_day": rows_per_day, "rows": rows, "parts": [path.name for path in writer.parts],
+        "sample": content_sample(source), "rows_per_day": rows_per_day, "rows": rows, "parts": [path.name for path in writer.parts],
     }).encode())  # fmt: skip
     seconds = round(time.perf_counter() - started, 3)
     reports = []
