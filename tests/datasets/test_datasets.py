@@ -97,19 +97,25 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
     assert not (tmp_path / "features.partial").exists()
 
 
+def _stored_training_days(tiny_features, folder):
+    """(encoder, Parquet days, lineage, dataset) of the sample's training days, encoded into ``folder``."""
+    encoder = FeatureEncoder.from_metadata(
+        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
+    )
+    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
+    lineage = tiny_features["train"].lineage
+    dataset = EncodedArraysDataset(path=str(folder))
+    dataset.save(EncodedDays(encoder, paths, lineage))
+    return encoder, paths, lineage, dataset
+
+
 @pytest.mark.parametrize("damage", ["{not json", "[1, 2]", ""])
 def test_a_damaged_lineage_of_the_encoded_rows_is_named_and_the_next_save_encodes_them_again(
     tiny_features, tmp_path, damage
 ):
     """A damaged lineage.json ended in a 267-line traceback, and the same command failed again: loading names it with
     the command that encodes again; saving (that command's encoding) encodes the rows again."""
-    encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
-    )
-    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
-    lineage = tiny_features["train"].lineage
-    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
-    dataset.save(EncodedDays(encoder, paths, lineage))
+    encoder, paths, lineage, dataset = _stored_training_days(tiny_features, tmp_path / "features")
     (tmp_path / "features" / "lineage.json").write_text(damage)
     message = refused(dataset.load, tmp_path / "features" / "lineage.json")
     assert "Encode the rows again: `kedro run --pipelines=training`" in message
@@ -118,14 +124,7 @@ def test_a_damaged_lineage_of_the_encoded_rows_is_named_and_the_next_save_encode
 
 
 def test_encoded_days_are_reused_only_when_their_lineage_matches(tiny_features, tmp_path, monkeypatch):
-
-    encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
-    )
-    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
-    lineage = tiny_features["train"].lineage
-    dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
-    dataset.save(EncodedDays(encoder, paths, lineage))
+    encoder, paths, lineage, dataset = _stored_training_days(tiny_features, tmp_path / "features")
     assert dataset.load().lineage == lineage
     written = (tmp_path / "features" / "sparse.npy").stat().st_mtime_ns
 
