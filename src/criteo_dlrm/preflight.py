@@ -138,7 +138,17 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)
     mode_class(config).check(config, device)
+    # The tables first, where their sizes are known: they hold a batch's lookups' rows many times over, and their
+    # refusal names what shrinks them (an embedding dimension of 1e9 was refused as too many lookups a row).
+    _check_known_tables(config, metadata, computes_metadata, catalog, device)
     check_lookup_memory(config, device)  # the table sizes are not needed for it: every run, before any node
+
+
+def _check_known_tables(
+    config: TrainingConfig, metadata: MetadataConfig, computes_metadata: bool, catalog, device
+) -> None:
+    """The tables' memory, where their sizes are known before any node runs: set by the modulus hash, or held by
+    the existing metadata version this run's training reads."""
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
             sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)

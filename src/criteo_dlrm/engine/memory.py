@@ -150,8 +150,8 @@ def check_lookup_memory(config: TrainingConfig, device: torch.device) -> None:
         raise ConfigError(
             f"A training batch of {config.batch_size.train:,} rows looks up {lookups:,} table rows a row "
             f"(training.multi_hot_sizes): its ids and the tables' gradients for them need {needed / 1e9:,.1f} GB, "
-            f"more than {where} ({available / 1e9:,.1f} GB). Lower training.multi_hot_sizes (MLPerf's sum to 214)"
-            + (f" or use `{fix}`." if fix else "."),
+            f"more than {where} ({available / 1e9:,.1f} GB). Lower training.multi_hot_sizes (MLPerf's sum to 214) "
+            "or training.sparse_embedding_sizes" + (f" or use `{fix}`." if fix else "."),
             fix=fix,
         )
 
