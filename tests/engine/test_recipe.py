@@ -74,3 +74,88 @@ def test_a_finished_run_whose_checkpoint_could_not_be_stored_is_stored_by_the_re
     stored = json.loads(summary.read_text())
     assert stored["steps"] == 157 and [h["step"] for h in stored["history"]] == [157], "resumed at its end"
     assert not in_progress.exists(), "removed once the checkpoint is stored"
+
+
+def _finished_run(tmp_path, **settings):
+    """A tiny run trained with resume on (8 steps of 2,000 rows), its rows and metadata, and its outputs as the
+    catalog's latest finished run."""
+    import dataclasses
+
+    from criteo_dlrm.config.metadata import MetadataConfig
+    from criteo_dlrm.config.training import TrainingConfig
+    from criteo_dlrm.data.encoding import FeatureEncoder
+    from criteo_dlrm.data.metadata import compute_feature_metadata
+    from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.synthetic import ClickModel, write_day
+    from criteo_dlrm.engine.recipe import FinishedRun, run_training
+
+    write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
+    parquet = convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet
+    metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
+    metadata = dataclasses.replace(metadata, source_days={"train": [], "validation": []})
+    rows = FeatureEncoder.from_metadata(metadata, vocabularies).encode_days([parquet])
+
+    def config(**changed):
+        values = {"num_epochs": 1, "validations_per_epoch": 1, "tensorboard_dir": str(tmp_path / "tb"),
+                  "in_progress_dir": str(tmp_path / "in_progress"), **settings, **changed}  # fmt: skip
+        return TrainingConfig.from_dict(values)
+
+    checkpoint, summary = run_training(config(), rows, rows, metadata, vocabularies, "first")
+    finished = FinishedRun("first", summary, lambda: {**checkpoint, "catalog_version": "first"})
+    return config, (rows, metadata, vocabularies), finished
+
+
+def test_a_finished_run_is_reused_only_as_its_checkpoint_s_own_fingerprint_says_with_this_code(
+    tmp_path, monkeypatch, logged
+):
+    """Issue 62 items 1 and 4: the code was not part of a finished run's identity (an upgrade reused the model the
+    old code trained), and the reuse read the fingerprint from the summary alone (a summary and its checksum copied
+    from another run made a 20-step model count as the default run's)."""
+    from criteo_dlrm.engine import checkpoint as checkpoints
+    from criteo_dlrm.engine import recipe
+    from criteo_dlrm.engine.recipe import FinishedRun, run_training
+
+    config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
+    stored = finished.checkpoint()
+    assert stored["fingerprint"] == finished.summary["fingerprint"] and stored["code"] == checkpoints.code_identity()
+
+    _, summary = run_training(config(), rows, rows, metadata, vocabularies, "second", previous=finished)
+    assert summary["reused_version"] == "first" and summary["reused_differences"] == []
+
+    # Another run's checkpoint under this summary (its fingerprint inside is another's): trained again.
+    other = FinishedRun("first", finished.summary, lambda: {**stored, "fingerprint": "0123456789abcdef"})
+    _, summary = run_training(config(), rows, rows, metadata, vocabularies, "third", previous=other)
+    assert summary["reused_version"] is None and summary["fingerprint"] == finished.summary["fingerprint"]
+    assert any("but its checkpoint was trained with other ones" in line for line in logged), logged
+
+    # The same settings and rows, other code (an upgrade): trained again, and said why.
+    changed = {**checkpoints.code_identity(), "source_sha256": "f" * 64}
+    monkeypatch.setattr(recipe, "code_identity", lambda: changed)
+    _, summary = run_training(config(), rows, rows, metadata, vocabularies, "fourth", previous=finished)
+    assert summary["reused_version"] is None and summary["code"] == changed
+    assert summary["fingerprint"] != finished.summary["fingerprint"]
+    assert any("has this run's settings and rows but was trained by other code" in line for line in logged)
+
+
+def test_a_reused_run_whose_settings_left_out_of_its_identity_differ_says_so_and_how_to_train_anyway(tmp_path, logged):
+    """Issue 62 item 1: after a 1-process run, the same run with distributed.nproc_per_node=2 trained nothing and
+    reported the 1-process model with only "reused version"."""
+    from criteo_dlrm.engine.recipe import run_training
+    from criteo_dlrm.summary import RunRecord, render
+
+    config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
+    changed = config(distributed={"nproc_per_node": 2}, log_every_steps=5)
+    _, summary = run_training(changed, rows, rows, metadata, vocabularies, "second", previous=finished)
+    assert summary["reused_version"] == "first" and summary["processes"] == 1
+    assert summary["reused_differences"] == [
+        "training.log_every_steps 20 there, 5 here",
+        "training.distributed.nproc_per_node 1 there, 2 here",
+    ]
+    [warning] = [line for line in logged if "settings that leave the model as it is" in line]
+    assert (
+        "training.distributed.nproc_per_node 1 there, 2 here" in warning
+        and "kedro run --params=training.resume=false" in warning
+    )
+    text = render(RunRecord(version="second", saved={"training_summary": summary}))
+    assert "the reused run differs in training.log_every_steps 20 there, 5 here;" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 100

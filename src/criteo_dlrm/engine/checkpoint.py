@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -32,6 +33,21 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[package] = "not installed"
     return versions
+
+
+@functools.cache
+def code_identity() -> dict[str, str]:
+    """The code a run trains with: the package's version and the sha256 of its installed source files (each
+    ``.py`` file's path in the package and its bytes, in path order); part of a finished run's fingerprint, so a
+    changed training (an upgrade, a fix) never reuses the model of the code before it."""
+    import criteo_dlrm
+
+    root = Path(criteo_dlrm.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return {"criteo_dlrm": criteo_dlrm.__version__, "source_sha256": digest.hexdigest()}
 
 
 def fingerprint(*parts: Any) -> str:
@@ -152,6 +168,8 @@ class Checkpoint:
             None for a checkpoint made before calibration.
         model_state, optimizer_state: its tensors; or ``sharded_state``: a sharded run's state folder, with its
             dense optimiser's ``dense_param_groups``.
+        code: the code that trained it (``code_identity``); ``fingerprint``: its finished run's (settings, rows
+            and code), read from here, under the content digest, when a rerun decides to reuse it.
         version: its catalog version (the dataset adds it on load; not stored); ``named``: how messages name it
             otherwise (a file's path; not stored).
         others: stored keys this version does not know, kept as they are.
@@ -173,6 +191,8 @@ class Checkpoint:
     run_version: str | None = None
     tensorboard_run: str | None = None
     library_versions: dict[str, str] = field(default_factory=dict)
+    code: dict[str, str] | None = None
+    fingerprint: str | None = None
     created: str | None = None
     format: int = CHECKPOINT_FORMAT
     version: str | None = None
@@ -258,6 +278,7 @@ def training_checkpoint(
     encoder_state: dict,
     calibration: dict,
     run: dict,
+    finished: str | None = None,
 ) -> Checkpoint:
     """The checkpoint of a finished run: its best weights and everything needed to resume, reproduce or score.
 
@@ -272,6 +293,7 @@ def training_checkpoint(
         encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.
         calibration: the calibrator fitted on the kept model's validation logits (its state).
         run: ``run_version`` and ``tensorboard_run``.
+        finished: the finished run's fingerprint (``engine.recipe``), kept under the content digest.
     """
     return Checkpoint(
         **best,
@@ -286,5 +308,7 @@ def training_checkpoint(
         history=result.history,
         **run,
         library_versions=library_versions(),
+        code=code_identity(),
+        fingerprint=finished,
         created=datetime.now(UTC).isoformat(),
     )

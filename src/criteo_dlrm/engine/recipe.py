@@ -29,7 +29,13 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.calibration import Identity, calibrator
-from criteo_dlrm.engine.checkpoint import fingerprint, model_from_checkpoint, training_checkpoint
+from criteo_dlrm.engine.checkpoint import (
+    Checkpoint,
+    code_identity,
+    fingerprint,
+    model_from_checkpoint,
+    training_checkpoint,
+)
 from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.distributed import launch
 from criteo_dlrm.engine.job import TrainingJob
@@ -115,9 +121,9 @@ def run_training(
         run_version=run_version,
         initial_ctr=initial_ctr,
     )
-    finished = fingerprint(job.fingerprint, {key: everything[key] for key in FINISHED_SETTINGS})
+    finished = finished_fingerprint(job.fingerprint, everything, code_identity())
     if previous is not None and job.resume_path is not None:
-        reused = _reuse(previous, finished)
+        reused = _reuse(previous, job.fingerprint, everything)
         if reused is not None:
             return reused
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
@@ -158,7 +164,7 @@ def run_training(
     del kept
     warnings = [warning for warning in (rates, calibration.pop("warning", None)) if warning]
     checkpoint = training_checkpoint(
-        result, best, model_config.to_dict(), config.to_dict(), trained_with, encoder.state_dict(), calibration, run
+        result, best, model_config.to_dict(), everything, trained_with, encoder.state_dict(), calibration, run, finished
     )
     summary = TrainingSummary(
         **run,
@@ -181,6 +187,7 @@ def run_training(
         metadata_version=metadata_version,
         source_days=metadata.source_days,
         fingerprint=finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
+        code=code_identity(),
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         in_progress_checkpoint=str(in_progress) if in_progress is not None else None,
         # Its files are linked into the stored checkpoint, then removed.
@@ -189,23 +196,85 @@ def run_training(
     return checkpoint.to_dict(), summary.to_dict()
 
 
-def _reuse(previous: FinishedRun, finished: str) -> tuple[dict, dict] | None:
+def finished_fingerprint(job_fingerprint: str, settings: dict, code: dict | None) -> str:
+    """A finished run's identity: its job's (settings and rows), the ``FINISHED_SETTINGS`` and the code that
+    trained it (``code_identity``; None: a run made before the code was recorded)."""
+    finished = {key: settings[key] for key in FINISHED_SETTINGS}
+    return fingerprint(job_fingerprint, finished) if code is None else fingerprint(job_fingerprint, finished, code)
+
+
+def _reuse(previous: FinishedRun, job_fingerprint: str, settings: dict) -> tuple[dict, dict] | None:
     """The finished run's checkpoint and summary as this run's, when it trained with these settings on these rows
-    (``finished``: their fingerprint); None otherwise, or when its checkpoint cannot be read (said in the log)."""
-    if previous.summary.get("fingerprint") != finished:
+    with this code (``finished_fingerprint``), as its checkpoint's own content says (its summary and the summary's
+    checksum can be copied from another run; the checkpoint's fingerprint is under its content digest); None
+    otherwise (said in the log when only the code differs), or when its checkpoint cannot be read."""
+    code = code_identity()
+    finished = finished_fingerprint(job_fingerprint, settings, code)
+    summary_says = previous.summary.get("fingerprint")
+    if summary_says != finished:
+        then = previous.summary.get("code")
+        if summary_says == finished_fingerprint(job_fingerprint, settings, then):  # the same run but for the code
+            logger.info(
+                "training: the finished run of version {} has this run's settings and rows but was trained by other "
+                "code ({}; this is {}): training again",
+                previous.version, _code_named(then), _code_named(code),
+            )  # fmt: skip
         return None
-    checkpoint = previous.checkpoint()
-    if checkpoint is None:
+    stored = previous.checkpoint()
+    if stored is None:
         return None
-    checkpoint = {key: value for key, value in checkpoint.items() if key != "catalog_version"}
+    checkpoint = Checkpoint.from_dict(stored)
+    if checkpoint.fingerprint != finished:
+        logger.warning(
+            "training: the summary of version {} names this run's settings, rows and code, but its checkpoint was "
+            "trained {} (the fingerprint under its content digest: {}; this run's: {}): training again",
+            previous.version,
+            "before checkpoints recorded it" if checkpoint.fingerprint is None else "with other ones",
+            checkpoint.fingerprint, finished,
+        )  # fmt: skip
+        return None
+    differences = _differences(checkpoint.training_parameters, settings, LEFT_OUT_OF_REUSE)
     summary = replace(TrainingSummary.from_dict(previous.summary), reused_version=previous.version,
-                      in_progress_checkpoint=None, best_checkpoint=None)  # fmt: skip
+                      reused_differences=differences, in_progress_checkpoint=None, best_checkpoint=None)  # fmt: skip
     logger.info(
         "training: reused the finished run of version {} (the same settings on the same rows: {:,} steps, kept step "
         "{:,}, validation log loss {:.5f}). To train again, run with training.resume=false.",
         previous.version, summary.steps, summary.best_step, summary.best_validation["log_loss"],
     )  # fmt: skip
-    return checkpoint, summary.to_dict()
+    if differences:
+        again = Fix(params={"training.resume": False})
+        logger.bind(fixes=(again,)).warning(
+            "training: the reused run differs from this one in settings that leave the model as it is ({}); its "
+            "figures (the processes, samples/s) are that run's. To train with this run's: `{}`",
+            "; ".join(differences), again,
+        )  # fmt: skip
+    stored = {key: value for key, value in stored.items() if key != "catalog_version"}
+    return stored, summary.to_dict()
+
+
+# Settings a finished run is reused across (they change neither the data order nor the arithmetic), said when the
+# reused run's differ: ``resume`` aside (on, or nothing is reused).
+LEFT_OUT_OF_REUSE = tuple(key for key in NOT_IN_FINGERPRINT if key not in FINISHED_SETTINGS and key != "resume")
+
+
+def _differences(then: dict, now: dict, keys: tuple[str, ...], prefix: str = "training.") -> list[str]:
+    """``training.<setting> <then> there, <now> here`` for each of ``keys`` (nested blocks by their leaves) that
+    differs between the reused run's settings and this run's."""
+    found = []
+    for key in keys:
+        old, new = then.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            found += _differences(old, new, tuple(sorted(old.keys() | new.keys())), f"{prefix}{key}.")
+        elif old != new:
+            found.append(f"{prefix}{key} {old} there, {new} here")
+    return found
+
+
+def _code_named(code: dict | None) -> str:
+    """``criteo_dlrm 0.1, source sha256 1a2b3c4d5e6f``, or that a run did not record it."""
+    if not code:
+        return "code not recorded: a run made before runs recorded their code"
+    return f"criteo_dlrm {code.get('criteo_dlrm')}, source sha256 {str(code.get('source_sha256'))[:12]}"
 
 
 def _say_how_to_resume(resume_path: Path | None) -> None:

@@ -88,7 +88,8 @@ class TrainingSummary(_Record):
 
     Attributes:
         steps, best_step: the steps taken and the kept model's; ``resumed_from_step`` where it resumed,
-            ``reused_version`` the finished run it reused instead (then it trained nothing).
+            ``reused_version`` the finished run it reused instead (then it trained nothing), and
+            ``reused_differences`` the settings that leave the model alone in which that run differed.
         stopped_early: early stopping ended it; ``target``: ``training.target_auc`` and when it was reached.
         best_validation: the kept model's validation metrics; ``history``: every validation's.
         precision: what it trained in (``precision``, and ``precision_auto``: why, with ``auto``).
@@ -96,7 +97,7 @@ class TrainingSummary(_Record):
         warnings: what the run found worth a look (learning rates, calibration).
         calibration: the fitted calibration's state, its knots aside; ``run_version``, ``tensorboard_run``: the
             run's names; ``metadata_version``, ``source_days``: the rows it trained on; ``fingerprint``: the
-            settings and rows (a rerun with the same reuses this run).
+            settings, rows and code (a rerun with the same reuses this run); ``code``: the code that trained it.
         in_progress_checkpoint: removed once the checkpoint is stored, until then a rerun resumes from it;
             ``best_checkpoint``: a sharded run's best model without resume, linked into the stored checkpoint.
     """
@@ -115,6 +116,7 @@ class TrainingSummary(_Record):
     target: dict[str, Any] | None = None
     resumed_from_step: int | None = None
     reused_version: str | None = None
+    reused_differences: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     calibration: dict[str, Any] = field(default_factory=dict)
     run_version: str | None = None
@@ -122,6 +124,7 @@ class TrainingSummary(_Record):
     metadata_version: str | None = None
     source_days: dict[str, Any] | None = None
     fingerprint: str | None = None
+    code: dict[str, str] | None = None
     in_progress_checkpoint: str | None = None
     best_checkpoint: str | None = None
     others: dict[str, Any] = field(default_factory=dict)
@@ -146,6 +149,9 @@ class TrainingSummary(_Record):
             f"{self.samples_per_second:,.0f} samples/s",
             first="training    ",
         )
+        if self.reused_differences:
+            differences = "; ".join(self.reused_differences)
+            lines += wrapped(f"the reused run differs in {differences} (training.resume=false trains anew)")
         if why := precision.get("precision_auto"):
             lines += wrapped(f"precision auto: {precision['precision']}, {why}")
         if self.lookups_per_row and self.lookups_per_row != NUM_SPARSE:
