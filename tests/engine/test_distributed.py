@@ -115,11 +115,11 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(
 
 
 def _workers(launcher: psutil.Process) -> list[psutil.Process]:
-    """The training processes the elastic agent spawned (not multiprocessing's resource tracker)."""
+    """The training processes the elastic agent started (``engine.distributed.WORKER_START``)."""
     children = []
     for child in launcher.children(recursive=True):
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            if "criteo_dlrm.engine.distributed" in " ".join(child.cmdline()):
                 children.append(child)
         except psutil.Error:
             continue
@@ -254,3 +254,58 @@ def test_a_user_error_in_a_training_process_reaches_the_launcher_with_its_fix(ti
     assert raised.value.fixes == (Fix(pipelines="training"),)
     assert f"`{Fix(pipelines='training')}`" in str(raised.value)
     assert not list((tmp_path / "progress").glob("*.fixes.json")), "the fixes' file is removed with the run"
+
+
+def test_the_failure_named_is_the_rank_that_was_killed_not_the_ones_the_launcher_ended_after_it(tmp_path):
+    """A rank killed by SIGKILL, and the other ending with a peer's "Connection reset" error as the launcher sent
+    it SIGTERM: the launcher's own first failure (by whole-second timestamps) named the SIGTERM'd rank."""
+    import json
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from criteo_dlrm.engine.distributed import root_failure
+
+    def failure(rank: int, code: int, message: str | None = None) -> ProcessFailure:
+        error_file = tmp_path / f"error_{rank}.json"
+        if message:
+            error_file.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "5"}}}))
+        return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file=str(error_file))
+
+    ended = failure(0, -signal.SIGTERM, "RuntimeError: Connection reset by peer")
+    killed = failure(1, -signal.SIGKILL)
+    assert root_failure(ChildFailedError("worker", {0: ended, 1: killed}))[0] == 1
+    own = failure(1, 1, "ConfigError: training.batch_size.train must be at least 1")
+    assert root_failure(ChildFailedError("worker", {0: ended, 1: own}))[0] == 1, "its own error, not the SIGTERM"
+    assert root_failure(ChildFailedError("worker", {0: ended, 1: failure(1, -signal.SIGTERM)}))[0] == 0
+
+
+def test_a_child_that_asked_to_end_with_its_parent_ends_when_it_is_killed(tmp_path):
+    """``common.parent.end_with_parent``: the kernel ends the child when its parent is SIGKILLed; a child whose
+    parent had gone before it asked exits at once."""
+    import os
+    import signal
+
+    ready = tmp_path / "asked"
+    script = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import pathlib, sys, time; "
+        "from criteo_dlrm.common.parent import end_with_parent; end_with_parent(int(sys.argv[1])); "
+        "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)', str(os.getpid()), sys.argv[1]])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script, str(ready)], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    deadline = time.monotonic() + 60
+    while not ready.exists():  # it has asked
+        assert time.monotonic() < deadline, "the child never started"
+        time.sleep(0.01)
+    assert child.is_running()
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    gone, _ = psutil.wait_procs([child], timeout=5)
+    assert gone, "the child ended with its parent"
+    late = subprocess.run([sys.executable, "-c", "from criteo_dlrm.common.parent import end_with_parent; "
+                           "end_with_parent(1); print('ran on')"], capture_output=True, text=True)  # fmt: skip
+    assert late.returncode == 1 and "ran on" not in late.stdout, "its parent (pid 1) is not the one named"

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from loguru import logger
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from criteo_dlrm.common.errors import Fix, UserError
@@ -37,6 +38,13 @@ from criteo_dlrm.engine.process import train_process
 
 class TrainingWorkerError(UserError, RuntimeError):
     """A training process failed (or was killed); the message names its rank."""
+
+
+# What each training process of ``launch`` runs: the parent-death signal first, then ``main``.
+WORKER_START = (
+    "import sys; from criteo_dlrm.common.parent import end_with_parent; end_with_parent(int(sys.argv[1])); "
+    "from criteo_dlrm.engine.distributed import main; main([sys.argv[2], '--outcome', sys.argv[3]])"
+)
 
 
 def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
@@ -64,9 +72,14 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
             settings.nproc_per_node,
         )
         try:
-            elastic_launch(config, worker)(str(job_path), str(outcome_path))
+            # A command rather than a function (which the launcher starts through multiprocessing's spawn, whose
+            # child imports the parent's main module and torch before any code of ours): its first instruction
+            # makes it end with this process (``common.parent``).
+            elastic_launch(config, sys.executable)(
+                "-c", WORKER_START, str(os.getpid()), str(job_path), str(outcome_path)
+            )
         except ChildFailedError as error:
-            rank, _ = error.get_first_failure()
+            rank, _ = root_failure(error)
             raise TrainingWorkerError(_describe_failure(error, job), fix=_rank_fixes(job_path, rank)) from error
         return _collect(job_path, outcome_path)
     finally:
@@ -162,8 +175,26 @@ def _worker_message(message: object) -> str:
     return lines[-1].strip() if lines and lines[0].startswith("Traceback") else text
 
 
+def root_failure(error: ChildFailedError) -> tuple[int, ProcessFailure]:
+    """The failure that ended the run, of every rank's: a process killed by a signal the launcher does not send
+    (SIGKILL: the memory killer, a user), else one that failed with its own error, else (SIGTERM, SIGINT: the
+    launcher ending the others, a Ctrl-C) the first. Among equals the earliest; the launcher's own choice goes
+    by a timestamp in whole seconds, and named a rank the launcher had ended after another was killed."""
+
+    def rank(item: tuple[int, ProcessFailure]) -> tuple[int, float, int]:
+        code = item[1].exitcode
+        kind = 0 if code is not None and code < 0 and -code not in ENDED_BY_LAUNCHER else 1 if code and code > 0 else 2
+        return kind, item[1].timestamp, item[0]
+
+    return min(error.failures.items(), key=rank)
+
+
+# The signals the launcher (and a terminal's Ctrl-C) ends the processes with.
+ENDED_BY_LAUNCHER = (signal.SIGTERM, signal.SIGINT)
+
+
 def _describe_failure(error: ChildFailedError, job: TrainingJob) -> str:
-    rank, failure = error.get_first_failure()
+    rank, failure = root_failure(error)
     if failure.exitcode is not None and failure.exitcode < 0:
         try:
             cause = f"killed by signal {signal.Signals(-failure.exitcode).name}"
@@ -225,11 +256,11 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
         dist.destroy_process_group()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="One data-parallel training process (start it with torchrun).")
     parser.add_argument("job", help="the job file a run wrote (in the run's in_progress_dir: job_<fingerprint>.json)")
     parser.add_argument("--outcome", help="where rank 0 writes its outcome (best weights, history)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     worker(args.job, args.outcome)
 
 
