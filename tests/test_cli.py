@@ -131,7 +131,7 @@ def test_kedro_run_ends_with_one_summary_block_matching_the_readme(tmp_path):
     # The precision it trained in, as the README's pasted run says: conf/base's, the same on every CPU (with
     # precision: auto it would follow the CPU, and the README would be true on some machines only).
     readme_training = re.search(r"^  training    .*$", (PROJECT_ROOT / "README.md").read_text(), re.MULTILINE).group(0)
-    trained_in = r", (fp32|bf16), [0-9,]+ samples/s$"
+    trained_in = r", (fp32|bf16), \d+ threads?, [0-9,]+ samples/s$"
     assert re.search(trained_in, block[4]).group(1) == re.search(trained_in, readme_training).group(1) == "fp32"
 
     # A list parameter on the command line, as the README's parameters section shows it.
@@ -251,6 +251,47 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
         run.wait()
         assert list((project / "data/05_model_input").glob(".train_features.*.partial")), "killed while encoding"
         assert _left_after(mark) == [], "every process of the run ends with it"
+    finally:
+        _kill_marked(mark)
+        if run.poll() is None:
+            run.kill()
+
+
+def test_kill_9_of_kedro_run_as_it_starts_its_training_processes_ends_them_at_once(tmp_path):
+    """Issue 62 item 9: a kedro process killed just as it started two training processes left both running for 300 s
+    or more (importing torch, then waiting for the rendezvous store of a process that was gone). Each now asks
+    the kernel first thing to end it with its parent."""
+    import signal
+    import time
+    import uuid
+
+    from tests.common.test_parallel import _kill_marked, _left_after, _marked
+
+    project = copy_project(tmp_path / "project")
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off", "CRITEO_DLRM_TEST_MARK": mark}
+    run = subprocess.Popen([sys.executable, "-m", "kedro", "run", "--params=training.distributed.nproc_per_node=2"],
+                           cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+    def training_processes() -> list[int]:
+        found = []
+        for pid in _marked(mark):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"criteo_dlrm.engine.distributed" in command or b"spawn_main" in command:
+                found.append(pid)
+        return found
+
+    try:
+        deadline = time.monotonic() + 300
+        while not training_processes():
+            assert run.poll() is None and time.monotonic() < deadline, "the training processes never started"
+            time.sleep(0.01)
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        assert _left_after(mark, seconds=15.0) == [], "the training processes end with the run"
     finally:
         _kill_marked(mark)
         if run.poll() is None:

@@ -85,6 +85,21 @@ def test_training_says_which_precision_auto_chose_and_why():
     assert rendered.splitlines()[1].endswith("kept step 200, fp32, 1,000 samples/s")
 
 
+def test_training_on_the_cpu_says_its_thread_count_which_decides_the_last_digits():
+    """Issue 62 item 14: the bundled run's last digits followed the machine's load (num_threads: null takes the
+    idle cores) and nothing said so."""
+    one = {**_training(None), "precision": {"precision": "fp32"}, "threads": 1}
+    assert (
+        render(RunRecord("v", {"training_summary": one}))
+        .splitlines()[1]
+        .endswith("kept step 200, fp32, 1 thread, 1,000 samples/s")
+    )
+    two = {**one, "threads": 2, "processes": 2}
+    assert "fp32, 2 threads a process, 1,000" in render(RunRecord("v", {"training_summary": two}))
+    gpu = {**one, "device": "cuda:0"}
+    assert "thread" not in render(RunRecord("v", {"training_summary": gpu}))
+
+
 def test_the_ingestion_summary_says_which_days_train_validate_and_test():
     from criteo_dlrm.summary import split_line
 

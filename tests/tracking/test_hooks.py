@@ -273,3 +273,33 @@ def test_a_tracking_server_answering_404_is_refused_before_the_run():
             check_tracking_server(f"http://127.0.0.1:{port}/nothing-here")
     finally:
         server.server_close()
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM"])
+def test_a_run_ended_by_ctrl_c_or_sigterm_is_killed_in_mlflow(tmp_path, how):
+    """Issue 62 item 15: a Ctrl-C'd run showed FINISHED in MLflow (its exit handler's status), a SIGTERM'd one
+    (a scheduler's) RUNNING forever."""
+    import signal
+    import sys
+
+    from tests.conftest import copy_project
+    from tests.engine.test_distributed import _saved_step
+
+    project = copy_project(tmp_path / "project")
+    params = "--params=training.num_epochs=100,training.checkpoint_every_steps=20,training.early_stopping.patience=1000"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRITEO_DLRM_")} | {"KEDRO_DISABLE_TELEMETRY": "1"}
+    run = subprocess.Popen([sys.executable, "-m", "kedro", "run", params], cwd=project, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while _saved_step(project / "data/06_models/in_progress") < 20:  # training, its run open in MLflow
+            assert run.poll() is None and time.monotonic() < deadline, "training ended before a checkpoint"
+            time.sleep(0.05)
+        os.killpg(run.pid, getattr(signal, how))
+        output = run.communicate(timeout=120)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0, output[-3000:]
+    _, runs = _runs(project)
+    assert [r.info.status for r in runs] == ["KILLED"], output[-3000:]

@@ -172,6 +172,7 @@ def run_training(
         processes=outcome.processes,
         # What the run trained in, and with precision: auto why (engine.device.resolve_precision).
         precision={key: value for key, value in outcome.backends.items() if key.startswith("precision")},
+        threads=outcome.backends.get("num_threads"),
         embeddings=outcome.embeddings,
         lookups_per_row=model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
         steps=result.steps,

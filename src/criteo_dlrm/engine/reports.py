@@ -92,7 +92,8 @@ class TrainingSummary(_Record):
             ``reused_differences`` the settings that leave the model alone in which that run differed.
         stopped_early: early stopping ended it; ``target``: ``training.target_auc`` and when it was reached.
         best_validation: the kept model's validation metrics; ``history``: every validation's.
-        precision: what it trained in (``precision``, and ``precision_auto``: why, with ``auto``).
+        precision: what it trained in (``precision``, and ``precision_auto``: why, with ``auto``); ``threads``:
+            PyTorch's CPU threads in each process on the CPU (they decide the figures' last digits).
         embeddings: where the tables lived (``backend``, ...); ``lookups_per_row``: 26, or the multi-hot sum.
         warnings: what the run found worth a look (learning rates, calibration).
         calibration: the fitted calibration's state, its knots aside; ``run_version``, ``tensorboard_run``: the
@@ -111,6 +112,7 @@ class TrainingSummary(_Record):
     processes: int = 1
     device: str = "cpu"
     precision: dict[str, Any] = field(default_factory=dict)
+    threads: int | None = None
     embeddings: dict[str, Any] = field(default_factory=dict)
     lookups_per_row: int | None = None
     target: dict[str, Any] | None = None
@@ -144,6 +146,9 @@ class TrainingSummary(_Record):
             start = f"reused version {self.reused_version}: "
         precision = self.precision or {}
         trained_in = f"{precision['precision']}, " if precision.get("precision") else ""  # absent in older records
+        if self.threads and self.device == "cpu":  # the sums' order, so the last digits, follow the thread count
+            each = " a process" if self.processes > 1 else ""
+            trained_in += f"{self.threads} thread{'s' if self.threads > 1 else ''}{each}, "
         lines = wrapped(  # a reused version's name or a reached target wraps
             f"{start}{self.steps:,} steps ({stop}), kept step {self.best_step:,}, {trained_in}"
             f"{self.samples_per_second:,.0f} samples/s",

@@ -108,6 +108,10 @@ def _log(tracked: Tracked) -> None:
     mlflow.set_tags(tracked.tags)
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class TrackingHooks:
     def __init__(self) -> None:
         self.project: Path | None = None  # the project of the session being created
@@ -115,6 +119,7 @@ class TrackingHooks:
         self._version: str | None = None
         self._run_id: str | None = None
         self._saved = False
+        self._sigterm = None  # the SIGTERM handler this run replaced (``_watch_for_an_end``)
 
     def project_path(self) -> str:
         """``${project_path:}`` in mlflow.yml: the project folder of the session being created (the working
@@ -166,6 +171,7 @@ class TrackingHooks:
         self._saved = False
         if run is None:
             return
+        self._watch_for_an_end()
         mlflow.set_tag("kedro_run_version", self._version)
         # kedro-mlflow names a run after its pipelines (mlflow.yml run.name null): the run version names every
         # versioned output of the run and heads its summary, so it names the MLflow run too, with what it ran.
@@ -179,6 +185,36 @@ class TrackingHooks:
         import mlflow
 
         self._end_own_runs(mlflow)
+
+    def _watch_for_an_end(self) -> None:
+        """A run that neither finishes nor fails, but ends (Ctrl-C: Kedro's hooks see no error, and MLflow's
+        exit handler marked it FINISHED; SIGTERM, a scheduler's: nothing ran at all, RUNNING forever) is marked
+        KILLED as the process exits. SIGTERM exits through Python's exit (code 143) so that it can be; its
+        handler is this run's only (restored when the run ends)."""
+        import atexit
+        import signal
+        import threading
+
+        atexit.unregister(self._end_killed)
+        atexit.register(self._end_killed)  # after MLflow's registration: run before its FINISHED
+        if threading.current_thread() is threading.main_thread() and self._sigterm is None:
+            current = signal.getsignal(signal.SIGTERM)
+            if current in (signal.SIG_DFL, None):
+                self._sigterm = current
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    def _end_killed(self) -> None:
+        import mlflow
+
+        if self._run_id is None:  # it finished or failed (``_end_own_runs``), or never started
+            return
+        ended = False
+        while (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
+            mlflow.end_run(status="KILLED")
+            ended = True
+        if not ended:  # not the active run here: ended by its id
+            mlflow.MlflowClient().set_terminated(self._run_id, status="KILLED")
+        self._run_id = None
 
     @hook_impl(trylast=True)  # after kedro-mlflow's, which ends the run as FAILED
     def on_pipeline_error(self, error: Exception) -> None:
@@ -197,6 +233,13 @@ class TrackingHooks:
         while self._run_id and (run := mlflow.active_run()) is not None and run.info.run_id == self._run_id:
             mlflow.end_run()
         self._run_id = None
+        if self._sigterm is not None:
+            import signal
+            import threading
+
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
 
     def _path(self, name: str) -> str | None:
         dataset = self._catalog.get(name) if self._catalog is not None else None
