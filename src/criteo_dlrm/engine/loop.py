@@ -53,6 +53,8 @@ class Trainer:
             interrupted run wrote after the step it resumes from).
         best_path: where the best model is written (default: beside ``resume_path``, or a temporary folder
             that lives as long as the result when resume is off).
+        backends: what the process resolved (``num_threads``, ``tf32``, ``precision`` and with ``auto`` why:
+            ``precision_auto``), logged with the settings in TensorBoard's hparams.
     """
 
     def __init__(
@@ -67,10 +69,12 @@ class Trainer:
         fingerprint: str = "",
         tensorboard: bool = False,
         best_path: Path | None = None,
+        backends: dict | None = None,
     ):
         self.mode, self.config, self.device, self.run_dir = mode, config, mode.device, Path(run_dir)
         self.train_loader, self.validation_loader = train_loader, validation_loader
         self.is_main = mode.is_main
+        self.backends = backends or {}
         self.train_step = TrainStep(mode, config)
         self.phases_timed = self.train_step.timed
         self.steps_per_epoch = len(train_loader)
@@ -117,7 +121,9 @@ class Trainer:
             with profiler(profiling, self.run_dir, self.device) as prof:
                 stopped_early = stopped_early or self._loop(bar, prof)
             self.metric_logger.log_hparams(
-                flat_hparams(asdict(config)), self.state.best.get("metrics", {}), self.state.best.get("step", 0)
+                flat_hparams(asdict(config)) | flat_hparams(self.backends),  # resolved: the threads, auto's why
+                self.state.best.get("metrics", {}),
+                self.state.best.get("step", 0),
             )
         finally:
             bar.close()

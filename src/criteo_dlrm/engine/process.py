@@ -65,6 +65,7 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
             best_path=job.best_path,
             fingerprint=job.fingerprint,
             tensorboard=True,
+            backends=backends,
         )
         if trainer.is_main:
             mode.describe()

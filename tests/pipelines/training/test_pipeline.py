@@ -153,8 +153,16 @@ def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
     params = training_params(tmp_path, precision="auto", max_steps=5)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
-    precision = catalog.load("training_summary")["precision"]
+    summary = catalog.load("training_summary")
+    precision = summary["precision"]
     assert precision["precision"] == chosen and f"{bf16_rate / 150:.2f}x its fp32" in precision["precision_auto"]
+    # TensorBoard's hparams say it too (issue 62 item 15: the docs said so, they did not).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(summary["tensorboard_run"])
+    events.Reload()
+    started = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    assert b"precision_auto" in started and precision["precision_auto"].encode() in started
 
 
 def test_cuda_on_a_machine_without_it_is_refused(tiny_features, tmp_path):
