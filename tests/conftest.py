@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.skip_guard", "tests.tiers"]
+pytest_plugins = ["tests.skip_guard", "tests.tiers", "tests.project_guard"]
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")

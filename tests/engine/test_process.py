@@ -17,7 +17,8 @@ from tests.conftest import TINY_MODEL
 def _job(features, tmp_path, **values) -> TrainingJob:
     config = TrainingConfig.from_dict(
         {**TINY_MODEL, "num_epochs": 1, "batch_size": {"train": 500, "validation": 1000}, "validations_per_epoch": 1,
-         "device": "cpu", "resume": False, "tensorboard_dir": str(tmp_path / "tb"), **values}
+         "device": "cpu", "resume": False, "tensorboard_dir": str(tmp_path / "tb"),
+         "in_progress_dir": str(tmp_path / "in_progress"), **values}
     )  # fmt: skip
     sizes = [features["metadata"]["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
     return TrainingJob(config, features["train"], features["validation"], sizes, "f", "v1", 0.25)
