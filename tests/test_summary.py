@@ -109,3 +109,31 @@ def test_the_ingestion_summary_says_which_days_train_validate_and_test():
     )
     config = MetadataConfig(train_days=["day_1"], test_days=["day_3"])
     assert split_line(config.split(names), 0.5, names) == "day_1 train; day_2 validate; day_3 test; day_0 unused"
+
+
+def test_every_line_of_a_criteo_1tb_sized_run_stays_within_100_columns_and_keeps_paths_whole():
+    """Issue 62 item 15: summary lines went past 100 columns with a terabyte's counts, a reused version and a
+    below-prior warning; a path longer than a line is not broken inside (it is copied from there)."""
+    ingestion = {"days": [_day(f"terabyte_day_{i}", reused=i < 20) for i in range(24)]}
+    metadata = _metadata(counted_in="2026-12-03T15.07.43.348Z")
+    metadata["label"] = {"rows": 4_195_197_692, "ctr": 0.0325}
+    metadata["sparse"] = {f"SPARSE_{i}": {"table_size": 39_884_406} for i in range(26)}
+    evaluation = {
+        "checkpoint_version": "2026-12-03T15.07.43.348Z", "days": [f"terabyte_day_{i}" for i in range(20, 24)],
+        "model": {"rows": 178_274_637, "auc": 0.48, "log_loss": 0.9, "normalized_entropy": 1.2, "calibration": 1.0},
+        "model_raw": {"auc": 0.48, "log_loss": 0.9, "normalized_entropy": 1.2, "calibration": 1.0},
+        "calibration_by_decile": {"calibrated": {"expected_calibration_error": 0.01}},
+        "calibration_method": "platt", "prior_baseline": {"log_loss": 0.55}, "rows_evaluated": "test",
+    }  # fmt: skip
+    long_path = "/scratch/" + "x" * 120 + "/predictions.parquet"
+    scoring = {"checkpoint_version": "2026-12-03T15.07.43.348Z", "rows": 4_195_197_692, "mean_prediction": 0.0325,
+               "metrics": {"auc": 0.8}, "unseen_share": 0.02}  # fmt: skip
+    saved = {"ingestion_report": ingestion, "feature_metadata": metadata, "evaluation_metrics": evaluation,
+             "training_summary": {**_training(None), "reused_version": "2026-12-03T15.07.43.348Z",
+                                  "samples_per_second": 2_500_000.0, "steps": 67_000_000},
+             "scoring_report": scoring}  # fmt: skip
+    text = render(RunRecord("2026-12-05T02.15.15.507Z", saved, paths={"predictions": long_path}))
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines if long_path not in line), text
+    assert f"              {long_path}" in lines, "the path whole, on a line of its own"
+    assert "4,195,197,692 training rows" in text and "1,036,994,556 embedding rows" in text.replace("\n", " ")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
+from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary, fitted
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
@@ -91,4 +91,5 @@ def render(record: RunRecord) -> str:
         lines += ExportReport.from_dict(export).lines(record.paths.get("dlrm_onnx"))
     if not lines:
         return ""
-    return "\n".join([f"Run {record.version}:", *(f"  {line}" for line in lines)])
+    # Within 100 columns whatever the values' lengths (1TB's counts, long day names, several days, a warning).
+    return "\n".join([f"Run {record.version}:", *(f"  {part}" for line in lines for part in fitted(line))])

@@ -22,9 +22,16 @@ WIDTH = 100 - 2 - len(INDENT)  # a value's columns: the block's lines stay withi
 
 def wrapped(text: str, first: str = INDENT) -> list[str]:
     """``text`` as lines of the block: the first after ``first`` (a stage's name, or the indent), the rest under
-    the column of values."""
-    head, *rest = textwrap.wrap(text, WIDTH)
+    the column of values; broken at spaces only (a path or a version longer than a line stays whole, to copy)."""
+    head, *rest = textwrap.wrap(text, WIDTH, break_long_words=False, break_on_hyphens=False) or [""]
     return [first + head, *(INDENT + line for line in rest)]
+
+
+def fitted(line: str) -> list[str]:
+    """A line of the block (a stage's name or the indent, then its values) as lines within its 100 columns."""
+    if len(line) <= len(INDENT) + WIDTH:
+        return [line]
+    return wrapped(line[len(INDENT) :], first=line[: len(INDENT)])
 
 
 @dataclass(frozen=True)
