@@ -86,6 +86,34 @@ def test_a_worker_killed_by_a_signal_ends_the_job_naming_the_signal_and_what_low
     assert "out-of-memory killer" in message and "training.encoding_workers" in message
 
 
+class _Worker:
+    """A pool's worker whose exit code is known once the pool has shut down (its manager thread joined it)."""
+
+    def __init__(self, pool: "_BrokenPool", code: int):
+        self.pool, self.code = pool, code
+
+    @property
+    def exitcode(self) -> int:
+        return self.code if self.pool.shut_down else 255  # the forkserver's pipe read by the other thread
+
+
+class _BrokenPool:
+    def __init__(self, codes: list[int]):
+        self.shut_down = False
+        self._processes = {index: _Worker(self, code) for index, code in enumerate(codes)}
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.shut_down = wait
+
+
+def test_a_dead_worker_s_signal_is_read_after_the_pool_has_joined_it_and_the_pool_s_own_sigterm_is_not_named():
+    # The killed worker's signal, not the SIGTERM the pool then sends the other one (CI once said "ended without
+    # a result": the exit code was read while the pool's manager thread was reading it).
+    message = parallel._died(_BrokenPool([-signal.SIGKILL, -signal.SIGTERM]), 2)
+    assert message.startswith("A worker process of 2 was killed by SIGKILL. "), message
+    assert parallel._died(_BrokenPool([-signal.SIGTERM, 0]), 2).startswith("A worker process of 2 was killed by SIGTERM.")
+
+
 _JOB = """
 import time
 from criteo_dlrm.common.parallel import run_parallel

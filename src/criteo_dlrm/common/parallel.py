@@ -171,9 +171,16 @@ def run_parallel(
 
 
 def _died(pool: ProcessPoolExecutor, workers: int) -> str:
-    """What to say of a pool whose worker died: its signal, where the pool still knows it, and the likely cause."""
-    codes = [process.exitcode for process in (getattr(pool, "_processes", None) or {}).values()]
-    killed = sorted({-code for code in codes if code is not None and code < 0})
+    """What to say of a pool whose worker died: its signal and the likely cause.
+
+    The exit codes are read once the pool has shut down: its manager thread joins the workers, and a worker's
+    exit code is read from the forkserver's pipe only once, so reading it beside that thread could find the
+    pipe already read (an exit code of 255, and no signal named). The pool ends the other workers itself with
+    SIGTERM: that signal is named only when no other one is there."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=True)
+    killed = sorted({-process.exitcode for process in processes if (process.exitcode or 0) < 0})
+    killed = [number for number in killed if number != signal.SIGTERM] or killed
     how = (
         "was killed by " + ", ".join(signal.Signals(number).name for number in killed)
         if killed
