@@ -111,7 +111,9 @@ def test_a_dead_worker_s_signal_is_read_after_the_pool_has_joined_it_and_the_poo
     # a result": the exit code was read while the pool's manager thread was reading it).
     message = parallel._died(_BrokenPool([-signal.SIGKILL, -signal.SIGTERM]), 2)
     assert message.startswith("A worker process of 2 was killed by SIGKILL. "), message
-    assert parallel._died(_BrokenPool([-signal.SIGTERM, 0]), 2).startswith("A worker process of 2 was killed by SIGTERM.")
+    assert parallel._died(_BrokenPool([-signal.SIGTERM, 0]), 2).startswith(
+        "A worker process of 2 was killed by SIGTERM."
+    )
 
 
 _JOB = """
