@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,6 +93,20 @@ def test_a_parameter_typo_is_refused_before_mlflow_opens_its_store(tmp_path):
     output = result.stdout + result.stderr
     assert "Add type hints" not in output and "\x1b[" not in output, "no MLflow warning in raw colour codes"
     assert "is relative" not in output, "no misleading line about a relative tracking URI"
+
+
+def _stages(stdout: str) -> dict[str, str]:
+    """The last summary block's stages, each its first line's values with its continuation lines (a line past 100
+    columns wraps under the values) joined by a space: ``{"ingestion": "3 days (reused), ...", ...}``."""
+    stages: dict[str, str] = {}
+    name = ""
+    for line in stdout[stdout.rindex("\nRun ") + 1 :].splitlines()[1:]:
+        if line.startswith("  ") and line[2] != " ":
+            name, _, value = line[2:].partition(" ")
+            stages[name] = value.strip()
+        elif name:
+            stages[name] += " " + line.strip()
+    return stages
 
 
 def _readme_metrics() -> dict[str, float]:
@@ -202,12 +217,12 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
     assert resumed and int(resumed.group(1)) >= 20, output[-3000:]
     assert "training finished at step 1,500" in output or "training finished at step 1500" in output
     assert not list(in_progress.rglob("*.pt")) and not list(in_progress.glob(".*.lock")), "nothing left behind"
-    block = again.stdout[again.stdout.rindex("\nRun ") + 1 :].splitlines()  # the summary says what was reused
-    assert block[1].startswith("  ingestion   3 days (reused), 60,000 rows"), block
-    assert block[3].startswith(
-        f"  metadata    reused version {sorted(os.listdir(project / 'data/04_feature/feature_metadata.json'))[0]}: "
+    stages = _stages(again.stdout)  # the summary says what was reused
+    assert stages["ingestion"].startswith("3 days (reused), 60,000 rows"), stages
+    assert stages["metadata"].startswith(
+        f"reused version {sorted(os.listdir(project / 'data/04_feature/feature_metadata.json'))[0]}: "
     )
-    assert block[4].startswith(f"  training    resumed at step {int(resumed.group(1)):,}, 1,500 steps"), block
+    assert stages["training"].startswith(f"resumed at step {int(resumed.group(1)):,}, 1,500 steps"), stages
 
 
 def test_kedro_run_help_ends_with_the_project_s_pipelines_and_where_its_parameters_are(tmp_path):
@@ -255,6 +270,26 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
         _kill_marked(mark)
         if run.poll() is None:
             run.kill()
+
+
+def test_a_copy_of_a_finished_project_at_another_path_reuses_every_stage(tmp_path):
+    """Issue 62 item 12: a copy of a finished project (its files' times kept: cp -a, rsync -a) converted every day
+    again and retrained, the raw folder's absolute path being part of each day's identity. Paths inside the
+    project count relative to it."""
+    project = copy_project(tmp_path / "project")
+    params = "--params=training.max_steps=30"
+    first = _kedro(project, params, tracking=False)
+    assert first.returncode == 0, first.stderr[-3000:]
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(project, moved, symlinks=True)  # copy2: the files' modification times kept
+    again = _kedro(moved, params, tracking=False)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-3000:]
+    stages = _stages(again.stdout)
+    assert stages["ingestion"].startswith("3 days (reused), 60,000 rows"), stages
+    assert stages["metadata"].startswith("reused version "), stages
+    assert stages["training"].startswith("reused version "), stages
+    assert "training on cpu" not in output, "nothing trained"
 
 
 def test_kill_9_of_kedro_run_as_it_starts_its_training_processes_ends_them_at_once(tmp_path):
@@ -312,8 +347,7 @@ def test_a_rerun_with_nothing_changed_reuses_the_finished_training_and_says_so(t
     [trained] = re.findall(r"run folder data/08_reporting/tensorboard/(\S+)", first.stderr + first.stdout)
     assert f"training: reused the finished run of version {trained}" in output
     assert "training on cpu" not in output, "nothing trained"
-    block = again.stdout[again.stdout.rindex("\nRun ") + 1 :].splitlines()
-    assert block[4].startswith(f"  training    reused version {trained}: 30 steps"), block
+    assert _stages(again.stdout)["training"].startswith(f"reused version {trained}: 30 steps")
     auc = re.compile(r"AUC (0\.\d+), log loss (0\.\d+)")
     assert auc.findall(first.stdout)[-1] == auc.findall(again.stdout)[-1], "the same model evaluated"
     changed = _kedro(project, "--params=training.max_steps=30,training.resume=false", "--pipelines=training",

@@ -40,6 +40,16 @@ class DamagedFileError(DataError):
     """A file's content no longer matches the digest recorded when it was written."""
 
 
+def identity_path(path: str | os.PathLike) -> str:
+    """How a file's identity names it: relative to the project (the working folder ``kedro run`` runs in) when it
+    is inside it, so a copy of the project at another path is the same data; its absolute path otherwise."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
 def staging_path(path: str | os.PathLike) -> Path:
     """A unique staging name beside ``path`` for this process: ``.<name>.<pid>.<random>.partial``."""
     path = Path(path)

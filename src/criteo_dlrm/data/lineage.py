@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from criteo_dlrm.common.errors import WHOLE_JOB, DataError, Fix
+from criteo_dlrm.common.storage import identity_path
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
@@ -66,7 +67,7 @@ def source_metadata(source: Path) -> dict[str, str]:
     stat = source.stat()
     return {
         FORMAT_KEY: str(PARQUET_FORMAT),
-        "criteo_dlrm.source": str(source.resolve()),
+        "criteo_dlrm.source": identity_path(source),
         "criteo_dlrm.source_size": str(stat.st_size),
         "criteo_dlrm.source_mtime_ns": str(stat.st_mtime_ns),
         "criteo_dlrm.source_sample": content_sample(source),
@@ -92,7 +93,8 @@ def raw_source(parquet: str | Path) -> dict | None:
 
 
 def made_from(parquet: Path, source: Path) -> bool:
-    """True when ``parquet`` was converted from ``source`` as it is now (same path, size, mtime and content sample)."""
+    """True when ``parquet`` was converted from ``source`` as it is now (same path, size, mtime and content sample;
+    the path relative to the project when inside it: ``identity_path``)."""
     try:
         recorded = raw_source(parquet)
     except (OSError, ValueError):
@@ -102,7 +104,7 @@ def made_from(parquet: Path, source: Path) -> bool:
         recorded is not None
         and (recorded["path"], recorded["size"], recorded["mtime_ns"])
         == (
-            str(source.resolve()),
+            identity_path(source),
             stat.st_size,
             stat.st_mtime_ns,
         )

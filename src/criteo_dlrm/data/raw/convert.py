@@ -27,6 +27,7 @@ from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import (
     create_exclusive,
     disk_full_error,
+    identity_path,
     is_disk_full,
     staging_path,
     sync_folder,
@@ -331,7 +332,7 @@ def split_day(source: Path, output_dir: Path, rows_per_day: int, **options) -> l
         fingerprint_path(stale).unlink(missing_ok=True)
     stat = source.stat()
     write_bytes_atomically(manifest, json.dumps({
-        "source": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+        "source": identity_path(source), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
         "sample": content_sample(source), "rows_per_day": rows_per_day, "rows": rows, "parts": [path.name for path in writer.parts],
     }).encode())  # fmt: skip
     seconds = round(time.perf_counter() - started, 3)

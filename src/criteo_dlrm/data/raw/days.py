@@ -21,6 +21,7 @@ from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
+from criteo_dlrm.common.storage import identity_path
 from criteo_dlrm.data import WORKER_MODULES
 from criteo_dlrm.data.lineage import content_sample, made_from
 from criteo_dlrm.data.parquet import open_day, sealed, verify_day, written_by_ingestion
@@ -131,7 +132,7 @@ def _split_recorded(output_dir: Path, name: str, source: Path, rows_per_day: int
     except (OSError, ValueError):
         return False
     recorded = (manifest.get("source"), manifest.get("size"), manifest.get("mtime_ns"), manifest.get("rows_per_day"))
-    if recorded != (str(source.resolve()), stat.st_size, stat.st_mtime_ns, rows_per_day):
+    if recorded != (identity_path(source), stat.st_size, stat.st_mtime_ns, rows_per_day):
         return False
     if manifest.get("sample") != content_sample(source):  # rewritten with its size and time kept
         return False

@@ -20,6 +20,7 @@ from loguru import logger
 
 from criteo_dlrm.common.errors import DataError, Fix
 from criteo_dlrm.common.schema import NUM_RAW_FIELDS, check_parquet_schema
+from criteo_dlrm.common.storage import identity_path
 from criteo_dlrm.data.raw.rejects import IngestionError
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX  # true click probabilities beside a generated day
 
@@ -220,13 +221,14 @@ def find_day_files(raw_dir: str | os.PathLike) -> list[Path]:
 
 
 def parquet_folder(output_dir: str | os.PathLike, raw_dir: str | os.PathLike) -> Path:
-    """Where the Parquet days of ``raw_dir`` go: ``<output_dir>/<raw folder name>-<hash of its full path>``.
+    """Where the Parquet days of ``raw_dir`` go: ``<output_dir>/<raw folder name>-<hash of its path>`` (relative to
+    the project when inside it: ``identity_path``; a copy of the project finds its days).
 
     Each raw folder gets its own Parquet folder, so converting another folder never replaces the days an
     earlier metadata version or checkpoint was made from, and converting the same folder again finds its days.
     """
     folder = Path(raw_dir).resolve()
-    return Path(output_dir) / f"{folder.name}-{hashlib.sha256(str(folder).encode()).hexdigest()[:8]}"
+    return Path(output_dir) / f"{folder.name}-{hashlib.sha256(identity_path(folder).encode()).hexdigest()[:8]}"
 
 
 def open_raw(path: Path) -> tuple[pa.NativeFile, pa.NativeFile]:
