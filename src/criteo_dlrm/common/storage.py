@@ -40,14 +40,19 @@ class DamagedFileError(DataError):
     """A file's content no longer matches the digest recorded when it was written."""
 
 
-def identity_path(path: str | os.PathLike) -> str:
-    """How a file's identity names it: relative to the project (the working folder ``kedro run`` runs in) when it
-    is inside it, so a copy of the project at another path is the same data; its absolute path otherwise."""
-    resolved = Path(path).resolve()
+def in_project(path: str | os.PathLike) -> Path | None:
+    """``path`` relative to the project (the working folder ``kedro run`` runs in), or None when outside it."""
     try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
     except ValueError:
-        return str(resolved)
+        return None
+
+
+def identity_path(path: str | os.PathLike) -> str:
+    """How a file's identity names it: relative to the project when it is inside it (``in_project``), so a copy
+    of the project at another path is the same data; its absolute path otherwise."""
+    relative = in_project(path)
+    return relative.as_posix() if relative is not None else str(Path(path).resolve())
 
 
 def staging_path(path: str | os.PathLike) -> Path:

@@ -13,6 +13,7 @@ from criteo_dlrm.common.locks import exclusive
 from criteo_dlrm.common.storage import (
     DamagedFileError,
     atomic_folder,
+    in_project,
     reading,
     remove_stale_partials,
     write_bytes_atomically,
@@ -51,10 +52,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
     @property
     def _shown(self) -> Path:
         """The folder as log lines name paths: relative to the project (the working folder) when inside it."""
-        try:
-            return self._path.resolve().relative_to(Path.cwd().resolve())
-        except ValueError:
-            return self._path
+        return in_project(self._path) or self._path
 
     def load(self) -> EncodedArrays:
         return open_encoded(self._path, lineage=self._stored_lineage())
