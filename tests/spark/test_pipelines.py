@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,10 @@ def _latest(folder: Path) -> Path:
 def test_the_whole_job_on_spark_equals_the_local_one(tmp_path):
     needs_spark()
     projects = {engine: copy_project(tmp_path / engine) for engine in ("local", "spark")}
-    raw = projects["local"] / "data" / "01_raw"  # both read the same raw files: the days record their path and time
+    # Both read one raw folder outside both projects: a day records its raw path (relative to the project only when
+    # inside it) and time, which name its Parquet folder, so the two runs' intermediate files are byte-identical.
+    raw = tmp_path / "raw"
+    shutil.copytree(projects["local"] / "data" / "01_raw", raw)  # copy2 keeps the times
     (projects["spark"] / "conf" / "local" / "spark.yml").write_text(
         SPARK_YML
     )  # read by the project's PreprocessingEngineHooks
