@@ -161,13 +161,17 @@ def _check_known_tables(
     version = metadata_set[0].loaded_version()
     # Tables too large in an existing metadata version are shrunk by computing metadata again, not by settings
     # this run's training reads.
+    counted = FeatureMetadata.from_dict(catalog.load("feature_metadata"))
+    days = counted.source_days
     check_table_memory(
         config,
-        FeatureMetadata.from_dict(catalog.load("feature_metadata")).table_sizes,
+        counted.table_sizes,
         device,
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "
         "metadata.modulus_hash_size or a larger metadata.min_frequency; or smaller training.sparse_embedding_sizes",
+        validation_rows=sum(int(day.get("rows") or 0) for day in days["validation"]),
+        train_rows=sum(int(day.get("rows") or 0) for day in days["train"]),
     )
 
 

@@ -11,7 +11,7 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.memory import MemoryRoom
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine import memory
-from criteo_dlrm.engine.memory import RUN_OVERHEAD_BYTES, check_table_memory, embedding_bytes, run_memory_bytes
+from criteo_dlrm.engine.memory import check_table_memory, embedding_bytes, run_memory_bytes
 from criteo_dlrm.models.dlrm import DLRM
 from tests.common.test_memory import _own_v1_group
 from tests.conftest import copy_project

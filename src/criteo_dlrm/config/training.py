@@ -164,6 +164,9 @@ class TrainingConfig(Config):
     # unless the profiler runs.
     phase_timing: bool | None = None
     resume: bool = True
+    # Refuse a run whose tables and work are counted larger than the memory it has (engine.memory); false: warn
+    # with the count and train anyway.
+    memory_check: bool = True
     checkpoint_every_steps: int = 0
     in_progress_dir: str = "data/06_models/in_progress"
     tensorboard_dir: str = "data/08_reporting/tensorboard"

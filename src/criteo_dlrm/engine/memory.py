@@ -11,11 +11,13 @@ import dataclasses
 
 import psutil
 import torch
+from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.common.memory import memory_room
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
+from criteo_dlrm.data.batches import CHUNK_ROWS, WINDOW_CHUNKS
 from criteo_dlrm.models.dlrm import DLRMConfig
 
 
@@ -43,13 +45,17 @@ def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) ->
 
 TABLE_SETTINGS = "metadata.max_vocabulary_size, metadata.min_frequency, training.sparse_embedding_sizes"
 
-# What a training run holds besides its tables and their state, on the CPU: Python, torch, Kedro and MLflow, the
-# dense layers, the loader's chunks, a batch's work and what earlier stages of the same `kedro run` left in the
-# process; and each further process of a multi-process run (torch, the loader, the exchange buffers). Measured
-# (benchmarks/job_memory.py): a whole kedro run on 8M generated rows with 0.09 GB of tables was killed by a
-# 2.0 GB memory group in training and completed in 2.5 GB (the training stage alone peaked at 1.73 GB).
-RUN_OVERHEAD_BYTES = 2_500_000_000
+# What a training process adds once it trains, besides its tables, dense layers, batches, windows and validation
+# (counted by part below): torch's thread pools and kernels' buffers, the TensorBoard writer, the calibration and
+# the plots. Measured (the bundled sample, AMD EPYC, 2 threads): the process's own memory (RssAnon) grew 300 MB from
+# the table check to training's peak with a training batch of 256 rows, 350 MB with 4,096 and 910 MB with 32,768;
+# the parts below count 190, 280 and 920 MB of it.
+TRAINING_WORK_BYTES = 150_000_000
+# Each further process of a multi-process run: Python, torch and the loader before its tables (a torchrun worker).
 PROCESS_OVERHEAD_BYTES = 750_000_000
+# A row of a loader window as read: the dense values (float32), each table's id in at most 4 bytes, the label
+# (Criteo 1TB's rows measured 135 MB a window of 1,048,576: 129 bytes).
+WINDOW_BYTES_PER_ROW = 160
 
 
 def own_memory_bytes() -> int:
@@ -58,11 +64,67 @@ def own_memory_bytes() -> int:
     return max(info.rss - info.shared, 0)
 
 
-def run_memory_bytes(config: TrainingConfig, table_bytes: int) -> int:
-    """Bytes a CPU run holds at its peak: every process's replica of the tables and their optimiser state (the
-    in-progress and best checkpoints are written from them, never copied), and the overheads above."""
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What a model holds per row and in all, counted on a copy of it with tables of two rows (costs nothing)."""
+
+    dense: int  # values of the dense layers
+    activations: float  # values of every module's output, per row
+    lookups: int  # looked-up embedding values, per row
+
+
+def _shape(model_config: DLRMConfig) -> _Shape:
+    from criteo_dlrm.models.dlrm import DLRM
+
+    small = DLRM(dataclasses.replace(model_config, table_sizes=[2] * len(model_config.table_sizes)))
+    embedding = {id(p) for p in small.embedding_parameters()}
+    dense = sum(p.numel() for p in small.parameters() if id(p) not in embedding)
+    outputs = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in small.modules()]
+    rows = 2
+    with torch.no_grad():
+        small(torch.zeros(rows, 13), torch.zeros(rows, len(model_config.table_sizes), dtype=torch.long))
+    for hook in hooks:
+        hook.remove()
+    per_row = sum(o.numel() for out in outputs for o in (out if isinstance(out, list | tuple) else [out])) / rows
+    return _Shape(dense, per_row, sum(model_config.sparse_embedding_sizes))  # one looked-up row a table and row
+
+
+def run_memory_bytes(
+    config: TrainingConfig,
+    model_config: DLRMConfig,
+    tables: int,
+    train_rows: int | None = None,
+    validation_rows: int = 0,
+) -> dict[str, int]:
+    """What a CPU training run adds to this process's memory at its peak, by part: every process's replica of the
+    tables and their optimiser state (the in-progress and best checkpoints are written from them, never copied),
+    and its dense layers (weights, gradients, Adam's moments); a training batch's work (activations and the
+    tables' gradients for its lookups; the global batch, split between the processes); a validation batch's
+    activations in each process; the loader's windows (two with ``prefetch_batches``, of at most ``train_rows``
+    rows); the validation's predictions and metrics; ``TRAINING_WORK_BYTES`` in each process; and each further
+    process's start. Measured against the bundled sample's runs (``TRAINING_WORK_BYTES``)."""
+    shape = _shape(model_config)
     processes = config.distributed.nproc_per_node
-    return processes * table_bytes + RUN_OVERHEAD_BYTES + (processes - 1) * PROCESS_OVERHEAD_BYTES
+    batch = config.batch_size
+    window_rows = WINDOW_CHUNKS * CHUNK_ROWS if train_rows is None else min(train_rows, WINDOW_CHUNKS * CHUNK_ROWS)
+    validated = batch.validation if not validation_rows else min(batch.validation, validation_rows)
+    parts = {
+        f"tables and their optimiser state ({processes} process(es))": processes * tables,
+        "dense layers (weights, gradients, Adam's moments)": processes * 4 * 4 * shape.dense,
+        "a training batch (activations, the tables' gradients)": int(
+            4 * batch.train * (shape.activations + 2 * shape.lookups)
+        ),
+        "a validation batch's activations": int(processes * 4 * validated * shape.activations),
+        "the loader's windows": (2 if config.prefetch_batches else 1) * window_rows * WINDOW_BYTES_PER_ROW,
+        f"the validation's predictions and metrics ({validation_rows:,} rows)": (
+            VALIDATION_BYTES_PER_ROW * validation_rows
+        ),
+        "training's own work (threads, kernels' buffers, TensorBoard, plots)": processes * TRAINING_WORK_BYTES,
+    }
+    if processes > 1:
+        parts[f"{processes - 1} further process(es)"] = (processes - 1) * PROCESS_OVERHEAD_BYTES
+    return parts
 
 
 # On a GPU the validation's predictions stay there and its exact metrics are computed there
@@ -86,20 +148,8 @@ def gpu_memory_bytes(
     ``VALIDATION_BYTES_PER_ROW``); and the caching allocator's margin on all of it. The dense layers and the
     activations (every module's output, per row) are counted on a copy of the model with tables of two rows,
     which costs nothing."""
-    from criteo_dlrm.models.dlrm import DLRM
-
-    small = DLRM(dataclasses.replace(model_config, table_sizes=[2] * len(model_config.table_sizes)))
-    embedding = {id(p) for p in small.embedding_parameters()}
-    dense = sum(p.numel() for p in small.parameters() if id(p) not in embedding)
-    outputs = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for m in small.modules()]
-    rows = 2
-    with torch.no_grad():
-        small(torch.zeros(rows, 13), torch.zeros(rows, len(model_config.table_sizes), dtype=torch.long))
-    for hook in hooks:
-        hook.remove()
-    per_row = sum(o.numel() for out in outputs for o in (out if isinstance(out, list | tuple) else [out])) / rows
-    lookups = sum(model_config.sparse_embedding_sizes)  # one looked-up row per table and row
+    shape = _shape(model_config)
+    dense, per_row, lookups = shape.dense, shape.activations, shape.lookups
     batch = config.batch_size
     parts = {
         "tables and their optimiser state": tables,
@@ -162,40 +212,50 @@ def check_table_memory(
     device: torch.device,
     settings: str = TABLE_SETTINGS,
     validation_rows: int = 0,
+    train_rows: int | None = None,
 ) -> None:
-    """Refuse, before encoding or training, a run whose tables (and their optimiser state) cannot fit: in the
-    set budget, or else in the GPU's free memory (``gpu_memory_bytes``: the tables, the dense layers, a batch's
-    work), or on the CPU in the room this process has (the smallest of its
-    memory cgroup's, its ancestors' and the machine's: a batch job's limit, not the node's), counting every
-    process's replica and what a run holds besides (``run_memory_bytes``). ``settings``: what shrinks them;
-    ``validation_rows``: the rows validated at most (on a GPU their predictions and metrics stay there)."""
+    """Refuse, before encoding or training, a run whose tables (and their optimiser state) cannot fit with what
+    training holds besides: in the set budget, or else in the GPU's free memory (``gpu_memory_bytes``), or on the
+    CPU in the room this process has (the smallest of its memory cgroup's, its ancestors' and the machine's: a
+    batch job's limit, not the node's), this process's own memory now and what the run adds
+    (``run_memory_bytes``). ``settings``: what shrinks the tables; ``validation_rows``: the rows validated at most;
+    ``train_rows``: the training rows (they bound a loader window; None: a whole window). With
+    ``training.memory_check: false`` a run that does not fit is logged with the count and goes on."""
     model_config = config.model_config(table_sizes)
     check_replicated_memory(config, model_config)
     if config.embedding_backend != "torch" or config.sharding.memory_per_process_gb is not None:
         return
     tables = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
-    processes = config.distributed.nproc_per_node
     if device.type == "cuda":
         parts = gpu_memory_bytes(config, model_config, tables, validation_rows)
         needed, available = sum(parts.values()), torch.cuda.mem_get_info(device)[0]
-        where, left = f"{torch.cuda.get_device_name(device)}'s free memory", "GB left"
-        counted = (
-            f"{needed / 1e9:,.1f} GB on each GPU ("
-            + ", ".join(f"{name} {size / 1e9:,.2f} GB" for name, size in parts.items())
-            + ")"
-        )
+        where, left, counted_where = f"{torch.cuda.get_device_name(device)}'s free memory", "GB left", "on each GPU"
     else:
-        needed, room = run_memory_bytes(config, tables), memory_room()
-        # This process (Python, torch, Kedro, MLflow) is part of what the run holds besides its tables, and is
-        # already out of the room: counted once (it was twice: a 0.93 GB group refused the bundled sample's run).
-        available, where, left = room.available + own_memory_bytes(), room.where, "GB left, this process included"
-        counted = (
-            f"{tables / 1e9:,.1f} GB in each of {processes} process(es) with embedding_backend: torch, and "
-            f"{(needed - processes * tables) / 1e9:,.1f} GB for the run besides: {needed / 1e9:,.1f} GB"
-        )
-    if needed > available:
-        raise ConfigError(
-            f"The embedding tables and their {config.embedding_optimizer} state need {counted}, more than {where} "
-            f"({available / 1e9:,.1f} {left}). Shrink the tables ({settings}) or shard them across processes with "
-            "embedding_backend: torchrec."
-        )
+        own = own_memory_bytes()
+        parts = {"this process now (Python, torch, Kedro, MLflow)": own}
+        parts.update(run_memory_bytes(config, model_config, tables, train_rows, validation_rows))
+        room = memory_room()
+        # This process is already out of the room: it is counted as a part, and given back to the room.
+        needed, available, where = sum(parts.values()), room.available + own, room.where
+        left, counted_where = "GB left, this process included", "in all"
+    if needed <= available:
+        return
+    counted = (
+        f"{needed / 1e9:,.1f} GB {counted_where} ("
+        + ", ".join(f"{name} {size / 1e9:,.2f} GB" for name, size in parts.items())
+        + ")"
+    )
+    message = (
+        f"The embedding tables and their {config.embedding_optimizer} state with what training holds besides need "
+        f"{counted}, more than {where} ({available / 1e9:,.1f} {left})."
+    )
+    if not config.memory_check:
+        logger.warning("{} training.memory_check is false: training anyway.", message)
+        return
+    fix = Fix(params={"training.memory_check": False})
+    raise ConfigError(
+        f"{message} Shrink the tables ({settings}) or the batches (training.batch_size), or shard the tables across "
+        f"processes with embedding_backend: torchrec. Where the count is wrong for this machine, `{fix}` trains "
+        "anyway (a run that does not fit is then ended by the kernel, without a message).",
+        fix=fix,
+    )

@@ -51,7 +51,7 @@ from criteo_dlrm.engine.scoring import calibrated, predict
 # number of processes included: every process count sees the same global batches in the same order).
 NOT_IN_FINGERPRINT = (
     "resume", "profiler", "log_every_steps", "tensorboard_dir", "in_progress_dir", "num_threads",
-    "encoding_workers", "distributed", "calibration", "prefetch_batches", "reading_threads",
+    "encoding_workers", "distributed", "calibration", "prefetch_batches", "reading_threads", "memory_check",
 )  # fmt: skip
 
 

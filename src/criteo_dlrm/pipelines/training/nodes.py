@@ -41,9 +41,13 @@ def encode_features(
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
     # The validation days' rows bound the rows validated (a day's validation part, the rest its test part).
-    validation_rows = sum(int(day.get("rows") or 0) for day in days["validation"])
+    validation_rows, train_rows = (sum(int(day.get("rows") or 0) for day in days[split]) for split in ("validation", "train"))
     check_table_memory(
-        config, metadata.table_sizes, resolve_device(config.device, "training.device"), validation_rows=validation_rows
+        config,
+        metadata.table_sizes,
+        resolve_device(config.device, "training.device"),
+        validation_rows=validation_rows,
+        train_rows=train_rows,
     )
     encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays, config.dense_transform)
     train, validation = (
