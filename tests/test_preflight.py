@@ -95,6 +95,28 @@ def test_tables_too_large_in_an_existing_metadata_version_name_the_metadata_reru
     assert "feature_metadata version" in message and "--pipelines=metadata,training" in message
 
 
+def test_tables_this_run_counts_are_checked_before_encoding_and_encoding_alone_is_not_checked(project, monkeypatch):
+    """The tables' sizes are known once this run's metadata stage has counted them: their memory is checked then,
+    before any row is encoded; encoding alone (``--nodes=encode_features``) holds no table and is not checked."""
+    from kedro.framework.session import KedroSession
+
+    from criteo_dlrm.common.errors import ConfigError
+    from criteo_dlrm.common.memory import MemoryRoom
+    from criteo_dlrm.engine import memory
+
+    # Room for a training batch's lookups (a few MB), not for the tables with what training holds besides.
+    monkeypatch.setattr(memory, "memory_room", lambda: MemoryRoom(100_000_000, "the test's room"))
+    monkeypatch.setattr(memory, "own_memory_bytes", lambda: 0)
+    message = fails_with(ConfigError, lambda: _run_in_session(project, {}), r"more than the test's room")
+    assert "tables and their optimiser state (1 process(es))" in message
+    assert list((project / "data/04_feature/feature_metadata.json").iterdir()), "counted first"
+    assert not (project / "data/05_model_input").exists() or not any((project / "data/05_model_input").rglob("*.npy"))
+
+    with KedroSession.create(project) as session:
+        session.run(pipeline_names=["training"], node_names=["encode_features"])
+    assert (project / "data/05_model_input/train_features/labels.npy").exists()
+
+
 def _preflight(pipeline: str, params: dict, tmp_path: Path, monkeypatch) -> None:
     """``preflight.check_before_run`` for ``kedro run --pipelines=<pipeline> --params=...``, in ``tmp_path``."""
     from kedro.io import DataCatalog

@@ -94,6 +94,7 @@ class PreflightHooks:
     def __init__(self, parameters: ParameterHooks) -> None:
         self.parameters = parameters
         self._version: str | None = None
+        self._counts_its_own_tables = False
 
     @hook_impl
     def after_catalog_created(self, catalog, save_version: str) -> None:
@@ -118,12 +119,27 @@ class PreflightHooks:
             )
         # Imported by the run that needs it (the checks read every pipeline's settings and the training engine's
         # memory count): a kedro command that runs nothing starts without torch.
-        from criteo_dlrm.preflight import check_before_run, pin_versions, report_incomplete_versions
+        from criteo_dlrm.preflight import (
+            check_before_run,
+            counts_its_own_tables,
+            pin_versions,
+            report_incomplete_versions,
+        )
 
         check_before_run(self.parameters.configs, pipeline, catalog)
+        self._counts_its_own_tables = counts_its_own_tables(self.parameters.configs, pipeline)
         report_incomplete_versions(catalog, sorted(pipeline.inputs()))
         if self._version is not None:
             pin_versions(catalog, pipeline, self._version, run_params.get("load_versions") or {})
+
+    # Before any other plugin's (no output marked incomplete yet): the tables this run counted are checked before
+    # they are encoded, where training follows; encoding alone does not hold them.
+    @hook_impl(tryfirst=True)
+    def before_node_run(self, node, inputs) -> None:
+        if self._counts_its_own_tables:
+            from criteo_dlrm.preflight import check_counted_tables
+
+            check_counted_tables(self.parameters.configs, node, inputs)
 
 
 class OutputVersionHooks:

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from kedro.io.core import Version
-from kedro.pipeline import Pipeline
+from kedro.pipeline import Node, Pipeline
 from loguru import logger
 
 from criteo_dlrm.common.errors import Fix, UserError
@@ -83,7 +83,7 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
         check_writable(folder, what, setting)
     if compute_metadata in nodes:
         _check_day_names(configs["ingestion"], configs["metadata"], convert_raw_days in nodes, catalog)
-    if {encode_features, train_dlrm} & nodes:
+    if train_dlrm in nodes:  # encoding alone needs none of these: its workers hold a chunk each, not the tables
         _check_training(configs["training"], configs["metadata"], compute_metadata in nodes, catalog)
     if evaluate_checkpoint in nodes:
         resolve_device(configs["evaluation"].device, "evaluation.device")
@@ -144,16 +144,21 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     check_lookup_memory(config, device)  # the table sizes are not needed for it: every run, before any node
 
 
+def _rows(days: list[dict]) -> int:
+    return sum(int(day.get("rows") or 0) for day in days)
+
+
 def _check_known_tables(
     config: TrainingConfig, metadata: MetadataConfig, computes_metadata: bool, catalog, device
 ) -> None:
     """The tables' memory, where their sizes are known before any node runs: set by the modulus hash, or held by
-    the existing metadata version this run's training reads."""
+    the existing metadata version this run's training reads. Tables this run counts are checked once counted
+    (``check_counted_tables``)."""
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
             sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)
             check_table_memory(config, sizes, device, "metadata.modulus_hash_size, " + TABLE_SETTINGS)
-        return  # otherwise the tables' sizes are known once metadata has run (encode_features checks them then)
+        return
     metadata_set = [_dataset(catalog, name) for name in ("feature_metadata", "feature_vocabularies")]
     if not all(isinstance(ds, VersionedFileDataset) and ds.exists() for ds in metadata_set):
         return  # missing inputs are reported by the hook with the pipelines to run first
@@ -170,8 +175,34 @@ def _check_known_tables(
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "
         "metadata.modulus_hash_size or a larger metadata.min_frequency; or smaller training.sparse_embedding_sizes",
-        validation_rows=sum(int(day.get("rows") or 0) for day in days["validation"]),
-        train_rows=sum(int(day.get("rows") or 0) for day in days["train"]),
+        validation_rows=_rows(days["validation"]),
+        train_rows=_rows(days["train"]),
+    )
+
+
+def counts_its_own_tables(configs: dict[str, Config], pipeline: Pipeline) -> bool:
+    """Whether ``pipeline`` trains on tables its own metadata stage counts (their sizes unknown before it runs):
+    their memory is then checked once counted, before encoding (``check_counted_tables``)."""
+    metadata = configs["metadata"]
+    if metadata.use_modulus_hash and metadata.modulus_hash_size:
+        return False  # checked before the run (``_check_known_tables``)
+    return {compute_metadata, encode_features, train_dlrm} <= _nodes(pipeline)
+
+
+def check_counted_tables(configs: dict[str, Config], node: Node, inputs: dict) -> None:
+    """Before ``encode_features`` runs: the memory of the tables this run's metadata stage counted, before they are
+    encoded and trained on."""
+    if node.func is not encode_features:
+        return
+    config = configs["training"]
+    counted = FeatureMetadata.from_dict(inputs["feature_metadata"])
+    days = counted.source_days
+    check_table_memory(
+        config,
+        counted.table_sizes,
+        resolve_device(config.device, "training.device"),
+        validation_rows=_rows(days["validation"]),
+        train_rows=_rows(days["train"]),
     )
 
 

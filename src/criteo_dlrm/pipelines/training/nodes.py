@@ -13,8 +13,6 @@ from criteo_dlrm.data.metadata import check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import Previous
-from criteo_dlrm.engine.device import resolve_device
-from criteo_dlrm.engine.memory import check_table_memory
 from criteo_dlrm.engine.recipe import FinishedRun, run_training
 from criteo_dlrm.spark.engines import preprocessing_engine
 
@@ -32,7 +30,6 @@ def encode_features(
     Raises:
         LineageError: a day this metadata version counted is gone or has changed (before any work).
         MismatchedVersionsError: the vocabularies are not the ones this metadata counted.
-        ConfigError: the tables would not fit in memory.
     """
     config = TrainingConfig.from_dict(training, "training.")
     engine = preprocessing_engine(preprocessing)
@@ -40,15 +37,6 @@ def encode_features(
     days = metadata.source_days
     check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
-    # The validation days' rows bound the rows validated (a day's validation part, the rest its test part).
-    validation_rows, train_rows = (sum(int(day.get("rows") or 0) for day in days[split]) for split in ("validation", "train"))
-    check_table_memory(
-        config,
-        metadata.table_sizes,
-        resolve_device(config.device, "training.device"),
-        validation_rows=validation_rows,
-        train_rows=train_rows,
-    )
     encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays, config.dense_transform)
     train, validation = (
         EncodedDays(
