@@ -5,6 +5,7 @@ on the bundled sample, as a user types them."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,14 @@ def _kedro(project: Path, *args: str) -> subprocess.CompletedProcess:
     return run
 
 
+def _page_command(env: str) -> list[str]:
+    """The shrunk command docs/recipes.md gives for ``--env env``: the arguments after ``kedro run``, as a shell
+    splits them (the test runs what the page shows)."""
+    page = (PROJECT_ROOT / "docs" / "recipes.md").read_text()
+    [line] = [line for line in page.splitlines() if line.startswith(f'kedro run --env {env} --params="')]
+    return shlex.split(line)[2:]
+
+
 def _latest_checkpoint(project: Path) -> dict:
     [version] = sorted((project / "data/06_models/dlrm_checkpoint.pt").iterdir())[-1:]
     return load_checkpoint(version / "dlrm_checkpoint.pt")
@@ -48,7 +57,9 @@ def _environment(name: str) -> dict:
 def test_the_mlperf_environment_trains_multi_hot_dcn_with_adagrad_to_its_target_then_scores_and_exports(tmp_path):
     project = copy_project(tmp_path / "project")
     recipe = _environment("mlperf")["training"]
-    run = _kedro(project, "--env", "mlperf", f"--params={SHRUNK},training.dcn.low_rank=16,training.target_auc=0.52")
+    command = _page_command("mlperf")
+    assert command == ["--env", "mlperf", f"--params={SHRUNK},training.dcn.low_rank=16,training.target_auc=0.52"]
+    run = _kedro(project, *command)
     output = run.stdout + run.stderr
     assert "214 lookups a row (multi-hot)" in output and "multi-hot: 214 lookups a row" in output
     assert "target AUC 0.52 reached at step 10" in output and "(target AUC 0.52 at step 10: " in output
@@ -73,9 +84,12 @@ def test_the_torchrec_example_environment_trains_with_sgd_and_its_step_change_of
     project = copy_project(tmp_path / "project")
     recipe = _environment("torchrec_dlrm")["training"]
     assert (recipe["learning_rate"], recipe["step_decay"]) == (15.0, {"at": 0.8, "learning_rate": 0.2})
-    # SGD at 15.0 trains a 16-wide model on 256-row steps to NaN: the rates shrink with it, by the recipe's ratio.
+    # SGD at 15.0 trains a 16-wide model on 256-row steps to NaN (at step 14): the page's command cuts the rates
+    # tenfold with the model, the recipe's ratio kept.
     rates = "training.learning_rate=1.5,training.embedding_learning_rate=1.5,training.step_decay.learning_rate=0.02"
-    _kedro(project, "--env", "torchrec_dlrm", f"--params={SHRUNK},{rates}")
+    command = _page_command("torchrec_dlrm")
+    assert command == ["--env", "torchrec_dlrm", f"--params={SHRUNK},{rates}"]
+    _kedro(project, *command)  # a NaN loss fails the run
     checkpoint = _latest_checkpoint(project)
     assert checkpoint["model_config"]["interaction"] == "dot" and checkpoint["model_config"]["multi_hot_sizes"] is None
     [dense] = checkpoint["dense_param_groups"]
