@@ -137,3 +137,26 @@ def test_every_line_of_a_criteo_1tb_sized_run_stays_within_100_columns_and_keeps
     assert all(len(line) <= 100 for line in lines if long_path not in line), text
     assert f"              {long_path}" in lines, "the path whole, on a line of its own"
     assert "4,195,197,692 training rows" in text and "1,036,994,556 embedding rows" in text.replace("\n", " ")
+
+
+def test_a_stage_that_made_its_output_again_says_why_it_did_not_reuse_the_earlier_one():
+    """Issue 62 item 12: the summary said 'converted', 'counted' and the steps, not why nothing was reused."""
+    days = [{**_day("day_0", False), "parquet": "data/02_intermediate/day_0.parquet",
+             "converted_because": "the raw file's modification time changed"},
+            {**_day("day_1", False), "parquet": "data/02_intermediate/day_1.parquet",
+             "converted_because": "the raw file's modification time changed"},
+            {**_day("day_2", False), "parquet": "data/02_intermediate/day_2.parquet", "converted_because": "damaged"},
+            {**_day("day_3", False), "parquet": "data/02_intermediate/day_3.parquet"}]  # fmt: skip
+    why = "version v0 was counted from other days"
+    training = {**_training(None), "trained_because": "version v0 trained with other training.learning_rate"}
+    text = render(RunRecord("v", {"ingestion_report": {"days": days}, "feature_metadata": _metadata(counted_because=why),
+                                  "training_summary": training}))  # fmt: skip
+    lines = text.splitlines()
+    assert lines[1] == "  ingestion   4 days (converted), 80,000 rows, 0 rejected"
+    assert lines[2:4] == [
+        "              converted again: day_0, day_1 (the raw file's modification time changed)",
+        "              converted again: day_2 (damaged)",
+    ], "day_3 had no conversion before: not named"
+    assert lines[4].startswith("  metadata    counted (version v0 was counted from other days): 40,000 training rows")
+    assert lines[5].startswith("              260 embedding rows") and lines[6].startswith("  training    300 steps")
+    assert lines[7] == "              not reused: version v0 trained with other training.learning_rate"

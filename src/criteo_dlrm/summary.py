@@ -7,6 +7,7 @@ ingestion and metadata lines here, each report's own (``reports``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary, fitted
@@ -37,6 +38,16 @@ def _made_or_reused(reused: int, total: int) -> str:
     if reused == total:
         return "reused"
     return "converted" if not reused else f"{reused:,} reused, {total - reused:,} converted"
+
+
+def _why_converted(days: list[dict]) -> list[str]:
+    """``converted again: day_0, day_1 (the raw file's size changed)``, a line for each reason days that had a
+    conversion were converted again (days converted for the first time are not named)."""
+    named: dict[str, list[str]] = {}
+    for day in days:
+        if why := day.get("converted_because"):
+            named.setdefault(why, []).append(Path(day["parquet"]).stem)
+    return [f"            converted again: {_listed(names)} ({why})" for why, names in named.items()]
 
 
 def _listed(names: list[str]) -> str:
@@ -74,9 +85,12 @@ def render(record: RunRecord) -> str:
         )
         if record.split:
             lines.append(f"            {record.split}")
+        lines += _why_converted(days)
     if stored := saved.get("feature_metadata"):
         metadata = FeatureMetadata.from_dict(stored)
         reused = f"reused version {metadata.counted_in}" if metadata.counted_in else "counted"
+        if metadata.counted_because:
+            reused = f"counted ({metadata.counted_because})"
         lines.append(
             f"metadata    {reused}: {metadata.rows:,} training rows, CTR {metadata.click_rate:.4f}, "
             f"{sum(metadata.table_sizes):,} embedding rows"

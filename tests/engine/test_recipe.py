@@ -126,6 +126,7 @@ def test_a_finished_run_is_reused_only_as_its_checkpoint_s_own_fingerprint_says_
     other = FinishedRun("first", finished.summary, lambda: {**stored, "fingerprint": "0123456789abcdef"})
     _, summary = run_training(config(), rows, rows, metadata, vocabularies, "third", previous=other)
     assert summary["reused_version"] is None and summary["fingerprint"] == finished.summary["fingerprint"]
+    assert summary["trained_because"] == "version first's checkpoint is not the run its summary names"
     assert any("but its checkpoint was trained with other ones" in line for line in logged), logged
 
     # The same settings and rows, other code (an upgrade): trained again, and said why.
@@ -134,7 +135,8 @@ def test_a_finished_run_is_reused_only_as_its_checkpoint_s_own_fingerprint_says_
     _, summary = run_training(config(), rows, rows, metadata, vocabularies, "fourth", previous=finished)
     assert summary["reused_version"] is None and summary["code"] == changed
     assert summary["fingerprint"] != finished.summary["fingerprint"]
-    assert any("has this run's settings and rows but was trained by other code" in line for line in logged)
+    assert summary["trained_because"].startswith("version first was trained by other code (criteo_dlrm ")
+    assert any("not reused: version first was trained by other code" in line for line in logged)
 
 
 def test_a_reused_run_whose_settings_left_out_of_its_identity_differ_says_so_and_how_to_train_anyway(tmp_path, logged):
@@ -159,3 +161,22 @@ def test_a_reused_run_whose_settings_left_out_of_its_identity_differ_says_so_and
     text = render(RunRecord(version="second", saved={"training_summary": summary}))
     assert "the reused run differs in training.log_every_steps 20 there, 5 here;" in text, text
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_a_run_that_does_not_reuse_the_finished_one_says_why_in_its_summary(tmp_path):
+    """Issue 62 item 12: a rerun that trained again said only that it trained, not what kept it from reusing."""
+    from criteo_dlrm.engine.recipe import run_training
+    from criteo_dlrm.summary import RunRecord, render
+
+    config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
+    assert finished.summary["trained_because"] is None, "nothing to compare: the first run"
+    _, summary = run_training(config(learning_rate=0.01, batch_size={"train": 128}), rows, rows, metadata,
+                              vocabularies, "second", previous=finished)  # fmt: skip
+    assert summary["trained_because"] == (
+        "version first trained with other training.batch_size.train, training.learning_rate"
+    )
+    text = render(RunRecord(version="second", saved={"training_summary": summary}))
+    assert "  not reused: version first trained with other training.batch_size.train," in text, text
+
+    _, reused = run_training(config(), rows, rows, metadata, vocabularies, "fourth", previous=finished)
+    assert reused["reused_version"] == "first" and reused["trained_because"] is None

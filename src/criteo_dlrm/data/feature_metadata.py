@@ -37,8 +37,9 @@ class FeatureMetadata:
     ``dense`` and ``sparse`` hold each feature's statistics as counted (dense: ``count``, ``missing``, ``min``,
     ``max``, ``log1p_mean``, ``log1p_std``; sparse: ``rows``, ``missing``, ``distinct``, ``vocabulary_size``,
     ``table_size``, ``coverage``), keyed by column name. ``source_days`` (the days split into training,
-    validation and test), ``parameters`` (the metadata settings) and ``counted_in`` (the version a rerun reused
-    it from unchanged) are set by the metadata pipeline; None where it was made before them.
+    validation and test), ``parameters`` (the metadata settings), ``counted_in`` (the version a rerun reused
+    it from unchanged) and ``counted_because`` (why the latest version was not reused, when there was one) are set
+    by the metadata pipeline; None where it was made before them.
     """
 
     encoding: str  # "vocabulary" or "modulus_hash"
@@ -53,6 +54,7 @@ class FeatureMetadata:
     source_days: dict | None = None
     parameters: dict | None = None
     counted_in: str | None = None
+    counted_because: str | None = None
     # Keys of the stored form this version does not know, kept so that reading and writing loses nothing.
     other: Mapping = field(default_factory=dict)
 
@@ -74,6 +76,7 @@ class FeatureMetadata:
             source_days=values.pop("source_days", None),
             parameters=values.pop("parameters", None),
             counted_in=values.pop("counted_in", None),
+            counted_because=values.pop("counted_because", None),
             other=values,
         )
 
@@ -90,7 +93,8 @@ class FeatureMetadata:
             "vocabulary_sha256": self.vocabulary_sha256,
             **self.other,
         }
-        optional = {"source_days": self.source_days, "parameters": self.parameters, "counted_in": self.counted_in}
+        optional = {"source_days": self.source_days, "parameters": self.parameters, "counted_in": self.counted_in,
+                    "counted_because": self.counted_because}  # fmt: skip
         stored = {**stored, **optional}
         return {key: value for key, value in stored.items() if value is not None or key in self.other}
 

@@ -95,21 +95,33 @@ def raw_source(parquet: str | Path) -> dict | None:
 def made_from(parquet: Path, source: Path) -> bool:
     """True when ``parquet`` was converted from ``source`` as it is now (same path, size, mtime and content sample;
     the path relative to the project when inside it: ``identity_path``)."""
+    return not_made_from(parquet, source) is None
+
+
+def not_made_from(parquet: Path, source: Path) -> str | None:
+    """Why ``parquet`` is not a conversion of ``source`` as it is now, in a few words; None when it is."""
     try:
         recorded = raw_source(parquet)
     except (OSError, ValueError):
-        return False
+        return "its Parquet cannot be read"
+    if recorded is None:
+        return "its Parquet names no raw file"
+    if recorded["path"] != identity_path(source):
+        return f"converted from {recorded['path']}"
     stat = source.stat()
-    return (
-        recorded is not None
-        and (recorded["path"], recorded["size"], recorded["mtime_ns"])
-        == (
-            identity_path(source),
-            stat.st_size,
-            stat.st_mtime_ns,
-        )
-        and recorded.get("sample") == content_sample(source)
-    )
+    changed = [
+        what
+        for what, then, now in (("size", recorded["size"], stat.st_size),
+                                ("modification time", recorded["mtime_ns"], stat.st_mtime_ns))
+        if then != now
+    ]  # fmt: skip
+    if changed:
+        return f"the raw file's {' and '.join(changed)} changed"
+    if "sample" not in recorded:
+        return "converted before days recorded a sample of their raw file"
+    if recorded["sample"] != content_sample(source):
+        return "the raw file's content changed"
+    return None
 
 
 def day_lineage(day: str, parquet: str | Path) -> dict:

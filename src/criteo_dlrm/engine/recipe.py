@@ -122,8 +122,9 @@ def run_training(
         initial_ctr=initial_ctr,
     )
     finished = finished_fingerprint(job.fingerprint, everything, code_identity())
+    trained_because = None
     if previous is not None and job.resume_path is not None:
-        reused = _reuse(previous, job.fingerprint, everything)
+        reused, trained_because = _reuse(previous, job.fingerprint, everything, metadata.source_days)
         if reused is not None:
             return reused
     # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
@@ -188,6 +189,8 @@ def run_training(
         metadata_version=metadata_version,
         source_days=metadata.source_days,
         fingerprint=finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
+        settings=everything,  # what a later run that does not reuse this one names as its difference
+        trained_because=trained_because,
         code=code_identity(),
         # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
         in_progress_checkpoint=str(in_progress) if in_progress is not None else None,
@@ -204,26 +207,23 @@ def finished_fingerprint(job_fingerprint: str, settings: dict, code: dict | None
     return fingerprint(job_fingerprint, finished) if code is None else fingerprint(job_fingerprint, finished, code)
 
 
-def _reuse(previous: FinishedRun, job_fingerprint: str, settings: dict) -> tuple[dict, dict] | None:
+def _reuse(
+    previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: dict | None
+) -> tuple[tuple[dict, dict] | None, str | None]:
     """The finished run's checkpoint and summary as this run's, when it trained with these settings on these rows
     with this code (``finished_fingerprint``), as its checkpoint's own content says (its summary and the summary's
-    checksum can be copied from another run; the checkpoint's fingerprint is under its content digest); None
-    otherwise (said in the log when only the code differs), or when its checkpoint cannot be read."""
+    checksum can be copied from another run; the checkpoint's fingerprint is under its content digest), and None;
+    otherwise None and why not, in a few words (said in the log and the run's summary)."""
     code = code_identity()
     finished = finished_fingerprint(job_fingerprint, settings, code)
     summary_says = previous.summary.get("fingerprint")
     if summary_says != finished:
-        then = previous.summary.get("code")
-        if summary_says == finished_fingerprint(job_fingerprint, settings, then):  # the same run but for the code
-            logger.info(
-                "training: the finished run of version {} has this run's settings and rows but was trained by other "
-                "code ({}; this is {}): training again",
-                previous.version, _code_named(then), _code_named(code),
-            )  # fmt: skip
-        return None
+        why = _why_not_the_same(previous, job_fingerprint, settings, source_days)
+        logger.info("training: not reused: {}; training again", why)
+        return None, why
     stored = previous.checkpoint()
     if stored is None:
-        return None
+        return None, f"version {previous.version}'s checkpoint cannot be read"
     checkpoint = Checkpoint.from_dict(stored)
     if checkpoint.fingerprint != finished:
         logger.warning(
@@ -233,10 +233,11 @@ def _reuse(previous: FinishedRun, job_fingerprint: str, settings: dict) -> tuple
             "before checkpoints recorded it" if checkpoint.fingerprint is None else "with other ones",
             checkpoint.fingerprint, finished,
         )  # fmt: skip
-        return None
+        return None, f"version {previous.version}'s checkpoint is not the run its summary names"
     differences = _differences(checkpoint.training_parameters, settings, LEFT_OUT_OF_REUSE)
     summary = replace(TrainingSummary.from_dict(previous.summary), reused_version=previous.version,
-                      reused_differences=differences, in_progress_checkpoint=None, best_checkpoint=None)  # fmt: skip
+                      reused_differences=differences, in_progress_checkpoint=None, best_checkpoint=None,
+                      trained_because=None)  # fmt: skip
     logger.info(
         "training: reused the finished run of version {} (the same settings on the same rows: {:,} steps, kept step "
         "{:,}, validation log loss {:.5f}). To train again, run with training.resume=false.",
@@ -250,7 +251,24 @@ def _reuse(previous: FinishedRun, job_fingerprint: str, settings: dict) -> tuple
             "; ".join(differences), again,
         )  # fmt: skip
     stored = {key: value for key, value in stored.items() if key != "catalog_version"}
-    return stored, summary.to_dict()
+    return (stored, summary.to_dict()), None
+
+
+def _why_not_the_same(previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: dict | None) -> str:
+    """Why the finished run ``previous`` is not this one (its summary's fingerprint differs), in a few words: other
+    code, other days, the settings that differ (summaries that record theirs), or other rows."""
+    then = previous.summary.get("code")
+    if previous.summary.get("fingerprint") == finished_fingerprint(job_fingerprint, settings, then):
+        return f"version {previous.version} was trained by other code ({_code_named(then)}; this is {_code_named(code_identity())})"
+    if previous.summary.get("source_days") != source_days:
+        return f"version {previous.version} trained on other days"
+    if (recorded := previous.summary.get("settings")) is not None:
+        keys = tuple(key for key in sorted(recorded.keys() | settings.keys())
+                     if key not in NOT_IN_FINGERPRINT or key in FINISHED_SETTINGS)  # fmt: skip
+        if changed := _differences(recorded, settings, keys):
+            names = [difference.split(" ", 1)[0] for difference in changed]
+            return f"version {previous.version} trained with other {', '.join(names)}"
+    return f"version {previous.version} trained on other rows (another metadata version or encoding)"
 
 
 # Settings a finished run is reused across (they change neither the data order nor the arithmetic), said when the

@@ -105,7 +105,8 @@ class TrainingSummary(_Record):
         warnings: what the run found worth a look (learning rates, calibration).
         calibration: the fitted calibration's state, its knots aside; ``run_version``, ``tensorboard_run``: the
             run's names; ``metadata_version``, ``source_days``: the rows it trained on; ``fingerprint``: the
-            settings, rows and code (a rerun with the same reuses this run); ``code``: the code that trained it.
+            settings, rows and code (a rerun with the same reuses this run); ``code``: the code that trained it;
+            ``settings``: the training settings; ``trained_because``: why the latest finished run was not reused.
         in_progress_checkpoint: removed once the checkpoint is stored, until then a rerun resumes from it;
             ``best_checkpoint``: a sharded run's best model without resume, linked into the stored checkpoint.
     """
@@ -134,6 +135,8 @@ class TrainingSummary(_Record):
     source_days: dict[str, Any] | None = None
     fingerprint: str | None = None
     code: dict[str, str] | None = None
+    settings: dict[str, Any] | None = None
+    trained_because: str | None = None
     in_progress_checkpoint: str | None = None
     best_checkpoint: str | None = None
     others: dict[str, Any] = field(default_factory=dict)
@@ -161,6 +164,8 @@ class TrainingSummary(_Record):
             f"{self.samples_per_second:,.0f} samples/s",
             first="training    ",
         )
+        if self.trained_because:
+            lines += wrapped(f"not reused: {self.trained_because}")
         if self.reused_differences:
             differences = "; ".join(self.reused_differences)
             lines += wrapped(f"the reused run differs in {differences} (training.resume=false trains anew)")

@@ -69,3 +69,33 @@ def test_a_raw_file_whose_time_alone_changed_names_how_to_restore_its_day(conver
     subprocess.run(shlex.split(touch), check=True)
     convert_or_reuse(raw, parquet)  # what `kedro run --pipelines=ingestion` does for this day
     check_days([recorded], "dlrm_checkpoint")
+
+
+def test_a_day_converted_again_says_why_its_conversion_was_not_reused(tmp_path):
+    """Issue 62 item 12: a day converted again was only 'converted'; the report now says why (for the summary)."""
+    from criteo_dlrm.data.parquet import fingerprint_path
+    from criteo_dlrm.data.raw import split_or_reuse
+
+    raw = tmp_path / "raw" / "day_0"
+    write_day(raw, 3000, day=0, model=ClickModel(seed=2))
+    parquet = tmp_path / "out" / "day_0.parquet"
+    assert convert_or_reuse(raw, parquet).converted_because is None, "nothing before it"
+    assert convert_or_reuse(raw, parquet).reused
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 5 * 10**9))
+    again = convert_or_reuse(raw, parquet)
+    assert not again.reused and again.converted_because == "the raw file's modification time changed"
+    assert convert_or_reuse(raw, parquet, force=True).converted_because == "ingestion.force"
+    fingerprint_path(parquet).unlink()
+    assert convert_or_reuse(raw, parquet).converted_because == "half-written (no fingerprint)"
+    with raw.open("a") as handle:
+        handle.write(raw.read_text().splitlines(keepends=True)[0])
+    assert convert_or_reuse(raw, parquet).converted_because == "the raw file's size and modification time changed"
+    moved = tmp_path / "elsewhere" / "day_0"
+    moved.parent.mkdir()
+    raw.rename(moved)
+    assert convert_or_reuse(moved, parquet).converted_because == f"converted from {raw}"
+
+    split = tmp_path / "split"
+    assert all(r.converted_because is None for r in split_or_reuse(moved, split, 1000))
+    assert all(r.reused for r in split_or_reuse(moved, split, 1000))
+    assert {r.converted_because for r in split_or_reuse(moved, split, 2000)} == {"split at ingestion.rows_per_day=1000"}

@@ -87,9 +87,11 @@ def test_a_rerun_with_the_same_days_and_parameters_reuses_the_metadata_and_says_
         k: v for k, v in first.items() if k != "content_sha256"
     }, "the same content"
     assert "counted_in" not in third and third["parameters"]["min_frequency"] == 5
+    assert "counted_because" not in first and "counted_because" not in second, "nothing to compare, then reused"
+    assert third["counted_because"] == f"version {versions[1]} was counted with other metadata.min_frequency"
     text = "\n".join(record.getMessage() for record in caplog.records)
     assert f"feature metadata: reused version {versions[0]} (counted in {versions[0]} from the same days" in text
-    assert f"counting afresh (version {versions[1]} was counted from other days or parameters)" in text
+    assert f"counting afresh (version {versions[1]} was counted with other metadata.min_frequency)" in text
     vocabularies = [
         np.load(path / "feature_vocabularies.npz")
         for path in sorted((project / "data/04_feature/feature_vocabularies.npz").iterdir())

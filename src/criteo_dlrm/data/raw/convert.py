@@ -57,6 +57,8 @@ class DayReport:
     input_bytes: int
     seconds: float
     reused: bool = False  # an intact conversion of the same raw file was there: nothing converted
+    # Converted although a conversion was there: why it was not reused (in a few words, said in the summary).
+    converted_because: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

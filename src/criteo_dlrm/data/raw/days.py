@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.common.schema import RawLayout
 from criteo_dlrm.common.storage import identity_path
 from criteo_dlrm.data import WORKER_MODULES
-from criteo_dlrm.data.lineage import content_sample, made_from
+from criteo_dlrm.data.lineage import content_sample, not_made_from
 from criteo_dlrm.data.parquet import open_day, sealed, verify_day, written_by_ingestion
 from criteo_dlrm.data.raw.convert import (
     TRAINING_LAYOUT,
@@ -42,21 +43,26 @@ CONVERSION_MEMORY = 1 << 30
 CONVERSION_CORES = 2
 
 
-def _intact(parquet: Path, source: Path, layout: RawLayout | None = None) -> bool:
-    """Whether ``parquet`` was converted from ``source`` as it is now, in the current format, undamaged."""
-    if not parquet.exists() or not made_from(parquet, source):
-        return False
+def _stale(parquet: Path, source: Path, layout: RawLayout | None = None) -> str | None:
+    """Why ``parquet`` is not ``source``'s conversion as it is now, in the current format, undamaged (a few words,
+    said in the run's summary); None when it is ("" when there is no ``parquet``)."""
+    if not parquet.exists():
+        return ""
+    if why := not_made_from(parquet, source):
+        return why
     try:
         day = open_day(parquet, labelled=False)
-        if not (written_by_ingestion(day) and sealed(parquet)):
-            return False
+        if not written_by_ingestion(day):
+            return "written in an older format"
+        if not sealed(parquet):
+            return "half-written (no fingerprint)"
         if layout and day.schema_arrow.names != layout.parquet_schema.names:
-            return False
+            return "in another layout"
         verify_day(parquet)
     except DataError as error:
         logger.warning("{}; converting it again", error)
-        return False
-    return True
+        return "damaged"
+    return None
 
 
 def _count_rejects(rejects: Path) -> int:
@@ -75,7 +81,8 @@ def convert_or_reuse(
 
     ``options`` go to ``convert_day`` (``max_reject_fraction``, ``block_size``, ``progress``, ``parameters``).
     """
-    if not force and _intact(destination, source, layout):
+    why = "ingestion.force" if force else _stale(destination, source, layout)
+    if why is None:
         rejects = rejects_path_of(destination)
         report = DayReport(
             source=str(source),
@@ -89,7 +96,7 @@ def convert_or_reuse(
         )
         logger.info("{}: already converted to {} ({:,} rows); skipped", source.name, destination, report.rows)
         return report
-    return convert_day(source, destination, layout=layout, **options)
+    return replace(convert_day(source, destination, layout=layout, **options), converted_because=why or None)
 
 
 def split_or_reuse(
@@ -104,14 +111,17 @@ def split_or_reuse(
     name = day_name(source)
     parts = sorted(output_dir.glob(f"{name}_[0-9][0-9][0-9][0-9].parquet"))
     rows = [pq.ParquetFile(part).metadata.num_rows for part in parts]
-    if (
-        not force
-        and parts
-        and _split_recorded(output_dir, name, source, rows_per_day, [part.name for part in parts])
-        and all(count == rows_per_day for count in rows[:-1])
-        and 0 < rows[-1] <= rows_per_day
-        and all(_intact(part, source) for part in parts)
-    ):
+    if force:
+        why = "ingestion.force"
+    elif not parts:
+        why = ""
+    elif why := _split_differs(output_dir, name, source, rows_per_day, [part.name for part in parts]):
+        pass
+    elif not (all(count == rows_per_day for count in rows[:-1]) and 0 < rows[-1] <= rows_per_day):
+        why = f"its days' rows are not {rows_per_day:,} each"
+    else:
+        why = next((stale for part in parts if (stale := _stale(part, source)) is not None), None)
+    if why is None:
         logger.info("{}: already split into {} days in {}; skipped", source.name, len(parts), output_dir)
         rejects = output_dir / f"{name}.rejects.tsv"
         return [
@@ -119,28 +129,34 @@ def split_or_reuse(
                       str(rejects) if index == 0 and rejects.exists() else None, 0, 0.0, reused=True)
             for index, (part, count) in enumerate(zip(parts, rows, strict=True))
         ]  # fmt: skip
-    return split_day(source, output_dir, rows_per_day, **options)
+    return [
+        replace(report, converted_because=why or None)
+        for report in split_day(source, output_dir, rows_per_day, **options)
+    ]
 
 
-def _split_recorded(output_dir: Path, name: str, source: Path, rows_per_day: int, parts: list[str]) -> bool:
-    """Whether the split's manifest names exactly ``parts``, made from ``source`` as it is now with
-    ``rows_per_day``: a part removed since (the last one too, whose absence row counts cannot show) is made
-    again, never taken for a split into fewer days."""
+def _split_differs(output_dir: Path, name: str, source: Path, rows_per_day: int, parts: list[str]) -> str | None:
+    """Why the split's manifest does not name exactly ``parts``, made from ``source`` as it is now with
+    ``rows_per_day`` (None when it does): a part removed since (the last one too, whose absence row counts cannot
+    show) is made again, never taken for a split into fewer days."""
     try:
         manifest = json.loads(split_manifest_path(output_dir, name).read_text())
         stat = source.stat()
     except (OSError, ValueError):
-        return False
-    recorded = (manifest.get("source"), manifest.get("size"), manifest.get("mtime_ns"), manifest.get("rows_per_day"))
-    if recorded != (identity_path(source), stat.st_size, stat.st_mtime_ns, rows_per_day):
-        return False
+        return "its split's manifest cannot be read"
+    if manifest.get("source") != identity_path(source):
+        return f"split from {manifest.get('source')}"
+    if manifest.get("rows_per_day") != rows_per_day:
+        return f"split at ingestion.rows_per_day={manifest.get('rows_per_day')}"
+    if (manifest.get("size"), manifest.get("mtime_ns")) != (stat.st_size, stat.st_mtime_ns):
+        return "the raw file's size or modification time changed"
     if manifest.get("sample") != content_sample(source):  # rewritten with its size and time kept
-        return False
+        return "the raw file's content changed"
     if manifest.get("parts") != parts:
         missing = sorted(set(manifest.get("parts") or ()) - set(parts))
         logger.warning("{}: the split's days {} are missing; splitting {} again", output_dir, missing, source.name)
-        return False
-    return True
+        return "some of its days are missing"
+    return None
 
 
 def convert_days(

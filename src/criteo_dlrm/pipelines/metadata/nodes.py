@@ -31,11 +31,11 @@ def compute_metadata(
     train, validation, test = split_days(ingestion_report["days"], config)
     # test: what evaluation reports on, never used to choose or calibrate the model (empty: the validation rows).
     source_days = {"train": train, "validation": validation, "test": test}
-    reused = _reusable(previous_feature_metadata, previous_feature_vocabularies, source_days, config)
+    reused, why = _reusable(previous_feature_metadata, previous_feature_vocabularies, source_days, config)
     if reused is not None:
         return reused
     counted, vocabularies = engine.count_metadata([day["parquet"] for day in train], config)
-    counted = replace(counted, source_days=source_days, parameters=config.to_dict())
+    counted = replace(counted, source_days=source_days, parameters=config.to_dict(), counted_because=why)
     tables = counted.table_sizes
     logger.info(
         "feature metadata: {:,} training rows, CTR {:.4f}, {} tables with {:,} rows in all (largest {:,})",
@@ -50,27 +50,35 @@ def compute_metadata(
 
 def _reusable(
     metadata: Previous | None, vocabularies: Previous | None, source_days: dict, config: MetadataConfig
-) -> tuple[dict, FeatureVocabularies] | None:
+) -> tuple[tuple[dict, FeatureVocabularies] | None, str | None]:
     """The latest metadata and vocabularies, when they belong together and were counted from ``source_days``
-    with ``config``'s parameters; else None (said in the log when there was a version to compare)."""
+    with ``config``'s parameters (and None); else None and why not, in a few words (None when there was no
+    version to compare; said in the log and the run's summary)."""
     if metadata is None or vocabularies is None:
-        return None
+        return None, None
     stored = metadata.value
-    if stored.get("source_days") != source_days or stored.get("parameters") != config.to_dict():
-        logger.info(
-            "feature metadata: counting afresh (version {} was counted from other days or parameters)",
-            metadata.version,
-        )
-        return None
-    try:
-        check_vocabularies(FeatureMetadata.from_dict(stored), vocabularies.value)
-    except MismatchedVersionsError:
-        logger.info("feature metadata: counting afresh (version {}'s vocabularies are not its own)", metadata.version)
-        return None
+    why = None
+    if stored.get("source_days") != source_days:
+        why = f"version {metadata.version} was counted from other days"
+    elif stored.get("parameters") != config.to_dict():
+        changed = sorted(
+            f"metadata.{key}" for key in config.to_dict().keys() | (stored.get("parameters") or {}).keys()
+            if (stored.get("parameters") or {}).get(key) != config.to_dict().get(key)
+        )  # fmt: skip
+        why = f"version {metadata.version} was counted with other {', '.join(changed)}"
+    else:
+        try:
+            check_vocabularies(FeatureMetadata.from_dict(stored), vocabularies.value)
+        except MismatchedVersionsError:
+            why = f"version {metadata.version}'s vocabularies are not its own"
+    if why:
+        logger.info("feature metadata: counting afresh ({})", why)
+        return None, why
     counted_in = stored.get("counted_in") or metadata.version
     logger.info(
         "feature metadata: reused version {} (counted in {} from the same days and parameters); nothing counted",
         metadata.version,
         counted_in,
     )
-    return {**stored, "counted_in": counted_in}, FeatureVocabularies(vocabularies.value.arrays)
+    kept = {key: value for key, value in stored.items() if key != "counted_because"}
+    return ({**kept, "counted_in": counted_in}, FeatureVocabularies(vocabularies.value.arrays)), None
