@@ -12,7 +12,6 @@ import pytest
 from tests.spark.conftest import needs_spark
 
 SCRIPT = """
-import sys
 import numpy as np
 import pyarrow.parquet as pq
 from pathlib import Path
@@ -26,11 +25,13 @@ from criteo_dlrm.spark.tasks import run_on_spark
 
 session = spark_session({"spark.remote": "local[2]", "spark.sql.shuffle.partitions": "4"})
 assert type(session).__module__ == "pyspark.sql.connect.session", type(session)
-tmp = Path(sys.argv[1])
-write_day(tmp / "raw" / "day_0.gz", 5_000, day=0, model=ClickModel(seed=1))
-local = convert_days([(tmp / "raw" / "day_0.gz", tmp / "local" / "day_0.parquet")])
-remote = convert_days([(tmp / "raw" / "day_0.gz", tmp / "connect" / "day_0.parquet")], run=run_on_spark)
-assert pq.read_table(remote[0].parquet).equals(pq.read_table(local[0].parquet))
+# Paths relative to the project (the working folder), as the catalog gives them: the Connect server's Python
+# workers run in a folder of their own.
+write_day(Path("raw/day_0.gz"), 5_000, day=0, model=ClickModel(seed=1))
+local = convert_days([(Path("raw/day_0.gz"), Path("local/day_0.parquet"))])
+remote = convert_days([(Path("raw/day_0.gz"), Path("connect/day_0.parquet"))], run=run_on_spark)
+assert Path("connect/day_0.parquet").read_bytes() == Path("local/day_0.parquet").read_bytes()
+assert pq.read_schema("connect/day_0.parquet").metadata[b"criteo_dlrm.source"] == b"raw/day_0.gz"
 expected, vocabularies = compute_feature_metadata([local[0].parquet], MetadataConfig(), progress=False)
 counted, counted_vocabularies = count_on_spark([local[0].parquet], MetadataConfig())
 assert counted == expected
@@ -40,9 +41,10 @@ print("same over Spark Connect")
 
 
 @pytest.mark.slow
-def test_spark_connect_runs_the_same_tasks_and_counts(tmp_path):
+def test_spark_connect_runs_the_same_tasks_and_counts_on_paths_relative_to_the_project(tmp_path):
+    """Issue 62 item 8: through a local Connect server, ingestion failed on the catalog's relative paths."""
     needs_spark()
     pytest.importorskip("grpc_status", reason="the spark extra's Connect client is not installed")
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert "same over Spark Connect" in result.stdout

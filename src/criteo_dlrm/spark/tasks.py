@@ -12,6 +12,7 @@ see the project's data folders at the same paths (a shared filesystem, or object
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import time
@@ -56,6 +57,7 @@ def run_on_spark(
         return
     session = spark_session()
     name = getattr(getattr(function, "func", function), "__name__", "tasks")  # a partial's function
+    project = os.getcwd()
 
     def run(batches):
         import pyarrow as pa
@@ -64,19 +66,28 @@ def run_on_spark(
         context = TaskContext.get()
         if context is not None:  # the task's share of the executor's cores (spark.task.cpus)
             pa.set_cpu_count(max(1, int(context.cpus())))
-        for batch in batches:
-            indices, results = [], []
-            for index in batch.column(0).to_pylist():
-                task = tasks[index]
-                try:
-                    answer = ("ok", function(shared, *task) if shared is not None else function(*task))
-                except UserError as error:
-                    answer = ("error", error)
-                indices.append(index)
-                results.append(pickle.dumps(answer))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(indices, pa.int64()), pa.array(results, pa.binary())], names=["index", "result"]
-            )
+        # The catalog's paths are relative to the project, and a day's identity names its raw file relative to
+        # it: the tasks run there (a Spark Connect server's Python workers start in a folder of their own). An
+        # executor that does not see the project folder keeps its own (absolute paths still work there).
+        own = os.getcwd()
+        if os.path.isdir(project):
+            os.chdir(project)
+        try:
+            for batch in batches:
+                indices, results = [], []
+                for index in batch.column(0).to_pylist():
+                    task = tasks[index]
+                    try:
+                        answer = ("ok", function(shared, *task) if shared is not None else function(*task))
+                    except UserError as error:
+                        answer = ("error", error)
+                    indices.append(index)
+                    results.append(pickle.dumps(answer))
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(indices, pa.int64()), pa.array(results, pa.binary())], names=["index", "result"]
+                )
+        finally:
+            os.chdir(own)  # the worker is reused for other jobs
 
     started = time.perf_counter()
     logger.info("{}: {} Spark tasks on {}", name, len(tasks), master(session))
