@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 from kedro.config import MissingConfigException
 from kedro.framework.hooks import hook_impl
 
-from criteo_dlrm.common.errors import WHOLE_JOB, Fix, UserError
+from criteo_dlrm.common.errors import WHOLE_JOB, ConfigError, Fix, UserError
 from criteo_dlrm.config import parse_parameters
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.logs import prepare_console
@@ -248,10 +249,22 @@ class PreprocessingEngineHooks:
 
         self.engine = preprocessing_engine(self.parameters.configs["preprocessing"])
         if self.engine.settings_key is not None:
+            key = self.engine.settings_key
             try:
-                self.settings = dict(context.config_loader[self.engine.settings_key])
+                self.settings = context.config_loader[key]
             except (KeyError, MissingConfigException):
                 self.settings = {}
+            except Exception as error:  # Kedro's loader on a file it cannot merge (a list, say): omegaconf's words
+                from criteo_dlrm.spark.session import BACK
+
+                raise ConfigError(
+                    f"conf/base/{key}.yml (or conf/local's, or --env's) is not a mapping of settings, one `key: value` "
+                    f"a line (`spark.driver.memory: 4g`, not `- spark.driver.memory: 4g`); Kedro's loader says: "
+                    f"{str(error).splitlines()[0]}. Fix the file, {BACK}.",
+                    fix=BACK,
+                ) from error
+            if not isinstance(self.settings, Mapping):
+                self.settings = {}  # an empty file
 
     @hook_impl
     def before_pipeline_run(self, pipeline) -> None:

@@ -11,6 +11,7 @@ import pytest
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.spark.session import java_version, require_spark
 from tests.conftest import copy_project
+from tests.spark.conftest import needs_spark
 from tests.test_cli import _kedro
 
 
@@ -148,3 +149,36 @@ def test_kedro_run_on_misconfigured_spark_is_refused_in_seconds_naming_spark_yml
     assert "Traceback" not in output and "java." not in output and "Py4J" not in output
     assert "`kedro run --params=preprocessing.engine=local`" in output
     assert not list((project / "data" / "02_intermediate").rglob("*.parquet")), "refused before any work"
+
+
+def test_a_java_home_without_java_is_refused_naming_it_and_the_suggested_java_home_runs(tmp_path, monkeypatch):
+    """Issue 62: a JAVA_HOME that holds no bin/java ended in 242 lines whose last was PySpark's JAVA_GATEWAY_EXITED."""
+    needs_spark()
+    project = copy_project(tmp_path / "project")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
+    result = _kedro(project, "--pipelines=ingestion", "--params=preprocessing.engine=spark", tracking=False)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 6, lines
+    assert f"JAVA_HOME is {tmp_path / 'no-java'}, which holds no bin/java" in result.stderr
+    suggested = shlex.split(result.stderr.split("(the Java on PATH is one: `")[1].split("`")[0])
+    assignment, kedro, run, *args = suggested
+    assert (kedro, run, args) == ("kedro", "run", ["--pipelines=ingestion", "--params=preprocessing.engine=spark"])
+    monkeypatch.setenv("JAVA_HOME", assignment.removeprefix("JAVA_HOME="))
+    rerun = _kedro(project, *args, tracking=False)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert len(list((project / "data" / "02_intermediate").rglob("*.parquet"))) == 3
+
+
+def test_a_spark_yml_that_is_a_list_is_refused_in_a_few_lines_naming_the_file(tmp_path):
+    """Issue 62: a spark.yml written as a list ended in 275 lines whose last was omegaconf's 'ListConfig does not
+    support attribute access'."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+    project = copy_project(tmp_path / "project")
+    (project / "conf" / "base" / "spark.yml").write_text("- spark.driver.memory: 2g\n")
+    result = _kedro(project, "--pipelines=ingestion", "--params=preprocessing.engine=spark", tracking=False)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 6, lines
+    assert "ConfigError: conf/base/spark.yml (or conf/local's, or --env's) is not a mapping of settings" in lines[-2]
+    assert "`kedro run --pipelines=ingestion --params=preprocessing.engine=local`" in lines[-2]

@@ -32,6 +32,12 @@ DEFAULT_SETTINGS = {
 
 
 def _with_defaults(settings: Mapping | None) -> dict[str, str]:
+    if settings is not None and not isinstance(settings, Mapping):
+        raise ConfigError(
+            f"{SPARK_YML} holds a {type(settings).__name__}, not Spark properties: write each as `key: value` on "
+            f"a line of its own (`spark.driver.memory: 4g`, not `- spark.driver.memory: 4g`); {BACK}.",
+            fix=BACK,
+        )
     merged = {**DEFAULT_SETTINGS, **{str(key): value for key, value in (settings or {}).items()}}
     if not sys.stderr.isatty():
         # Spark's console progress bar is carriage returns: in a log file or a pipe one line swallowing the next
@@ -80,6 +86,20 @@ def require_spark(settings: Mapping | None = None) -> None:
         ) from error
     if _with_defaults(settings).get("spark.remote", "").startswith("sc://"):
         return  # a Spark Connect server elsewhere: its JVM runs there (spark.remote: local[N] starts one here)
+    home = os.environ.get("JAVA_HOME")
+    if home and not (Path(home) / "bin" / "java").exists():  # Spark's launcher starts $JAVA_HOME/bin/java
+        found = shutil.which("java")
+        if found and (java_version(found) or 0) >= JAVA_VERSIONS[0]:
+            there = Fix(environment={"JAVA_HOME": str(Path(os.path.realpath(found)).parent.parent)})
+            instead = f"the Java on PATH is one: `{there}`"
+        else:
+            there = None
+            instead = f"install one (Debian and Ubuntu: `{INSTALL_JAVA}`)"
+        raise ConfigError(
+            f"{local}, but JAVA_HOME is {home}, which holds no bin/java (Spark starts the JVM from it). Point "
+            f"JAVA_HOME at a Java {' or '.join(map(str, JAVA_VERSIONS))} installation ({instead}); {BACK}.",
+            fix=(there, BACK) if there else BACK,
+        )
     java = _java()
     if java is None:
         raise ConfigError(
