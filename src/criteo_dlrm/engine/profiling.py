@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
-import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +28,9 @@ set profiler.with_stack: false for operators only.
 """
 
 
-# What the profiler's native code prints to stderr at every start and stop, for no reader.
-_NATIVE_NOTES = ("USDT:", "STAGE:", "CPUAllocator.cpp")
+# What the profiler's native code prints to stderr, for no reader: at every start and stop, and while it records
+# (a tensor made before it started and freed while it records, with profile_memory).
+_NATIVE_NOTES = (b"USDT:", b"STAGE:", b"CPUAllocator.cpp")
 
 
 class _NoProfiler:
@@ -36,37 +38,47 @@ class _NoProfiler:
         pass
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _pass_on(source: int, destination: int) -> None:
+    """Copy ``source`` to ``destination`` as it comes, line by line (a progress bar's carriage returns end a line
+    too), but the profiler's native notes; close both at the end of ``source``."""
+    pending = b""
+    try:
+        while chunk := os.read(source, 1 << 16):
+            *lines, pending = re.split(rb"(?<=[\n\r])", pending + chunk)
+            _write_all(destination, b"".join(line for line in lines if not any(n in line for n in _NATIVE_NOTES)))
+        if pending and not any(note in pending for note in _NATIVE_NOTES):
+            _write_all(destination, pending)
+    finally:
+        os.close(source)
+        os.close(destination)
+
+
 @contextlib.contextmanager
 def _without_native_notes() -> Iterator[None]:
-    """Run the block with the process's stderr (fd 2) captured, then pass on every line but kineto's notes."""
+    """Run the block with the process's stderr (fd 2: torch's C++ writes there, beside Python's logs and progress
+    bars) passed on as it comes through a thread that drops the profiler's native notes."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
-                if not any(note in line for note in _NATIVE_NOTES):
-                    sys.stderr.write(line)
-
-
-class _QuietProfiler:
-    """``torch.profiler.profile`` whose steps (where it starts and stops recording) print only what matters."""
-
-    def __init__(self, prof: profile):
-        self.prof = prof
-
-    def step(self) -> None:
-        with _without_native_notes():
-            self.prof.step()
+    source, sink = os.pipe()
+    os.dup2(sink, 2)
+    os.close(sink)
+    thread = threading.Thread(target=_pass_on, args=(source, saved), name="profiler-stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer here closed: the thread ends once it has passed on the rest
+        thread.join(timeout=10)  # a process started meanwhile may hold the pipe: the thread then ends with it
 
 
 @contextlib.contextmanager
-def profiler(config: ProfilerConfig, run_dir: Path, device: torch.device) -> Iterator[_QuietProfiler | _NoProfiler]:
+def profiler(config: ProfilerConfig, run_dir: Path, device: torch.device) -> Iterator[profile | _NoProfiler]:
     """Yields an object whose ``step()`` is called after every training step.
 
     When enabled, traces (``*.pt.trace.json``) go to ``run_dir`` through the TensorBoard trace handler,
@@ -85,13 +97,8 @@ def profiler(config: ProfilerConfig, run_dir: Path, device: torch.device) -> Ite
         profile_memory=config.profile_memory,
         with_stack=config.with_stack,
     )
-    with _without_native_notes():
-        prof.__enter__()
-    try:
-        yield _QuietProfiler(prof)
-    finally:
-        with _without_native_notes():
-            prof.__exit__(None, None, None)
+    with _without_native_notes(), prof:
+        yield prof
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     try:
         table = prof.key_averages().table(sort_by=sort_by, row_limit=config.row_limit)
