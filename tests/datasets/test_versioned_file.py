@@ -110,3 +110,22 @@ def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_fo
     with pytest.raises(DiskFullError, match=rf"No space left on {tmp_path} while writing the predictions"):
         scoring.write_predictions(None, None, None, [], destination)
     assert not destination.exists(), "nothing half-written is left"
+
+
+def test_a_folder_beside_the_versions_that_is_not_one_is_never_the_latest_and_loads_when_pinned(tmp_path, logged):
+    """Issue 62 item 10: a `backup` folder (a copy of a version) beside the versions was taken for the newest one,
+    refused as a clock set back, and the suggested pin loaded the backup."""
+    import shutil
+
+    path = tmp_path / "dlrm_checkpoint.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save({"version": 1})
+    JSONDataset(str(path), version=Version(None, "2026-01-02T00.00.00.000Z")).save({"version": 2})
+    shutil.copytree(path / "2026-01-01T00.00.00.000Z", path / "backup")
+    reader = JSONDataset(str(path), version=Version(None, None))
+    assert reader.load() == {"version": 2} and reader.versions() == [
+        "2026-01-01T00.00.00.000Z",
+        "2026-01-02T00.00.00.000Z",
+    ]
+    [warning] = [line for line in logged if "is not a version" in line]
+    assert f"{path}: backup is not a version" in warning
+    assert JSONDataset(str(path), version=Version("backup", None)).load() == {"version": 1}

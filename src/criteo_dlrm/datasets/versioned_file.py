@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -24,17 +25,22 @@ from typing import IO, Any
 
 import fsspec
 from kedro.io.core import AbstractVersionedDataset, DatasetError, Version, get_filepath_str, get_protocol_and_path
+from loguru import logger
 
 from criteo_dlrm.common.storage import (
     DamagedFileError,
     atomic_file,
     disk_full_error,
+    in_project,
     is_disk_full,
     staging_path,
 )
 
 DIGEST_SUFFIX = ".sha256"
 INCOMPLETE = ".incomplete"
+# Kedro's version names (``kedro.io.core.generate_timestamp``): a folder beside them named otherwise (a user's
+# ``backup``) is not a version, never taken for the latest.
+VERSION_NAME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}\.\d{2}\.\d{2}\.\d{3}Z")
 # This process's name in the markers it writes: 128 random bits, never the same for two processes.
 RUN_TOKEN = secrets.token_hex(16)
 
@@ -142,7 +148,20 @@ class VersionedFileDataset(AbstractVersionedDataset):
     def _get_versions(self) -> list[str]:
         """Existing versions, most recent first (Kedro picks the first as the latest), without those another
         process has begun and not completed (a run in progress, or one that was killed)."""
-        return [path for path in super()._get_versions() if not self._begun_elsewhere(PurePosixPath(path).parent)]
+        versions, said = [], self.__dict__.setdefault("_not_versions", set())
+        for path in super()._get_versions():
+            folder = PurePosixPath(path).parent
+            if not VERSION_NAME.fullmatch(folder.name):
+                if folder.name not in said:  # said once
+                    said.add(folder.name)
+                    logger.warning(
+                        "{}: {} is not a version (a version is named by its run's time, e.g. 2026-12-05T12.38.27.695Z) "
+                        "and is never loaded as the latest; --load-versions loads it by its name",
+                        in_project(folder.parent) or folder.parent, folder.name,
+                    )  # fmt: skip
+            elif not self._begun_elsewhere(folder):
+                versions.append(path)
+        return versions
 
     def _begun_elsewhere(self, folder: PurePosixPath) -> bool:
         marker = f"{folder}/{INCOMPLETE}"
