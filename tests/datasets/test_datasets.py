@@ -32,9 +32,13 @@ def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
         "step": 7,
         "config": {"a": [1, 2]},
     }
-    _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt", save="v1").save(checkpoint)
+    _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt", save="2026-01-01T00.00.00.000Z").save(checkpoint)
     loaded = _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt").load()
-    assert loaded["catalog_version"] == "v1" and loaded["step"] == 7 and loaded["config"] == {"a": [1, 2]}
+    assert (
+        loaded["catalog_version"] == "2026-01-01T00.00.00.000Z"
+        and loaded["step"] == 7
+        and loaded["config"] == {"a": [1, 2]}
+    )
     fresh = torch.optim.Adam(torch.nn.Linear(3, 1).parameters())
     fresh.load_state_dict(loaded["optimizer_state"])
     torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
@@ -42,32 +46,40 @@ def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
 
 def test_checkpoints_load_with_weights_only(tmp_path):
     # Any object outside tensors and plain containers is refused at load: no code runs from the file.
-    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v1").save({"object": ValueError("x")})
+    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-01T00.00.00.000Z").save(
+        {"object": ValueError("x")}
+    )
     with pytest.raises(Exception, match="[Ww]eights only"):
         _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()
 
 
 def test_a_failed_write_leaves_the_previous_version_intact(tmp_path):
-    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v1").save({"step": 1})
+    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-01T00.00.00.000Z").save({"step": 1})
 
     class Unpicklable:
         def __reduce__(self):
             raise RuntimeError("disk full")
 
     with pytest.raises(Exception, match="disk full"):
-        _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="v2").save({"step": Unpicklable()})
+        _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-02T00.00.00.000Z").save(
+            {"step": Unpicklable()}
+        )
     assert _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()["step"] == 1
     assert not list(tmp_path.rglob("*.partial"))
 
 
 def test_vocabularies_round_trip_with_their_version(tmp_path):
     arrays = {"SPARSE_0": np.array([5, 3, 9], dtype=np.int64), "SPARSE_1": np.zeros(0, dtype=np.int64)}
-    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-01-01").save(FeatureVocabularies(arrays))
-    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-02-01").save({"SPARSE_0": np.array([1])})
-    pinned = _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", load="2026-01-01").load()
-    assert pinned.version == "2026-01-01" and pinned.arrays["SPARSE_0"].tolist() == [5, 3, 9]
+    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-01-01T00.00.00.000Z").save(
+        FeatureVocabularies(arrays)
+    )
+    _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", save="2026-02-01T00.00.00.000Z").save(
+        {"SPARSE_0": np.array([1])}
+    )
+    pinned = _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz", load="2026-01-01T00.00.00.000Z").load()
+    assert pinned.version == "2026-01-01T00.00.00.000Z" and pinned.arrays["SPARSE_0"].tolist() == [5, 3, 9]
     latest = _versioned(FeatureVocabulariesDataset, tmp_path / "v.npz").load()
-    assert latest.version == "2026-02-01" and latest.arrays["SPARSE_0"].tolist() == [1]
+    assert latest.version == "2026-02-01T00.00.00.000Z" and latest.arrays["SPARSE_0"].tolist() == [1]
 
 
 def test_encoded_arrays_load_memory_mapped(tmp_path):
@@ -174,15 +186,17 @@ def test_vocabularies_holding_a_pickled_object_are_refused_naming_the_file_even_
             return os.mkdir, (str(tmp_path / "ran"),)
 
     path = tmp_path / "feature_vocabularies.npz"
-    FeatureVocabulariesDataset(str(path), version=Version(None, "v1")).save({"SPARSE_0": np.arange(3)})
-    file = path / "v1" / "feature_vocabularies.npz"
+    FeatureVocabulariesDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save(
+        {"SPARSE_0": np.arange(3)}
+    )
+    file = path / "2026-01-01T00.00.00.000Z" / "feature_vocabularies.npz"
     with file.open("wb") as handle:
         np.savez(handle, SPARSE_0=np.array([RunsCode()], dtype=object), allow_pickle=True)
     (file.parent / (file.name + ".sha256")).write_text(hashlib.sha256(file.read_bytes()).hexdigest())
     from criteo_dlrm.cli import user_error
 
     with pytest.raises(Exception) as caught:  # Kedro wraps it; `kedro run` says the project's message
-        FeatureVocabulariesDataset(str(path), version=Version("v1", None)).load()
+        FeatureVocabulariesDataset(str(path), version=Version("2026-01-01T00.00.00.000Z", None)).load()
     found = user_error(caught.value)
     assert isinstance(found, DamagedFileError) and f"{file} is not vocabularies this project wrote" in str(found)
     assert not (tmp_path / "ran").exists()
@@ -199,15 +213,19 @@ def test_metadata_edited_with_its_file_digest_written_again_is_refused(tmp_path)
     from criteo_dlrm.datasets import JSONDataset
 
     path = tmp_path / "feature_metadata.json"
-    JSONDataset(str(path), version=Version(None, "v1"), content_digest=True).save({"label": {"ctr": 0.25}})
-    file = path / "v1" / "feature_metadata.json"
+    JSONDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z"), content_digest=True).save(
+        {"label": {"ctr": 0.25}}
+    )
+    file = path / "2026-01-01T00.00.00.000Z" / "feature_metadata.json"
     stored = json.loads(file.read_text())
-    assert JSONDataset(str(path), version=Version("v1", None), content_digest=True).load() == {"label": {"ctr": 0.25}}
+    assert JSONDataset(str(path), version=Version("2026-01-01T00.00.00.000Z", None), content_digest=True).load() == {
+        "label": {"ctr": 0.25}
+    }
     stored["label"]["ctr"] = 0.5
     file.write_text(json.dumps(stored, indent=1) + "\n")
     (file.parent / (file.name + ".sha256")).write_text(hashlib.sha256(file.read_bytes()).hexdigest())
     with pytest.raises(Exception) as caught:
-        JSONDataset(str(path), version=Version("v1", None), content_digest=True).load()
+        JSONDataset(str(path), version=Version("2026-01-01T00.00.00.000Z", None), content_digest=True).load()
     found = user_error(caught.value)
     assert isinstance(found, DamagedFileError) and f"{file} is damaged: its content is not what was written" in str(
         found

@@ -14,15 +14,15 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-from kedro.io.core import Version
+from kedro.io.core import DatasetError, Version
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.datasets import TorchCheckpointDataset
-from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint, model_from_checkpoint
+from criteo_dlrm.datasets import PreviousVersionDataset, TorchCheckpointDataset
+from criteo_dlrm.engine.checkpoint import load_checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.metrics import binary_metrics
@@ -251,12 +251,16 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     assert calibrated.mean() == pytest.approx(validation.labels.mean(), abs=1e-4)
     # Stored by the catalog's dataset: the folder's files linked into the version (no bytes copied), read back
     # to the same model; a damaged file of the stored state is refused, naming it.
-    stored = TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version(None, "v1"))
+    stored = TorchCheckpointDataset(
+        str(tmp_path / "dlrm_checkpoint.pt"), version=Version(None, "2026-01-01T00.00.00.000Z")
+    )
     stored.save(checkpoint)
-    version = tmp_path / "dlrm_checkpoint.pt" / "v1"
+    version = tmp_path / "dlrm_checkpoint.pt" / "2026-01-01T00.00.00.000Z"
     for name in checkpoint["sharded_state"]["digests"]:
         assert (version / "dlrm_checkpoint.state" / name).samefile(folder / name), name
-    loaded = TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version("v1", None)).load()
+    loaded = TorchCheckpointDataset(
+        str(tmp_path / "dlrm_checkpoint.pt"), version=Version("2026-01-01T00.00.00.000Z", None)
+    ).load()
     assert loaded["sharded_state"]["path"] == str(version / "dlrm_checkpoint.state")
     np.testing.assert_array_equal(_probabilities(loaded, tiny_features), expected)
     finish_run(summary)  # the run's own folders go; the stored checkpoint keeps its files
@@ -266,10 +270,22 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     with shard.open("r+b") as handle:
         handle.seek(100)
         handle.write(b"\x00" * 8)
-    with pytest.raises(DamagedFileError, match=re.escape(str(shard))):
-        Checkpoint.from_dict(
-            TorchCheckpointDataset(str(tmp_path / "dlrm_checkpoint.pt"), version=Version("v1", None)).load()
-        ).model()
+    # Issue 62 item 10: the damage was found only as the model was read, with the fix for a run's own state
+    # ("delete the folder; a rerun starts afresh"), which left the version broken and a rerun reusing it. The
+    # dataset refuses it as it loads, with a version's fix, and the latest version is then never reused.
+    dataset = TorchCheckpointDataset(
+        str(tmp_path / "dlrm_checkpoint.pt"), version=Version("2026-01-01T00.00.00.000Z", None)
+    )
+    with pytest.raises(DatasetError, match=re.escape(str(shard))) as refused:  # Kedro's wrapping of the load's error
+        dataset.load()
+    assert isinstance(refused.value.__cause__, DamagedFileError), refused.value.__cause__
+    assert "pin an intact version with --load-versions" in str(refused.value) and "delete" not in str(refused.value)
+    previous = PreviousVersionDataset({"type": "criteo_dlrm.datasets.TorchCheckpointDataset",
+                                       "filepath": str(tmp_path / "dlrm_checkpoint.pt")}, lazy=True).load()  # fmt: skip
+    assert previous.version == "2026-01-01T00.00.00.000Z" and previous.value() is None, "not reused"
+    shard.unlink()
+    with pytest.raises(DatasetError, match=re.escape(f"{shard} is missing. Run the pipeline that writes it")):
+        dataset.load()
 
 
 @pytest.mark.slow

@@ -63,8 +63,14 @@ class TorchCheckpointDataset(VersionedFileDataset):
                 f"it is still found: the content digest inside no longer matches). {self._fix()}"
             )
         if "sharded_state" in checkpoint:
+            from criteo_dlrm.engine.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
+
             self._local(path)
-            with_state_path(checkpoint, Path(path).parent)
+            sharded = with_state_path(checkpoint, Path(path).parent)["sharded_state"]
+            # Every file of the state, as the file itself is checked: a damaged version is refused here, with the
+            # version's fix, and a rerun never reuses it (the model is read from them once, not checked again).
+            check_state(Path(sharded["path"]), sharded["digests"], shared=False, fix=self._fix())
+            sharded["checked"] = True
         checkpoint["catalog_version"] = self.loaded_version()
         return checkpoint
 
@@ -89,7 +95,8 @@ class TorchCheckpointDataset(VersionedFileDataset):
                     )
                 (staged / name).parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(source / name, staged / name)
-        return {key: value for key, value in sharded.items() if key != "path"} | {"folder": folder.name}
+        kept = {key: value for key, value in sharded.items() if key not in ("path", "checked")}
+        return kept | {"folder": folder.name}
 
     def _local(self, path: str) -> None:
         if self._protocol != "file":

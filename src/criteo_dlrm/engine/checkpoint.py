@@ -146,7 +146,8 @@ def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None
     from criteo_dlrm.models.torchrec_embeddings import per_table_state
 
     state = per_table_state(model.state_dict(), model.config, sharded.get("tables", SPARSE_COLUMNS))
-    read_alone({f"model/{key}": tensor for key, tensor in state.items()}, Path(sharded["path"]), sharded["digests"])
+    tensors = {f"model/{key}": tensor for key, tensor in state.items()}
+    read_alone(tensors, Path(sharded["path"]), sharded["digests"], checked=sharded.get("checked", False))
 
 
 @dataclass(frozen=True)

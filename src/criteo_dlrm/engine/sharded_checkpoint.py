@@ -157,12 +157,13 @@ def _first_problem(folder: Path, names: list[str], digests: dict[str, str]) -> s
     return ""
 
 
-def check_state(folder: Path, digests: dict[str, str], shared: bool = True) -> None:
+def check_state(folder: Path, digests: dict[str, str], shared: bool = True, fix: str | None = None) -> None:
     """Every file of ``folder`` against ``digests``; ``shared``: the processes of the group share the hashing
     (every one must call it).
 
     Raises:
-        DamagedFileError: in every process, naming the first file that is missing or damaged.
+        DamagedFileError: in every process, naming the first file that is missing or damaged, and ``fix`` (by
+            default: delete the folder, as for a run's own state, which a rerun then makes afresh).
     """
     rank, world = _rank_world() if shared else (0, 1)
     problem = _first_problem(folder, sorted(digests)[rank::world], digests)
@@ -171,7 +172,9 @@ def check_state(folder: Path, digests: dict[str, str], shared: bool = True) -> N
         dist.all_gather_object(problems, problem)
         problem = next((p for p in problems if p), "")
     if problem:
-        raise DamagedFileError(f"{problem}. It cannot be used; delete {folder} (a rerun then starts afresh).")
+        raise DamagedFileError(
+            f"{problem}. {fix or f'It cannot be used; delete {folder} (a rerun then starts afresh).'}"
+        )
 
 
 def read_state(
@@ -205,11 +208,13 @@ def saved_shapes(folder: Path) -> dict[str, tuple[torch.Size, torch.dtype]]:
     return {key: shape for part in _part_folders(folder) for key, shape in _shapes(part).items()}
 
 
-def read_alone(state: dict[str, torch.Tensor], folder: Path, digests: dict[str, str]) -> None:
+def read_alone(state: dict[str, torch.Tensor], folder: Path, digests: dict[str, str], checked: bool = False) -> None:
     """Load the saved tensors ``state`` names into its tensors (views too), in this process alone (no process
-    group), after checking every file of ``folder``: how a finished sharded run's model is read for evaluation,
-    scoring and export (its tables straight into the torch backend's concatenated ones)."""
-    check_state(folder, digests, shared=False)
+    group), after checking every file of ``folder`` (unless ``checked``: the catalog's dataset checked them as it
+    loaded the checkpoint): how a finished sharded run's model is read for evaluation, scoring and export (its
+    tables straight into the torch backend's concatenated ones)."""
+    if not checked:
+        check_state(folder, digests, shared=False)
     with warnings.catch_warnings():  # DCP says it loads in one process, which is what no_dist asks of it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)

@@ -28,7 +28,9 @@ def test_a_checkpoint_whose_vocabularies_were_altered_is_refused(checkpoint):
 
 def test_pipeline_writes_readable_non_empty_plots(checkpoint, tmp_path):
     plots = {
-        name: MatplotlibDataset(filepath=str(tmp_path / f"{name}.png"), version=Version(None, "v1"))
+        name: MatplotlibDataset(
+            filepath=str(tmp_path / f"{name}.png"), version=Version(None, "2026-01-01T00.00.00.000Z")
+        )
         for name in ("roc_curve_plot", "calibration_plot", "score_histogram_plot")
     }
     catalog = DataCatalog(

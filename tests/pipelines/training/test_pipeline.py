@@ -59,7 +59,9 @@ def _catalog(tiny_features, params, checkpoint_path) -> DataCatalog:
             "run_version": MemoryDataset("2026-11-30T00.00.00.000Z"),
             "previous_training_summary": _NoEarlierRun(),
             "previous_dlrm_checkpoint": _NoEarlierRun(),
-            "dlrm_checkpoint": TorchCheckpointDataset(filepath=str(checkpoint_path), version=Version(None, "v1")),
+            "dlrm_checkpoint": TorchCheckpointDataset(
+                filepath=str(checkpoint_path), version=Version(None, "2026-01-01T00.00.00.000Z")
+            ),
             "train_features": EncodedArraysDataset(path=str(folder / "train_features")),
             "validation_features": EncodedArraysDataset(path=str(folder / "validation_features")),
             "training_summary": MemoryDataset(),
