@@ -465,3 +465,21 @@ def test_embedding_weight_decay_reaches_the_rows_a_sharded_model_looked_up(tiny_
         losses[decay] = float(TrainStep(mode, config)(Batch((dense[:, 0] > 0).float(), dense, sparse), 0, 10))
     squares = sum(float(tables[f][int(index)].square().sum()) for row in sparse for f, index in enumerate(row))
     assert losses[0.01] - losses[0.0] == pytest.approx(0.01 * squares / 64, rel=1e-4)
+
+
+def test_a_damaged_shard_of_the_best_model_is_found_at_the_resume_and_the_run_starts_afresh(
+    tiny_features, tmp_path, one_process_group, logged
+):
+    """Issue 62 item 10: a damaged best model beside a sharded in-progress state was found only once the resumed
+    run had trained to its end."""
+    config = _config(tmp_path, num_epochs=1)
+    resume_path = tmp_path / "progress" / "dlrm_x.pt"
+    _trainer(tiny_features, config, tmp_path / "first", resume_path).fit()
+    shard = next((resume_path.parent / "best").glob("dlrm_x.state-*/part-*/__0_*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.unlink()  # a hard link of the in-progress state's file: written anew, the in-progress state stays whole
+    shard.write_bytes(bytes(data))
+    again = _trainer(tiny_features, config, tmp_path / "second", resume_path)
+    assert again.step == 0
+    assert any(f"{shard} is damaged" in line and "Starting afresh" in line for line in logged), logged

@@ -146,6 +146,9 @@ class InProgress:
                 "{} has no best model beside it ({} is missing); starting afresh", self.path, self.files.best
             )
             return None
+        if best and (problem := self._damaged_best(best["step"])):  # found now, not once the resumed run has ended
+            logger.warning("{} has a best model beside it that cannot be used: {} Starting afresh.", self.path, problem)
+            return None
         try:
             self.mode.restore_state(values, self.files)
         except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
@@ -155,6 +158,23 @@ class InProgress:
         logger.info("resumed from {} at step {:,} (best validation log loss {:.5f})", self.path, state.step,
                     state.best_loss)  # fmt: skip
         return state
+
+    def _damaged_best(self, step: int) -> str:
+        """What is wrong with the best model beside the in-progress checkpoint ("" when it is whole and of
+        ``step``): its file's content digest, and a sharded run's state folder, every file (the processes share
+        the hashing: every one calls it)."""
+        try:
+            kept = load_checkpoint(self.files.best, mmap=True)
+            if kept.get("step") != step:
+                return f"{self.files.best} holds step {kept.get('step')}, not the best step {step:,}."
+            if "sharded_state" in kept:
+                from criteo_dlrm.engine.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
+
+                sharded = kept["sharded_state"]
+                check_state(Path(sharded["path"]), sharded["digests"], fix="(the best model's state)")
+        except DamagedFileError as error:
+            return str(error)
+        return ""
 
     def save(self, state: RunState, improved: bool = False) -> None:
         """Write the in-progress checkpoint (resume on), and the best model when this step's validation
