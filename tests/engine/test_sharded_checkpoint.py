@@ -96,3 +96,24 @@ def test_writing_a_state_of_views_holds_a_part_not_a_copy_of_the_state(tmp_path)
                          text=True, check=True)  # fmt: skip
     grown = int(out.stdout.strip().splitlines()[-1])
     assert grown < 416e6 / 2, f"peak grew by {grown / 1e6:.0f} MB writing 416 MB of views"
+
+
+def test_a_full_disk_while_the_state_is_written_says_so_naming_the_folder_and_leaves_nothing(tmp_path, monkeypatch):
+    """Issue 62 item 10: a full disk while TorchRec's state was written ended in 322 lines of traceback (DCP's
+    CheckpointException, a BaseException with every rank's traceback) that never said the disk was full."""
+    import errno
+
+    import torch.distributed.checkpoint as dcp
+
+    from criteo_dlrm.common.storage import DiskFullError
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", full)
+    with pytest.raises(DiskFullError) as refused:
+        write_state({"model/x": torch.ones(10)}, tmp_path / "dlrm_x.state-5")
+    message = str(refused.value)
+    assert message.startswith(f"No space left on {tmp_path} while writing the training state of step 5 (")
+    assert "Traceback" not in message and "run the same command again" in message
+    assert list(tmp_path.iterdir()) == [], "nothing half-written"

@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from criteo_dlrm.common.storage import DamagedFileError, file_digest, sync_folder
+from criteo_dlrm.common.storage import DamagedFileError, disk_full_error, file_digest, is_disk_full, sync_folder
 
 METADATA = ".metadata"
 # What DCP's metadata pickles: its dataclasses, sizes, dtypes and layouts. No BytesStorageMetadata: a state of
@@ -123,7 +124,16 @@ def write_state(state: dict[str, torch.Tensor], folder: Path) -> dict[str, str] 
     mine = {}
     for index, keys in enumerate(_parts(state)):
         part = staging / PART.format(index)
-        dcp.save({key: state[key] for key in keys}, storage_writer=dcp.FileSystemWriter(part, sync_files=True))
+        try:
+            dcp.save({key: state[key] for key in keys}, storage_writer=dcp.FileSystemWriter(part, sync_files=True))
+        except (CheckpointException, OSError) as error:  # DCP's exception is a BaseException, every rank's traceback
+            if not is_disk_full(error):
+                raise
+            if rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise disk_full_error(
+                folder.parent, f"the training state of step {folder.name.rsplit('-', 1)[-1]}"
+            ) from error
         mine.update(
             {
                 f"{part.name}/{path.name}": file_digest(path)
