@@ -57,4 +57,4 @@ def test_a_damaged_best_model_is_found_at_the_resume_and_the_run_starts_afresh(t
     best.write_bytes(bytes(data))
     again = _trainer(tiny_features, tmp_path / "c", config, resume_path=progress, fingerprint="x")
     assert again.step == 0
-    assert any(f"{best} is damaged" in line and "Starting afresh" in line for line in logged), logged
+    assert any(f"{best} is damaged" in line and "this run starts afresh" in line for line in logged), logged

@@ -147,8 +147,7 @@ class InProgress:
             )
             return None
         if best and (problem := self._damaged_best(best["step"])):  # found now, not once the resumed run has ended
-            logger.warning("{} has a best model beside it that cannot be used: {} Starting afresh.", self.path, problem)
-            return None
+            return self._set_aside(DamagedFileError(f"Its best model cannot be used: {problem}"))
         try:
             self.mode.restore_state(values, self.files)
         except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
