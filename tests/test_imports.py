@@ -122,3 +122,64 @@ def test_the_project_s_settings_import_neither_torch_nor_mlflow():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT, env=env
     )
     assert loaded.stdout.strip() == "[]"
+
+
+def _modules_after(code: str, tracking: str = "on") -> str:
+    """What ``code`` run in a fresh interpreter at the project's root prints, with only the tracking setting given."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRITEO_DLRM_")}
+    env |= {"CRITEO_DLRM_TRACKING": tracking, "KEDRO_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("command", [["--help"], ["viz", "--help"], ["catalog", "--help"], ["run", "--help"]])
+def test_kedro_s_commands_start_without_mlflow_or_torch(command):
+    """``kedro --help`` and the like list every plugin's commands: kedro-mlflow's command module imported MLflow
+    (1.6 s of 3.2 s) for its help line; now it is imported when ``kedro mlflow ...`` runs (tracking.commands)."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['kedro', *{command!r}]\n"
+        "from kedro.framework.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
+        "print('LOADED', [m for m in ('torch', 'mlflow') if m in sys.modules])\n"
+    )
+    out = _modules_after(code)
+    assert out.strip().endswith("LOADED []"), out[-2000:]
+    if command == ["--help"]:
+        assert "mlflow  Use mlflow-specific commands inside kedro project." in out  # still listed, kedro-mlflow's line
+
+
+def test_kedro_mlflow_s_commands_are_still_kedro_mlflow_s():
+    code = (
+        "import sys\n"
+        "sys.argv = ['kedro', 'mlflow', '--help']\n"
+        "from kedro.framework.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as end:\n    assert not end.code, end.code\n"
+    )
+    out = _modules_after(code)
+    import re
+
+    listed = out.partition("Commands:")[2]
+    assert re.findall(r"^  (\w+) ", listed, flags=re.MULTILINE) == ["init", "modelify", "ui"], out
+
+
+def test_a_session_s_context_checks_the_settings_without_torch():
+    """``kedro catalog describe-datasets``, ``kedro viz`` and every run create the context, whose hook checks the
+    model's settings (``DLRMConfig``): the check needs no torch (models.shapes), so a command that trains nothing
+    never imports it."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from kedro.framework.startup import bootstrap_project\n"
+        "from kedro.framework.session import KedroSession\n"
+        "bootstrap_project(Path.cwd())\n"
+        "with KedroSession.create(project_path=Path.cwd()) as session:\n"
+        "    assert session.load_context().params['training']\n"
+        "print('LOADED', [m for m in ('torch',) if m in sys.modules])\n"
+    )
+    out = _modules_after(code, tracking="off")
+    assert out.strip().endswith("LOADED []"), out[-2000:]

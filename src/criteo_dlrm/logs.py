@@ -139,6 +139,9 @@ def on_kedro_command() -> None:
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return  # not a readable project: Kedro itself says so
     if package == PACKAGE:
+        from criteo_dlrm.tracking.commands import defer_mlflow_commands
+
+        defer_mlflow_commands()  # before Kedro loads the plugins' commands: ``kedro --help`` without MLflow
         quiet_child_processes(os.environ)  # kedro viz's server, a process of its own, is never prepared here
         moved = Path.cwd().resolve() != root.resolve()
         if moved:

@@ -26,9 +26,6 @@ from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
-from criteo_dlrm.engine.device import check_process_count, resolve_device
-from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_lookup_memory, check_table_memory
-from criteo_dlrm.engine.modes import mode_class
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
 from criteo_dlrm.pipelines.ingestion.nodes import convert_raw_days
 from criteo_dlrm.pipelines.metadata.nodes import compute_metadata
@@ -86,8 +83,12 @@ def check_before_run(configs: dict[str, Config], pipeline: Pipeline, catalog) ->
     if train_dlrm in nodes:  # encoding alone needs none of these: its workers hold a chunk each, not the tables
         _check_training(configs["training"], configs["metadata"], compute_metadata in nodes, catalog)
     if evaluate_checkpoint in nodes:
+        from criteo_dlrm.engine.device import resolve_device  # torch: a run that ingests or encodes needs none
+
         resolve_device(configs["evaluation"].device, "evaluation.device")
     if {score_new_days, export_model} & nodes:
+        from criteo_dlrm.engine.device import resolve_device
+
         resolve_device(configs["scoring"].device, "scoring.device")
     if score_new_days in nodes:
         _check_scoring_space(configs["scoring"], *find_scoring_input(configs["scoring"].input_dir), catalog)
@@ -135,6 +136,11 @@ def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, inges
 
 
 def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_metadata: bool, catalog) -> None:
+    # The engine (torch) is imported by the runs that train, not by those that ingest, count or encode.
+    from criteo_dlrm.engine.device import check_process_count, resolve_device
+    from criteo_dlrm.engine.memory import check_lookup_memory
+    from criteo_dlrm.engine.modes import mode_class
+
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)
     mode_class(config).check(config, device)
@@ -154,6 +160,8 @@ def _check_known_tables(
     """The tables' memory, where their sizes are known before any node runs: set by the modulus hash, or held by
     the existing metadata version this run's training reads. Tables this run counts are checked once counted
     (``check_counted_tables``)."""
+    from criteo_dlrm.engine.memory import TABLE_SETTINGS, check_table_memory
+
     if computes_metadata:
         if metadata.use_modulus_hash and metadata.modulus_hash_size:  # sizes set, not counted: known now
             sizes = [metadata.modulus_hash_size] * len(SPARSE_COLUMNS)
@@ -194,6 +202,9 @@ def check_counted_tables(configs: dict[str, Config], node: Node, inputs: dict) -
     encoded and trained on."""
     if node.func is not encode_features:
         return
+    from criteo_dlrm.engine.device import resolve_device
+    from criteo_dlrm.engine.memory import check_table_memory
+
     config = configs["training"]
     counted = FeatureMetadata.from_dict(inputs["feature_metadata"])
     days = counted.source_days

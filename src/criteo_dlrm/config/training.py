@@ -7,16 +7,12 @@ of ``params:training`` at once (``config.base``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import DENSE_TRANSFORMS, NUM_SPARSE
 from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
-from criteo_dlrm.models.shapes import DCN, DenseMLP
-
-if TYPE_CHECKING:  # built by model_config, which imports it: reading the settings imports no torch
-    from criteo_dlrm.models.dlrm import DLRMConfig
+from criteo_dlrm.models.shapes import DCN, DenseMLP, DLRMConfig
 
 # training.calibration's choices (engine.calibration implements them).
 CALIBRATION_METHODS = ("platt", "isotonic", "none")
@@ -278,8 +274,6 @@ class TrainingConfig(Config):
         """The DLRM's sizes: table sizes (and the click rate the output starts at) from the feature metadata,
         everything else from here, under the same names."""
         sizes = self.sparse_embedding_sizes
-        from criteo_dlrm.models.dlrm import DLRMConfig
-
         return DLRMConfig(
             table_sizes=list(table_sizes),
             sparse_embedding_sizes=[sizes] * NUM_SPARSE if isinstance(sizes, int) else list(sizes),

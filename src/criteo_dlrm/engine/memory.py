@@ -18,7 +18,7 @@ from criteo_dlrm.common.memory import memory_room
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
 from criteo_dlrm.data.batches import CHUNK_ROWS, WINDOW_CHUNKS
-from criteo_dlrm.models.dlrm import DLRMConfig
+from criteo_dlrm.models.shapes import DLRMConfig
 
 
 def embedding_bytes(table_sizes: list[int], dims: list[int], optimizer: str) -> int:

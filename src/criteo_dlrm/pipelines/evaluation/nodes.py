@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from criteo_dlrm.config import EvaluationConfig
-from criteo_dlrm.engine.checkpoint import Checkpoint
-from criteo_dlrm.engine.evaluation import evaluation_figures, score_checkpoint
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: 0.3 s of every kedro command's start
     from matplotlib.figure import Figure
@@ -20,6 +18,9 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
     Returns:
         ``(evaluation_metrics, ROC figure, calibration figure, score histogram figure)``.
     """
+    from criteo_dlrm.engine.checkpoint import Checkpoint  # torch: imported by the run that evaluates
+    from criteo_dlrm.engine.evaluation import evaluation_figures, score_checkpoint
+
     config = EvaluationConfig.from_dict(evaluation, "evaluation.")
     report, labels, predictions, oracle = score_checkpoint(Checkpoint.from_dict(dlrm_checkpoint), config)
     return (report.to_dict(), *evaluation_figures(report, labels, predictions, oracle))

@@ -13,7 +13,6 @@ from criteo_dlrm.data.metadata import check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import Previous
-from criteo_dlrm.engine.recipe import FinishedRun, run_training
 from criteo_dlrm.spark.engines import preprocessing_engine
 
 
@@ -94,6 +93,8 @@ def train_dlrm(
         LineageError: the encoded rows are not the ones this metadata version describes.
         ConfigError: every problem of ``params:training`` at once (names, types, ranges).
     """
+    from criteo_dlrm.engine.recipe import FinishedRun, run_training  # torch: imported by the run that trains
+
     config = TrainingConfig.from_dict(training, prefix="training.")
     metadata = FeatureMetadata.from_dict(feature_metadata)
     days = metadata.source_days
