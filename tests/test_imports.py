@@ -167,10 +167,11 @@ def test_kedro_mlflow_s_commands_are_still_kedro_mlflow_s():
     assert re.findall(r"^  (\w+) ", listed, flags=re.MULTILINE) == ["init", "modelify", "ui"], out
 
 
-def test_a_session_s_context_checks_the_settings_without_torch():
+def test_a_session_s_context_and_catalog_need_no_torch():
     """``kedro catalog describe-datasets``, ``kedro viz`` and every run create the context, whose hook checks the
-    model's settings (``DLRMConfig``): the check needs no torch (models.shapes), so a command that trains nothing
-    never imports it."""
+    model's settings (``DLRMConfig``) and builds the pipelines, and kedro-mlflow builds every dataset of the catalog
+    at a run's start: none of it needs torch (models.shapes; the nodes and the checkpoint dataset import the engine
+    when they run), so a run that ingests or encodes never imports it (450 MB of an encoding run's memory)."""
     code = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -178,7 +179,9 @@ def test_a_session_s_context_checks_the_settings_without_torch():
         "from kedro.framework.session import KedroSession\n"
         "bootstrap_project(Path.cwd())\n"
         "with KedroSession.create(project_path=Path.cwd()) as session:\n"
-        "    assert session.load_context().params['training']\n"
+        "    context = session.load_context()\n"
+        "    assert context.params['training']\n"
+        "    assert 'TorchCheckpointDataset' in {type(ds).__name__ for _, ds in context.catalog.items()}\n"
         "print('LOADED', [m for m in ('torch',) if m in sys.modules])\n"
     )
     out = _modules_after(code, tracking="off")

@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from kedro.io.core import DatasetError, get_filepath_str
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, link_or_copy, reading
-from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest, with_state_path
 
 from .versioned_file import VersionedFileDataset
 
@@ -42,7 +40,14 @@ class TorchCheckpointDataset(VersionedFileDataset):
           versioned: true
     """
 
+    # torch and the engine are imported as a checkpoint is loaded or saved: kedro-mlflow builds every dataset of the
+    # catalog at a run's start, so an import here would put torch in every run (ingestion, encoding) for nothing.
+
     def load(self) -> dict[str, Any]:
+        import torch
+
+        from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest, with_state_path
+
         path = self._verified_path()
 
         def load() -> dict[str, Any]:
@@ -75,6 +80,10 @@ class TorchCheckpointDataset(VersionedFileDataset):
         return checkpoint
 
     def save(self, data: dict[str, Any]) -> None:
+        import torch
+
+        from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest
+
         data = {key: value for key, value in data.items() if key != "catalog_version"}
         if "sharded_state" in data:
             data["sharded_state"] = self._store_state(data["sharded_state"])
