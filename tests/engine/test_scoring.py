@@ -67,44 +67,37 @@ def test_written_probabilities_are_the_calibration_of_the_written_logits(scorer,
 
 
 _SCORE_A_DAY = """
-import resource, sys, threading, time
+import sys, tracemalloc
 from pathlib import Path
-import torch
+import pyarrow as pa
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.engine.scoring import score_days
 from criteo_dlrm.models import DLRM
 from tests.conftest import tiny_model_config
 
-def anon():
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-
 day = Path(sys.argv[1])
 metadata, vocabularies = compute_feature_metadata([day], MetadataConfig(min_expected_clicks=0, workers=1))
 encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
 model = DLRM(tiny_model_config(encoder.table_sizes)).eval()
-peak, done = [0], threading.Event()
-def watch():
-    while not done.wait(0.01):
-        peak[0] = max(peak[0], anon())
-before = anon()
-threading.Thread(target=watch, daemon=True).start()
-score_days(model, encoder, [day], progress=False)
-done.set()
-print(peak[0] - before)
+# What scoring itself holds at its peak: numpy's arrays (traced by tracemalloc) and Arrow's buffers (a pool of its
+# own, counting only scoring's), not what the allocator keeps of freed ones (RssAnon: 52-301 MB for the same run).
+pool = pa.proxy_memory_pool(pa.default_memory_pool())
+pa.set_memory_pool(pool)
+tracemalloc.start()
+labels, logits = score_days(model, encoder, [day], progress=False)
+numpy_peak = tracemalloc.get_traced_memory()[1]
+print(numpy_peak, pool.max_memory(), len(logits))
 """
 
 
 @pytest.mark.slow
-def test_scoring_a_day_holds_a_bounded_batch_not_the_allocator_s_leftovers(tmp_path):
-    """Evaluation grew to 2.0-2.9 GB scoring 1.3M test rows, the job's largest stage (killed in a 2 GB group): at
-    262,144 rows a batch, glibc kept the freed per-batch arrays. Scoring a day of 1M rows added 298-654 MB to the
-    process's own memory (three runs), 9-35 MB after, but 167 MB once under CI's load: measured on 2M rows, with
-    room for the load."""
+def test_scoring_a_day_holds_a_bounded_batch(tmp_path):
+    """Evaluation grew to 2.0-2.9 GB scoring 1.3M test rows, the job's largest stage (killed in a 2 GB group): it
+    read 262,144 rows a batch, and each batch's arrays were many times its rows. Scoring holds one batch of
+    ``SCORING_BATCH_ROWS`` and 5 bytes a row of results: its numpy and Arrow peak is measured, not the process's
+    resident memory (which the allocator decides)."""
     import subprocess
     import sys
 
@@ -112,9 +105,17 @@ def test_scoring_a_day_holds_a_bounded_batch_not_the_allocator_s_leftovers(tmp_p
     from criteo_dlrm.data.synthetic import ClickModel, write_day
     from tests.conftest import PROJECT_ROOT
 
-    write_day(tmp_path / "day_0", 2_000_000, day=0, model=ClickModel(seed=2))
+    rows = 2_000_000
+    write_day(tmp_path / "day_0", rows, day=0, model=ClickModel(seed=2))
     parquet = convert_day(tmp_path / "day_0", tmp_path / "day_0.parquet").parquet
     result = subprocess.run([sys.executable, "-c", _SCORE_A_DAY, str(parquet)], cwd=PROJECT_ROOT,
                             capture_output=True, text=True, check=True)  # fmt: skip
-    grown = int(result.stdout.split()[-1])
-    assert grown < 300_000_000, f"scoring 2M rows added {grown / 1e6:,.0f} MB"  # before: 491 MB; now 52 MB
+    numpy_peak, arrow_peak, scored = map(int, result.stdout.split()[-3:])
+    assert scored == rows
+    # The results (labels and logits, 5 bytes a row, held twice while they are joined) and one batch of 65,536 rows:
+    # Arrow's decoded Parquet (860 bytes a batch row) and the encoded rows and scores (560). Measured 57 + 56 MB; the
+    # 262,144-row batches of before held 194 + 216 MB.
+    bound = 2 * 5 * rows + 2000 * 65_536
+    assert numpy_peak + arrow_peak < bound, (
+        f"scoring 2M rows held {numpy_peak / 1e6:,.0f} MB of numpy arrays and {arrow_peak / 1e6:,.0f} MB of Arrow's"
+    )
