@@ -18,6 +18,13 @@ import pytest
 
 pytest_plugins = ["tests.skip_guard", "tests.tiers", "tests.project_guard"]
 
+# Every test starts from the project's defaults, whatever the caller's shell holds: this project's settings
+# (tracking off, progress lines), Kedro's (another configuration environment, another logging file) and MLflow's
+# (another tracking server). Kept: CI's skip guard and what the tests themselves hand their processes.
+USER_SETTINGS = ("CRITEO_DLRM_", "KEDRO_ENV", "KEDRO_LOGGING_CONFIG", "MLFLOW_")
+KEPT = ("CRITEO_DLRM_FAIL_ON_SKIP", "CRITEO_DLRM_TEST_")
+for _name in [n for n in os.environ if n.startswith(USER_SETTINGS) and not n.startswith(KEPT)]:
+    del os.environ[_name]
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 

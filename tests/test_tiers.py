@@ -37,3 +37,31 @@ def test_the_readme_s_pytest_collects_at_least_400_fast_tests_and_no_kedro_run()
     collected = [line for line in found.stdout.splitlines() if "::" in line]
     assert len(collected) >= 400, found.stdout[-2000:]
     assert not [line for line in collected if "test_kedro_run_ends_with_one_summary_block" in line]
+
+
+def test_a_caller_s_settings_do_not_reach_the_tests(tmp_path):
+    """``CRITEO_DLRM_TRACKING=off pytest`` (or another MLflow server, another Kedro environment in the shell) ran the
+    tests against settings they were not written for: the tests start from the project's defaults."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    probe = tmp_path / "test_probe.py"  # the suite's own conftest loaded as a plugin, as it is for tests/
+    probe.write_text(
+        "import os\n\n\ndef test_probe():\n"
+        "    assert not [n for n in os.environ if n.startswith(('CRITEO_DLRM_TRACKING', 'KEDRO_ENV', 'MLFLOW_'))]\n"
+        "    assert os.environ['CRITEO_DLRM_FAIL_ON_SKIP'] == '1'\n"
+    )
+    env = os.environ | {
+        "CRITEO_DLRM_TRACKING": "off",
+        "KEDRO_ENV": "nowhere",
+        "MLFLOW_TRACKING_URI": "http://127.0.0.1:9",
+        "CRITEO_DLRM_FAIL_ON_SKIP": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
