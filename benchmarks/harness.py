@@ -13,10 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import torch
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # A ``--smallest`` run proves that the benchmark works; its figures are not compared, so the machine's matmul rates
@@ -26,7 +23,7 @@ _SMALLEST = False
 SMALLEST_MATMUL = 256
 
 __all__ = ["ROOT", "Arguments", "Table", "best_of", "child_command", "cpu_model", "describe_machine",
-           "matmul_gflops", "timed"]  # fmt: skip
+           "timed"]  # fmt: skip
 
 
 class Arguments(argparse.ArgumentParser):
@@ -104,27 +101,18 @@ def cpu_model() -> str:
     return cpu_name()
 
 
-def matmul_gflops(seconds: float = 1.0, dtype: torch.dtype | None = None) -> float:
-    """This process's 2048^3 matmul rate, GFLOP/s, at its thread count (fp32 unless ``dtype``)."""
-    import torch
-
-    from criteo_dlrm.engine.device import matmul_rate
-
-    return matmul_rate(dtype or torch.float32, seconds, size=2048)
-
-
 def describe_machine() -> tuple[float, float]:
     """Print the CPU, torch, the threads and the fp32 and bf16 matmul rates; return the two rates (GFLOP/s)."""
     import torch
 
     from criteo_dlrm.engine.device import matmul_rate
 
-    if _SMALLEST:
-        size, note = SMALLEST_MATMUL, " (--smallest: small products, not figures to compare)"
-        fp32, bf16 = (matmul_rate(dtype, 0.25, size) for dtype in (torch.float32, torch.bfloat16))
-    else:
-        size, note = 2048, ""
-        fp32, bf16 = matmul_gflops(), matmul_gflops(dtype=torch.bfloat16)
+    size, seconds, note = (
+        (SMALLEST_MATMUL, 0.25, " (--smallest: small products, not figures to compare)")
+        if _SMALLEST
+        else (2048, 1.0, "")
+    )
+    fp32, bf16 = (matmul_rate(dtype, seconds, size) for dtype in (torch.float32, torch.bfloat16))
     print(
         f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; {time.strftime('%Y-%m-%d')}"
     )
