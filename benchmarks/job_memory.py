@@ -12,7 +12,7 @@ largest own peak is the job's floor. Then the whole ``kedro run`` on a fresh cop
 whether it completes, its time, and how it ends when it does not (the last line it printed). With
 ``--encoding-limits-mb`` (after the ingestion and metadata stages), encoding alone as a user runs it
 (``kedro run --pipelines=training --nodes=encode_features``, its rows removed first) in each limit: whether it
-completes, its time, its peaks, and the bytes read from the disk (``/proc/diskstats``: run it on a quiet machine)
+completes, its time, its peaks, and the bytes its processes read from the disk
 per byte of Parquet read plus encoded rows written.
 
 Needs root (the memory groups, dropping the page cache) and cgroup v1's memory controller.

@@ -8,8 +8,8 @@ days (3 of them) are encoded, stored shuffled (what ``kedro run`` does), by a fr
 memory group of its own (its workers inherit it; the limit counts the page cache, as Slurm's and Kubernetes'
 do), the page cache dropped before each run. For each limit (none first; by default 3x and 1.5x the own memory
 the unlimited run peaked at, then ``--limits-mb``), and for ``--baseline``'s code (a git ref of this repository, checked out into a
-temporary worktree) beside the current one: the time, the bytes read from the disk (``/proc/diskstats``, the
-whole device's counter: run it on a quiet machine) per byte of Parquet read plus encoded rows written, the
+temporary worktree) beside the current one: the time, the bytes the run read from the disk (the kernel's
+count for its processes: other processes' reads are not counted) per byte of Parquet read plus encoded rows written, the
 group's peak (page cache included), and whether the stored rows are byte-identical to the unlimited run's.
 A run still going after ``--timeout`` seconds is stopped and reported with what it had read by then.
 
@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,13 @@ def _disk_read_bytes(path: Path) -> int:
     raise RuntimeError(f"/proc/diskstats has no device {major}:{minor} (the disk holding {path})")
 
 
+def _children_read_bytes() -> int:
+    """Bytes this process's finished children (and theirs, each reaped by its parent) read from disks: the
+    kernel's count of blocks read for them (``getrusage``'s ``ru_inblock``, 512-byte units), not the page cache's
+    hits."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
+
+
 def _own_group() -> Path:
     """This process's cgroup-v1 memory group (a job's own group, inside which a child group is made)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -130,8 +138,8 @@ class _GroupMemory(threading.Thread):
 
 def in_memory_group(command: list[str], limit: int | None, timeout: float, where: Path, env: dict) -> dict:
     """Run ``command`` in a fresh process inside a memory group of its own (``limit`` bytes, or none), the page
-    cache dropped first: its exit code (None: stopped after ``timeout`` seconds), time, the bytes read from the
-    disk holding ``where``, the group's peak (page cache included), the peak of its processes' summed own memory
+    cache dropped first: its exit code (None: stopped after ``timeout`` seconds), time, the bytes its processes
+    read from disks (a stopped run: the disk holding ``where``, all processes), the group's peak (page cache included), the peak of its processes' summed own memory
     and the end of its output. Whatever is left in the group afterwards (a stopped run, orphans) is killed."""
     group = _own_group() / f"criteo_dlrm_bench_{uuid.uuid4().hex[:8]}"
     group.mkdir()
@@ -140,7 +148,7 @@ def in_memory_group(command: list[str], limit: int | None, timeout: float, where
             (group / "memory.limit_in_bytes").write_text(str(limit))
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3")
-        read_before = _disk_read_bytes(where)
+        read_before = _disk_read_bytes(where), _children_read_bytes()
         monitor = _GroupMemory(group)
         start = time.perf_counter()
         child = subprocess.Popen(
@@ -154,12 +162,15 @@ def in_memory_group(command: list[str], limit: int | None, timeout: float, where
         except subprocess.TimeoutExpired:
             code, output = None, ""
         seconds = time.perf_counter() - start
-        read = _disk_read_bytes(where) - read_before
+        disk_read = _disk_read_bytes(where) - read_before[0]
         monitor.stop()
         for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), 9)
         child.wait()
+        # The run's own reads (its workers' too, each reaped by its parent), whatever else the machine reads; a run
+        # stopped at the timeout counts what the disk gave since it started.
+        read = _children_read_bytes() - read_before[1] if code is not None else disk_read
         while (group / "cgroup.procs").read_text().strip():
             time.sleep(0.1)
         return {

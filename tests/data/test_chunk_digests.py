@@ -2,6 +2,7 @@
 are used, and without reading the other chunks first."""
 
 import hashlib
+import itertools
 import json
 
 import numpy as np
@@ -9,7 +10,14 @@ import pytest
 
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.data.chunk_digests import CHUNK_DIGESTS, DAMAGED, DIGESTS, open_digests, write_digests
+from criteo_dlrm.data.chunk_digests import (
+    CHUNK_DIGESTS,
+    DAMAGED,
+    DIGESTS,
+    WrittenChunks,
+    open_digests,
+    write_digests,
+)
 from criteo_dlrm.data.stored import EncodedArrays, open_encoded, write_encoded
 
 ROWS, CHUNK = 10_000, 1_000
@@ -155,3 +163,18 @@ def test_a_file_truncated_while_the_run_reads_it_is_named_with_the_fix_and_recor
     message = str(caught.value)
     assert str(dense) in message and "truncated" in message and "kedro run --pipelines=training" in message
     assert "truncated" in (tmp_path / DAMAGED).read_text(), "recorded: the next run encodes the rows again"
+
+
+@pytest.mark.parametrize("first", [0, 1_000, 1_300])
+def test_written_chunks_hash_whole_chunks_from_rows_added_in_any_pieces(first):
+    """A writer's rows added in pieces that cross chunks' ends: each chunk it wrote whole (but chunk 0, which
+    holds the header) has the sha256 of its rows; a chunk begun before ``first`` is left out."""
+    rows = np.random.default_rng(first).integers(0, 255, size=(10_000, 3), dtype=np.uint8)
+    written = WrittenChunks(first, len(rows), chunk_rows=CHUNK)
+    cuts = [first, first + 1, first + 777, first + 2_000, 6_543, 6_544, len(rows)]
+    for begin, end in itertools.pairwise(cuts):
+        written.add(rows[begin:end])
+    whole = range(-(-first // CHUNK), ROWS // CHUNK)
+    expected = {chunk: hashlib.sha256(rows[chunk * CHUNK : (chunk + 1) * CHUNK].tobytes()).digest() for chunk in whole}
+    expected.pop(0, None)
+    assert written.hashed == expected

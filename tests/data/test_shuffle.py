@@ -1,15 +1,19 @@
 """The stored shuffle: the same rows, in a uniform order, the same bytes whatever the workers."""
 
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+import criteo_dlrm.data.chunk_digests as chunk_digests
 import criteo_dlrm.data.shuffle as shuffle
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.shuffle import shuffle_destinations
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
@@ -115,3 +119,35 @@ def test_the_scatter_into_buckets_writes_each_byte_once_in_whole_pages(tmp_path,
         ends = [header, *(p + n for p, n in shuffled)]
         assert len(shuffled) == 12 and [p for p, _ in shuffled] == ends[:-1], f"{name}: one write per bucket"
         assert ends[-1] == header + len(array) * size
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["as read", "shuffled"])
+def test_encoded_chunks_are_hashed_from_what_was_written_reading_only_those_no_task_wrote_whole(
+    tmp_path, monkeypatch, shuffled
+):
+    """The chunks' digests come from the bytes the writers held (under a memory limit the rows just written have
+    left the page cache, and reading them back for their digests read the encoded rows a second time): only
+    chunk 0 (the header) and a chunk that a day (as read) or a bucket (shuffled) begins inside are read. The
+    recorded digests are each chunk's sha256 of the bytes on disk, computed here from the files."""
+    monkeypatch.setattr(chunk_digests, "DIGEST_CHUNK_ROWS", 250)  # 48 chunks; days start mid-chunk (3,000 rows)
+    days, encoder = _days_and_encoder(tmp_path, monkeypatch)
+    read, real_read = [], chunk_digests._read_digest
+
+    def recording(path, start, end):
+        read.append(Path(path).name)
+        return real_read(path, start, end)
+
+    monkeypatch.setattr(chunk_digests, "_read_digest", recording)
+    folder = tmp_path / "stored"
+    stored = encoder.encode_days(days, into=folder, workers=1, shuffle=shuffled)
+    recorded = np.load(folder / chunk_digests.CHUNK_DIGESTS)
+    starts = [0, 3000, 6000, 9000] if not shuffled else shuffle_destinations([3000] * 4).bucket_starts[:-1]
+    begun_inside = {start // 250 for start in starts if start % 250} | {0}
+    for index, (name, array) in enumerate(zip(chunk_digests.CHUNKED, stored.stored(), strict=True)):
+        data = (folder / name).read_bytes()
+        size = shuffle.row_bytes(array)
+        for chunk in range(48):
+            first = 0 if chunk == 0 else array.offset + chunk * 250 * size
+            expected = hashlib.sha256(data[first : array.offset + (chunk + 1) * 250 * size]).digest()
+            assert recorded[index, chunk].tobytes() == expected, (name, chunk)
+        assert read.count(name) == len(begun_inside) < 48, (name, read.count(name), sorted(begun_inside))

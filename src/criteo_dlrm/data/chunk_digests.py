@@ -64,10 +64,50 @@ def _read_digest(path: Path, start: int, end: int) -> bytes:
         return hashlib.sha256(os.pread(handle.fileno(), end - start, start)).digest()
 
 
-def write_digests(folder: Path, chunk_rows: int = DIGEST_CHUNK_ROWS, threads: int | None = None) -> None:
-    """Record the digests of ``folder``'s rows, chunk by chunk, and of its other files: written last, once the rows
-    are complete. Chunks are hashed in threads (hashlib releases the GIL), so every core reads."""
-    folder = Path(folder)
+class WrittenChunks:
+    """The digests of one file's chunks, hashed from the bytes its writer holds as it writes rows in order from
+    row ``first`` on (``add``): what the writer has in memory costs no read of the file afterwards, where under a
+    memory limit the rows just written are no longer in the page cache. A chunk begun before ``first``, and chunk
+    0 (it holds the file's header), are left to be read (``write_chunk_digests``)."""
+
+    def __init__(self, first: int, rows: int, chunk_rows: int | None = None):
+        chunk_rows = chunk_rows or DIGEST_CHUNK_ROWS
+        self.row, self.rows, self.chunk_rows = first, rows, chunk_rows
+        self.hashed: dict[int, bytes] = {}
+        self._hash = hashlib.sha256() if first % chunk_rows == 0 and first >= chunk_rows else None
+
+    def add(self, data: np.ndarray) -> None:
+        """The rows that follow those added so far, as stored (``EncodedArrays.as_stored``)."""
+        data = np.ascontiguousarray(data)
+        view, size = memoryview(data).cast("B"), data.nbytes // max(len(data), 1)
+        done = 0
+        while done < len(data):
+            chunk, offset = divmod(self.row, self.chunk_rows)
+            take = min(self.chunk_rows - offset, len(data) - done)
+            if self._hash is not None:
+                self._hash.update(view[done * size : (done + take) * size])
+            done, self.row = done + take, self.row + take
+            if self.row % self.chunk_rows == 0 or self.row == self.rows:  # the chunk is whole
+                if self._hash is not None:
+                    self.hashed[chunk] = self._hash.digest()
+                self._hash = hashlib.sha256()
+
+
+def written_digests(chunks: list[WrittenChunks]) -> dict[tuple[int, int], bytes]:
+    """What ``write_chunk_digests`` takes: ``chunks`` given for each of ``CHUNKED``'s files, in its order."""
+    return {(index, chunk): digest for index, written in enumerate(chunks) for chunk, digest in written.hashed.items()}
+
+
+def write_chunk_digests(
+    folder: Path,
+    hashed: dict[tuple[int, int], bytes] | None = None,
+    chunk_rows: int | None = None,
+    threads: int | None = None,
+) -> None:
+    """Record the digest of each chunk of ``folder``'s rows (``chunk_digests.npy``), once the rows are complete:
+    those the writers hashed as they wrote (``hashed``: ``(file index in CHUNKED, chunk)`` to its digest,
+    ``WrittenChunks``), the others read and hashed in threads (hashlib releases the GIL), so every core reads."""
+    folder, hashed, chunk_rows = Path(folder), hashed or {}, chunk_rows or DIGEST_CHUNK_ROWS
     layouts = {name: _rows_layout(folder / name) for name in CHUNKED}
     rows = {layout[2] for layout in layouts.values()}
     if len(rows) != 1:
@@ -75,8 +115,14 @@ def write_digests(folder: Path, chunk_rows: int = DIGEST_CHUNK_ROWS, threads: in
             f"{folder}: its files hold different numbers of rows ({sorted(rows)}). {REENCODE}", fix=REENCODE
         )
     count = _chunks(rows.pop(), chunk_rows)
-    tasks = [(index, name, chunk) for index, name in enumerate(CHUNKED) for chunk in range(count)]
     digests = np.zeros((len(CHUNKED), count, 32), dtype=np.uint8)
+    tasks = []
+    for index, name in enumerate(CHUNKED):
+        for chunk in range(count):
+            if (index, chunk) in hashed:
+                digests[index, chunk] = np.frombuffer(hashed[index, chunk], dtype=np.uint8)
+            else:
+                tasks.append((index, name, chunk))
 
     def digest(task: tuple[int, str, int]) -> None:
         index, name, chunk = task
@@ -86,6 +132,17 @@ def write_digests(folder: Path, chunk_rows: int = DIGEST_CHUNK_ROWS, threads: in
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
         list(pool.map(digest, tasks))
     np.save(folder / CHUNK_DIGESTS, digests)
+
+
+def write_digests(
+    folder: Path, chunk_rows: int | None = None, threads: int | None = None, chunks_recorded: bool = False
+) -> None:
+    """Record the digests of ``folder``'s rows, chunk by chunk (``write_chunk_digests``; ``chunks_recorded``: its
+    writer has recorded them, ``encode_days``), and of its other files: written last, once the rows and the
+    other files are complete."""
+    folder, chunk_rows = Path(folder), chunk_rows or DIGEST_CHUNK_ROWS
+    if not chunks_recorded:
+        write_chunk_digests(folder, chunk_rows=chunk_rows, threads=threads)
     files = {
         path.name: file_digest(path)
         for path in sorted(folder.iterdir())

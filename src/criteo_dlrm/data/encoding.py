@@ -26,10 +26,18 @@ from criteo_dlrm.common.schema import (
 )
 from criteo_dlrm.common.storage import size_text
 from criteo_dlrm.data import WORKER_MODULES
+from criteo_dlrm.data.chunk_digests import write_chunk_digests, written_digests
 from criteo_dlrm.data.feature_metadata import MISSING_ROW, OUT_OF_VOCABULARY_ROW, RESERVED_ROWS, FeatureMetadata
 from criteo_dlrm.data.parquet import Day, DayRows, count_rows, dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.shuffle import BucketWriter, day_buckets, shuffle_destinations
-from criteo_dlrm.data.stored import EncodedArrays, bytes_per_row, create_stored, open_encoded, write_index_maxima
+from criteo_dlrm.data.stored import (
+    EncodedArrays,
+    RowWriter,
+    bytes_per_row,
+    create_stored,
+    open_encoded,
+    write_index_maxima,
+)
 
 if TYPE_CHECKING:  # pandas is imported by the lookups that use it (_hash_tables): training never needs it
     import pandas as pd
@@ -197,8 +205,9 @@ class FeatureEncoder:
         """Encode whole days, into memory or, with ``into``, into files in that folder (``open_encoded``).
 
         In memory: float32 labels, dense and int32 indices, 160 bytes per row. On disk: uint8 labels,
-        float32 dense and ``PackedIndices``, 53 bytes + the tables' index widths per row. The files are
-        written through memory maps, so the days never need to fit in memory, and ``workers`` processes
+        float32 dense and ``PackedIndices``, 53 bytes + the tables' index widths per row, and the digests of
+        their chunks (``chunk_digests.npy``, hashed as the rows are written). The files are written batch by
+        batch, so the days never need to fit in memory, and ``workers`` processes
         (None: one per core) each encode whole days into their own rows; the files are the same whatever
         the number of workers.
 
@@ -233,29 +242,40 @@ class FeatureEncoder:
             )
             for day, (path, start) in enumerate(zip(paths, starts, strict=True))
         ]
-        maxima = [0] * NUM_SPARSE
+        maxima, hashed = [0] * NUM_SPARSE, {}
         with progress_bar(rows, f"encoding ({where_tasks_run(run, chosen)})", "rows") as bar:
-            for index, day_maxima in run(_encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES):
+            for index, (day_maxima, written) in run(
+                _encode_day_into, tasks, chosen, shared=self, preload=WORKER_MODULES
+            ):
                 maxima = np.maximum(maxima, day_maxima).tolist()
+                hashed.update(written)
                 bar.update(rows_per_day[index])
         if destinations is not None:
-            destinations.shuffle_buckets(into, workers, run)
+            hashed = destinations.shuffle_buckets(into, workers, run)
+        # The chunks' digests from what the workers wrote (the rows are not read back for them: under a memory
+        # limit they have left the page cache); only the chunks no task wrote whole are read.
+        write_chunk_digests(into, hashed)
         write_index_maxima(into, maxima)
         encoded = open_encoded(into, verify=False)
         size = bytes_per_row(encoded)
         logger.info("{:,} rows encoded, {} bytes a row ({})", rows, size, size_text(rows * size))
         return encoded
 
-    def _encode_rows(self, paths: list[Day], out: EncodedArrays | BucketWriter, start: int | tuple) -> list[int]:
-        """Encode ``paths`` batch by batch into ``out`` from row ``start`` on, or (``out`` a ``BucketWriter``,
-        ``start`` a day's ``(day, buckets, block_rows, bucket_starts)``) into that day's rows of each bucket;
-        returns each table's largest index."""
+    def _encode_rows(
+        self, paths: list[Day], out: EncodedArrays | RowWriter | BucketWriter, start: int | tuple
+    ) -> list[int]:
+        """Encode ``paths`` batch by batch into ``out`` (rows in memory) from row ``start`` on, or into stored rows
+        in order (``out`` a ``RowWriter``), or (``out`` a ``BucketWriter``, ``start`` a day's
+        ``(day, buckets, block_rows, bucket_starts)``) into that day's rows of each bucket; returns each table's
+        largest index."""
         maxima = np.zeros(NUM_SPARSE, dtype=np.int64)
         read = 0
         for batch in iter_batches(paths):
             encoded = self.encode_batch(batch, contiguous=False)
             if isinstance(out, BucketWriter):  # a shuffled write: each row to the next free row of its bucket
                 out.write(day_buckets(start, read, len(encoded)), encoded)
+            elif isinstance(out, RowWriter):
+                out.write(encoded)
             else:
                 where = slice(start + read, start + read + len(encoded))
                 out.labels[where] = encoded.labels
@@ -313,17 +333,22 @@ ENCODING_MEMORY = 1 << 30
 ENCODING_CORES = 2
 
 
-def _encode_day_into(encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int | tuple) -> list[int]:
+def _encode_day_into(
+    encoder: FeatureEncoder, path: str | DayRows, folder: str, start: int | tuple
+) -> tuple[list[int], dict[tuple[int, int], bytes]]:
     """A worker's task: encode one day into its rows of the files in ``folder``; returns its tables' largest
-    indices."""
+    indices and the digests of the chunks it wrote whole in order (none for a shuffled write: the shuffle's
+    pass writes the rows last)."""
     out = open_encoded(Path(folder), writable=True)
     if not isinstance(start, tuple):
-        maxima = encoder._encode_rows([path], out, start)
-        for array in out.stored():
-            array.flush()
-        return maxima
+        rows = RowWriter(out, start)
+        try:
+            maxima = encoder._encode_rows([path], rows, start)
+        finally:
+            rows.close()
+        return maxima, written_digests(rows.chunks)
     writer = BucketWriter(out, np.array(start[3], dtype=np.int64))  # the day's first row in each bucket, advanced
     try:
-        return encoder._encode_rows([path], writer, start)
+        return encoder._encode_rows([path], writer, start), {}
     finally:
         writer.close()

@@ -20,6 +20,7 @@ import numpy as np
 from criteo_dlrm.common.parallel import Runner, choose_workers, run_parallel, where_tasks_run
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.data import WORKER_MODULES
+from criteo_dlrm.data.chunk_digests import WrittenChunks, written_digests
 from criteo_dlrm.data.stored import (
     EncodedArrays,
     open_encoded,
@@ -125,16 +126,22 @@ class ShuffleDestinations:
     bucket_starts: list[int]
     day_starts: list[list[int]]
 
-    def shuffle_buckets(self, folder: Path, workers: int | None, run: Runner = run_parallel) -> None:
-        """Permute each bucket's rows in memory (in parallel workers, or ``run``'s tasks, one bucket each)."""
+    def shuffle_buckets(
+        self, folder: Path, workers: int | None, run: Runner = run_parallel
+    ) -> dict[tuple[int, int], bytes]:
+        """Permute each bucket's rows in memory (in parallel workers, or ``run``'s tasks, one bucket each); returns
+        the digests of the chunks each task wrote whole (``chunk_digests.WrittenChunks``)."""
         ranges = list(zip(self.bucket_starts[:-1], self.bucket_starts[1:], strict=True))
         rows = self.bucket_starts[-1]
         largest = max(row_bytes(array) for array in open_encoded(folder, writable=True).stored())
         chosen = choose_workers(workers, len(ranges), shuffle_worker_memory(largest), rows)
         tasks = [(str(folder), bucket, start, end) for bucket, (start, end) in enumerate(ranges)]
+        hashed = {}
         with progress_bar(rows, f"shuffling ({where_tasks_run(run, chosen)})", "rows") as bar:
-            for index, _ in run(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
+            for index, written in run(_shuffle_bucket, tasks, chosen, preload=WORKER_MODULES):
+                hashed.update(written)
                 bar.update(ranges[index][1] - ranges[index][0])
+        return hashed
 
 
 def shuffle_destinations(rows_per_day: list[int]) -> ShuffleDestinations:
@@ -153,13 +160,19 @@ def shuffle_destinations(rows_per_day: list[int]) -> ShuffleDestinations:
     return ShuffleDestinations(buckets, SHUFFLE_BLOCK_ROWS, bucket_starts.tolist(), day_starts.tolist())
 
 
-def _shuffle_bucket(folder: str, bucket: int, start: int, end: int) -> None:
+def _shuffle_bucket(folder: str, bucket: int, start: int, end: int) -> dict[tuple[int, int], bytes]:
     """A worker's task: permute rows ``start:end`` (one bucket) of the files in ``folder``, field by field in
-    memory (read and written with ``pread`` / ``pwrite``, not through a memory map: see ``BucketWriter``)."""
+    memory (read and written with ``pread`` / ``pwrite``, not through a memory map: see ``BucketWriter``);
+    returns the digests of the chunks it wrote whole, hashed from memory."""
     out = open_encoded(Path(folder), writable=True)
     order = np.random.default_rng([SHUFFLE_SEED, bucket]).permutation(end - start)
+    chunks = []
     for array in out.stored():
-        write_rows(array, start, read_rows(array, start, end)[order])
+        permuted = read_rows(array, start, end)[order]
+        write_rows(array, start, permuted)
+        chunks.append(WrittenChunks(start, len(array)))
+        chunks[-1].add(permuted)
+    return written_digests(chunks)
 
 
 def shuffle_worker_memory(row_bytes_largest: int) -> int:

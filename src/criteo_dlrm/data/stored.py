@@ -22,7 +22,7 @@ from criteo_dlrm.common.storage import (
     reserve,
     write_bytes_atomically,
 )
-from criteo_dlrm.data.chunk_digests import REENCODE, ChunkDigests, open_digests, write_digests
+from criteo_dlrm.data.chunk_digests import REENCODE, ChunkDigests, WrittenChunks, open_digests, write_digests
 
 
 def index_widths(table_sizes: list[int]) -> list[int]:
@@ -153,7 +153,8 @@ class EncodedArrays:
 
 def create_stored(into: Path, rows: int, table_sizes: list[int], row_order: str) -> None:
     """Allocate the files of ``rows`` stored rows in ``into`` (``layout.json`` and the three ``.npy`` files at
-    their full size), for writers to fill through memory maps (``open_encoded(into, writable=True)``).
+    their full size), for writers to fill (``open_encoded(into, writable=True)``; ``RowWriter``,
+    ``shuffle.BucketWriter``).
 
     Raises:
         DiskFullError (``common.storage``): the disk cannot hold them, said before any row is written.
@@ -168,7 +169,7 @@ def create_stored(into: Path, rows: int, table_sizes: list[int], row_order: str)
         "sparse": ((rows, sum(widths)), np.uint8),
     }
     # The size is known before any row is written: a disk too small is refused now, and the files' space is
-    # allocated up front, so the disk cannot fill up under the memory maps (where it would kill the process).
+    # allocated up front, so the disk cannot fill up under the writers' tasks (or a memory map, which it kills).
     needed = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in shapes.values())
     check_free_space(into, needed + (1 << 20), f"{rows:,} encoded rows")
     for name, (shape, dtype) in shapes.items():
@@ -309,6 +310,35 @@ def write_rows(target: np.memmap, begin: int, rows: np.ndarray) -> None:
     with open(target.filename, "r+b") as handle:
         write_at(handle.fileno(), np.ascontiguousarray(rows, dtype=target.dtype), row_position(target, begin))
         os.fdatasync(handle.fileno())  # on disk when the writer's task is done, as a memory map's flush did
+
+
+class RowWriter:
+    """Rows written in order from row ``start`` of stored rows ``out`` by ``pwrite``s (see ``write_rows``), each
+    file's whole chunks hashed from the bytes written (``chunks``, ``chunk_digests.WrittenChunks``)."""
+
+    def __init__(self, out: EncodedArrays, start: int):
+        self.out, self.row = out, start
+        self._fields = out.stored()
+        self._handles = [open(array.filename, "r+b") for array in self._fields]
+        self.chunks = [WrittenChunks(start, len(array)) for array in self._fields]
+
+    def write(self, rows: EncodedArrays) -> None:
+        """Write ``rows`` (encoded, in memory) after those written so far."""
+        stored = self.out.as_stored(rows)
+        for handle, array, chunks, values in zip(self._handles, self._fields, self.chunks, stored, strict=True):
+            values = np.ascontiguousarray(values)
+            write_at(handle.fileno(), values, row_position(array, self.row))
+            chunks.add(values)
+        self.row += len(rows)
+
+    def close(self) -> None:
+        """Put the files on disk (as a memory map's flush did) and close them."""
+        try:
+            for handle in self._handles:
+                os.fdatasync(handle.fileno())
+        finally:
+            for handle in self._handles:
+                handle.close()
 
 
 def write_at(descriptor: int, data: np.ndarray | memoryview, position: int) -> None:

@@ -100,7 +100,7 @@ class EncodedArraysDataset(AbstractDataset[EncodedArrays | EncodedDays, EncodedA
                     del written  # close the memory maps before the folder moves
                     if data.lineage is not None:
                         write_bytes_atomically(staging / LINEAGE, json.dumps(data.lineage, indent=1).encode())
-                    write_digests(staging)
+                    write_digests(staging, chunks_recorded=True)  # the chunks' by the encoder, as it wrote them
                 else:
                     if data.lineage is not None:
                         staging.mkdir(parents=True, exist_ok=True)
