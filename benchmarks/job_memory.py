@@ -1,6 +1,6 @@
 """Each stage's memory as ``kedro run`` runs it, and the smallest memory limit the whole job completes in.
 
-    sudo python -m benchmarks.job_memory [--rows N] [--stages ...] [--limits-mb 2048 1700 1600 1024]
+    sudo python -m benchmarks.job_memory [--rows N] [--stages ...] [--limits-mb 0 2048 1700 1600 1024]
                                         [--encoding-limits-mb MB ...] [--params KEY=VALUE,...] [--out DIR]
 
 A copy of the project (``conf/`` and the bundled sample; with ``--rows``, 3 generated gzip days of that many rows
@@ -8,8 +8,9 @@ in all instead), run as a user runs it (MLflow tracking on). First each pipeline
 metadata, training, evaluation, then scoring the sample's days), ``kedro run --pipelines=<name>`` in a cgroup-v1
 memory group of its own, no limit, page cache dropped first: its time, the peak of the summed own memory
 (RssAnon) of the group's processes (kedro, MLflow's, the workers) and the group's peak with the page cache. The
-largest own peak is the job's floor. Then the whole ``kedro run`` on a fresh copy in groups of ``--limits-mb``:
-whether it completes, its time, and how it ends when it does not (the last line it printed). With
+largest own peak is the job's floor. Then the whole ``kedro run`` on a fresh copy in groups of ``--limits-mb``
+(0: none): whether it completes, its time, its own peak against the largest stage's, and how it ends when it
+does not (the last line it printed). With
 ``--encoding-limits-mb`` (after the ingestion and metadata stages), encoding alone as a user runs it
 (``kedro run --pipelines=training --nodes=encode_features``, its rows removed first) in each limit: whether it
 completes, its time, its peaks, and the bytes its processes read from the disk
@@ -93,7 +94,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="generated rows in all (default: the bundled sample)")
     parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
     parser.add_argument("--params", default=None, help="--params for every kedro run (e.g. training.max_steps=200)")
-    parser.add_argument("--limits-mb", type=int, nargs="*", default=[2048, 1700, 1600, 1024])
+    parser.add_argument(
+        "--limits-mb", type=int, nargs="*", default=[0, 2048, 1700, 1600, 1024], help="0: no limit"
+    )
     parser.add_argument("--encoding-limits-mb", type=int, nargs="*", default=[])
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None, help="folder for the copies (default: a temporary one)")
@@ -134,15 +137,20 @@ def main() -> None:
         if args.encoding_limits_mb:
             encoding_in_limits(project, args.encoding_limits_mb, args.timeout, env)
         print(f"\nThe largest stage's own peak: {floor / 2**20:,.0f} MB. The whole `kedro run` in memory limits:\n")
-        table = Table("memory limit (MB)", "outcome", "seconds", "group peak (MB)", align="rlrr")
+        table = Table(
+            "memory limit (MB)", "outcome", "seconds", "own memory peak (MB)", "over the largest stage's (MB)",
+            "group peak (MB)", align="rlrrrr",
+        )  # fmt: skip
         for limit in (mb << 20 for mb in args.limits_mb):
             project = project_copy(base / "job", raw)
             got = in_memory_group(kedro(*([f"--params={args.params}"] if args.params else [])), limit, args.timeout,
                                   project, env)  # fmt: skip
             table.row(
-                f"{limit >> 20:,}",
+                f"{limit >> 20:,}" if limit else "none",
                 _outcome(got, args.timeout),
                 f"{got['seconds']:.1f}",
+                f"{got['own_peak'] / 2**20:,.0f}",
+                f"{(got['own_peak'] - floor) / 2**20:+,.0f}" if floor else "-",
                 f"{got['group_peak'] / 2**20:,.0f}",
             )
             time.sleep(1)

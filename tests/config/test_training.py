@@ -1,5 +1,7 @@
 """The typed training configuration: the project's defaults, every problem at once."""
 
+import re
+
 import pytest
 import yaml
 
@@ -80,3 +82,20 @@ def test_integers_beyond_64_bits_and_negative_seeds_are_refused_with_the_others(
     assert f"training.max_steps must fit a 64-bit integer (-2**63 to 2**63 - 1), got {2**70}" in message
     assert "training.prediction_hidden_sizes must fit a 64-bit integer" in message
     TrainingConfig.from_dict({"seed": 2**63 - 1}, "training.")
+
+
+def test_the_embedding_backend_s_name_is_compared_in_one_place():
+    """Each choice decided once (``TrainingConfig.sharded_tables``): no module of src compares the backend's name
+    itself, where a third backend would have to be added at every site."""
+    comparison = re.compile(r"embedding_backend\s*(?:[!=]=|(?:not\s+)?in\b)")
+    sites = [
+        f"{path.relative_to(PROJECT_ROOT)}:{number}"
+        for path in sorted((PROJECT_ROOT / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if comparison.search(line)
+    ]
+    assert [site.split(":")[0] for site in sites] == ["src/criteo_dlrm/config/training.py"], sites
+    assert TrainingConfig.from_dict(
+        {"embedding_backend": "torchrec", "embedding_optimizer": "rowwise_adagrad"}
+    ).sharded_tables
+    assert not TrainingConfig.from_dict({}).sharded_tables

@@ -194,7 +194,7 @@ class TrainingConfig(Config):
         checks.one_of("embedding_backend", EMBEDDING_BACKENDS)
         checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
         checks.positive("sharding.memory_per_process_gb", optional=True)
-        torchrec = self.embedding_backend == "torchrec"
+        torchrec = self.sharded_tables
         optimizer = EMBEDDING_OPTIMIZERS.get(self.embedding_optimizer)
         need(
             optimizer is None or not optimizer.whole_model or self.dense_optimizer == "adam",
@@ -269,6 +269,12 @@ class TrainingConfig(Config):
     def launches_processes(self) -> bool:
         """More than this process trains (the elastic launcher or torchrun starts them)."""
         return self.distributed.nproc_per_node > 1 or self.distributed.nnodes > 1
+
+    @property
+    def sharded_tables(self) -> bool:
+        """TorchRec shards the tables across the processes (``embedding_backend: torchrec``); else every process
+        holds every table (``torch``). The one place the backend's name is compared."""
+        return self.embedding_backend == "torchrec"
 
     def model_config(self, table_sizes: list[int], initial_ctr: float | None = None) -> DLRMConfig:
         """The DLRM's sizes: table sizes (and the click rate the output starts at) from the feature metadata,

@@ -441,7 +441,7 @@ def mode_class(config: TrainingConfig) -> type[Mode]:
     """The parallel mode of a run of ``config`` in this process: TorchRec's sharded tables
     (``embedding_backend: torchrec``), a replica in a process group of more than one, or alone. The one place a
     backend or a process count chooses the code that runs."""
-    if config.embedding_backend == "torchrec":
+    if config.sharded_tables:
         return Sharded
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return DataParallel

@@ -93,7 +93,7 @@ def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.opt
     parameters = list(model.dense_parameters())
     dense = getattr(torch.optim, name)(parameters, **config.dense_optimizer_args(), **_fused(name, parameters))
     optimizers = {"dense": dense}
-    if config.embedding_backend == "torch":
+    if not config.sharded_tables:
         embeddings = (
             SparseAdam if config.optimizer.torch == "SparseAdam" else getattr(torch.optim, config.optimizer.torch)
         )
