@@ -15,10 +15,11 @@ from loguru import logger
 
 from criteo_dlrm.config.evaluation import PRECISIONS
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.device import configure_backends, resolve_device, resolve_precision
+from criteo_dlrm.engine.device import configure_backends, resolve_device
 from criteo_dlrm.engine.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.modes import mode_class
+from criteo_dlrm.engine.precision import choose_precision
 from criteo_dlrm.engine.run_state import resumed_precision
 
 
@@ -30,19 +31,23 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
     with mode_type.process_group(device):
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         backends = configure_backends(device, config.allow_tf32, config.num_threads)
-        precision, why = resolve_precision(config.precision, device)  # after the threads: the probe uses them
+        model_config = config.model_config(job.table_sizes, job.initial_ctr)
+        # After the threads: the probes use them.
+        precision, why, speedup = choose_precision(config, model_config, device)
         kept = resumed_precision(job.resume_path, job.fingerprint) if config.precision == "auto" else None
         if kept in PRECISIONS and kept != precision:  # the probe's cache or the thread count changed since
             why = f"kept from the in-progress checkpoint, trained in {kept} (auto would choose {precision} now: {why})"
             precision = kept
         if world_size > 1:  # rank 0's choice in every process (each measured its own CPU share)
-            chosen = [precision, why]
+            chosen = [precision, why, speedup]
             dist.broadcast_object_list(chosen, src=0)
-            precision, why = chosen
+            precision, why, speedup = chosen
         backends |= {"precision": precision} | ({"precision_auto": why} if config.precision == "auto" else {})
+        if speedup is not None:
+            backends["precision_bf16_step_speedup"] = round(speedup, 3)
         config = dataclasses.replace(config, precision=precision)
         torch.manual_seed(config.seed)  # the same initial weights in every process
-        mode = mode_type.build(config.model_config(job.table_sizes, job.initial_ctr), config, device)
+        mode = mode_type.build(model_config, config, device)
         pin = device.type == "cuda"
         train_loader = BatchLoader(
             job.rows("train"),

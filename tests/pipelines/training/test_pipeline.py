@@ -141,23 +141,34 @@ def test_bf16_training_runs_on_cpu(tiny_features, tmp_path):
     assert catalog.load("training_summary")["steps"] == 5
 
 
-@pytest.mark.parametrize(("bf16_rate", "chosen"), [(900.0, "bf16"), (6.0, "fp32")], ids=["amx-like", "avx2-like"])
+@pytest.mark.parametrize(
+    ("bf16_rate", "step_speedup", "chosen"),
+    [(900.0, 1.5, "bf16"), (900.0, 0.9, "fp32"), (6.0, None, "fp32")],
+    ids=["amx-like, a faster step", "amx-like, a slower step", "avx2-like"],
+)
 def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
-    tiny_features, tmp_path, monkeypatch, bf16_rate, chosen
+    tiny_features, tmp_path, monkeypatch, bf16_rate, step_speedup, chosen
 ):
     """Issue 48 item 1: precision auto is resolved in the training process; the run trains in it (TensorBoard's
-    hparams carry it) and the summary records what was chosen and why."""
+    hparams carry it) and the summary records what was chosen and why: with the step's measured speed-up where
+    the matmuls say bf16 can help (issue 61 item 1)."""
     from criteo_dlrm.engine import device as device_module
+    from criteo_dlrm.engine import precision as precision_module
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
     monkeypatch.setattr(device_module, "matmul_rate", lambda dtype, seconds=0.25, size=1024: 150.0 if dtype == torch.float32
                         else bf16_rate)  # fmt: skip
+    monkeypatch.setattr(precision_module, "STEP_CACHE", tmp_path / "steps.json")
+    monkeypatch.setattr(precision_module, "measure_step_rates", lambda *_: {"fp32": 1e4, "bf16": 1e4 * step_speedup})
     params = training_params(tmp_path, precision="auto", max_steps=5)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
     summary = catalog.load("training_summary")
     precision = summary["precision"]
     assert precision["precision"] == chosen and f"{bf16_rate / 150:.2f}x its fp32" in precision["precision_auto"]
+    assert precision.get("precision_bf16_step_speedup") == step_speedup
+    if step_speedup:
+        assert f"this run's step trains {step_speedup:.2f}x as fast in bf16" in precision["precision_auto"]
     # TensorBoard's hparams say it too (issue 62 item 15: the docs said so, they did not).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -240,10 +251,13 @@ def test_a_resumed_run_keeps_the_precision_its_in_progress_state_was_trained_in(
     """precision: auto resolved otherwise after an interruption (the probe's cache changed, the thread count followed
     the idle cores) trained the remaining steps in the other precision and recorded only the new one."""
     from criteo_dlrm.engine import device as device_module
+    from criteo_dlrm.engine import precision as precision_module
     from criteo_dlrm.engine.step import TrainStep
     from criteo_dlrm.pipelines.training.nodes import train_dlrm
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
+    monkeypatch.setattr(precision_module, "STEP_CACHE", tmp_path / "steps.json")
+    monkeypatch.setattr(precision_module, "measure_step_rates", lambda *_: {"fp32": 1e4, "bf16": 2e4})
     rates = {torch.float32: 150.0, torch.bfloat16: 900.0}  # bf16 6x fp32: auto takes bf16
     monkeypatch.setattr(device_module, "matmul_rate", lambda dtype, seconds=0.25, size=1024: rates[dtype])
     params = training_params(tmp_path, precision="auto", validate_every_steps=5)
