@@ -94,9 +94,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="generated rows in all (default: the bundled sample)")
     parser.add_argument("--stages", nargs="*", default=list(STAGES), choices=STAGES)
     parser.add_argument("--params", default=None, help="--params for every kedro run (e.g. training.max_steps=200)")
-    parser.add_argument(
-        "--limits-mb", type=int, nargs="*", default=[0, 2048, 1700, 1600, 1024], help="0: no limit"
-    )
+    parser.add_argument("--limits-mb", type=int, nargs="*", default=[0, 2048, 1700, 1600, 1024], help="0: no limit")
     parser.add_argument("--encoding-limits-mb", type=int, nargs="*", default=[])
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None, help="folder for the copies (default: a temporary one)")
