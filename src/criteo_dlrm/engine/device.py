@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,28 +79,44 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_matmul_rates() -> dict:
-    """This CPU's fp32 and bf16 matmul rates (GFLOP/s) at this process's thread count, measured once (half a
-    second) and kept in ``PROBE_CACHE`` for the next runs on the same CPU, torch and threads."""
-    key = f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+def machine_key() -> str:
+    """What decides a measured rate besides the work measured: the CPU model, torch's version, this process's
+    threads."""
+    return f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads"
+
+
+def cached_rates(cache: Path, key: str, measure: Callable[[], dict], what: str) -> dict[str, float]:
+    """A rate per precision, kept in ``cache`` (a JSON mapping) under ``key``: read from it, else ``measure()``d
+    (again, where the cache held something else: a hand edit, another version's format) and kept. A cache that
+    cannot be written is named (``what`` was measured) and the run goes on."""
     try:
-        cached = json.loads(PROBE_CACHE.read_text())
+        cached = json.loads(cache.read_text())
     except (OSError, ValueError):
         cached = {}
     cached = cached if isinstance(cached, dict) else {}
     if _valid_rates(cached.get(key)):
         return {name: float(cached[key][name]) for name in PRECISIONS}
-    # Measured (again, where the cache held something else: a hand edit, another version's format).
-    rates = {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)}
+    rates = measure()
     try:
-        write_bytes_atomically(PROBE_CACHE, json.dumps({**cached, key: rates}, indent=1).encode())
+        write_bytes_atomically(cache, json.dumps({**cached, key: rates}, indent=1).encode())
     except OSError as error:
         logger.warning(
-            "precision: auto measured this CPU's matmul rates but could not keep them in {} ({}): they are measured "
-            "again at every run until it can be written (or set training.precision to fp32 or bf16).",
-            PROBE_CACHE, error.strerror or error,
+            "precision: auto measured {} but could not keep them in {} ({}): they are measured again at every run "
+            "until it can be written (or set training.precision to fp32 or bf16).",
+            what, cache, error.strerror or error,
         )  # fmt: skip
     return rates
+
+
+def cpu_matmul_rates() -> dict:
+    """This CPU's fp32 and bf16 matmul rates (GFLOP/s) at this process's thread count, measured once (half a
+    second) and kept in ``PROBE_CACHE`` for the next runs on the same CPU, torch and threads."""
+    return cached_rates(
+        PROBE_CACHE,
+        machine_key(),
+        lambda: {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)},
+        "this CPU's matmul rates",
+    )
 
 
 def _valid_rates(rates) -> bool:

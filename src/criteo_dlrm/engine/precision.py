@@ -15,13 +15,11 @@ import json
 import time
 
 import torch
-from loguru import logger
 
-from criteo_dlrm.common.storage import write_bytes_atomically
 from criteo_dlrm.config.evaluation import PRECISIONS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch
-from criteo_dlrm.engine.device import PROBE_CACHE, cpu_name, resolve_precision
+from criteo_dlrm.engine.device import PROBE_CACHE, cached_rates, machine_key, resolve_precision
 from criteo_dlrm.models.shapes import DLRMConfig
 
 # bf16 where this run's step measured at least this many times as fast as in fp32 (bf16 rounds the activations:
@@ -46,10 +44,7 @@ def step_key(model_config: DLRMConfig, config: TrainingConfig) -> str:
     shape.pop("initial_ctr", None)
     step = {"batch": config.batch_size.train, "dense_optimizer": config.dense_optimizer,
             "embedding_optimizer": config.embedding_optimizer, "model": shape}  # fmt: skip
-    return (
-        f"{cpu_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
-        f"{json.dumps(step, sort_keys=True)}"
-    )
+    return f"{machine_key()} | {json.dumps(step, sort_keys=True)}"
 
 
 def probe_config(config: TrainingConfig) -> TrainingConfig:
@@ -76,48 +71,35 @@ def measure_step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict
         torch.randn(rows, model_config.dense_in_features, generator=generator),
         torch.stack([torch.randint(0, size, (rows,), generator=generator) for size in small.table_sizes], dim=1),
     )
-    steps = {}
-    for precision in PRECISIONS:
-        settings = dataclasses.replace(probe_config(config), precision=precision)
-        with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # the run's random state as it was (the weights, dropout's draws)
+        steps = {}
+        for precision in PRECISIONS:
+            settings = dataclasses.replace(probe_config(config), precision=precision)
             torch.manual_seed(0)
             steps[precision] = TrainStep(SingleProcess.build(small, settings, torch.device("cpu")), settings)
-        for _ in range(PROBE_WARMUP_STEPS):
-            steps[precision](batch, 0, 1)
-    # Rounds that alternate the precisions, each precision's best kept: a busy moment of the machine (or bf16's
-    # kernels still being prepared) lowers one round, not the choice.
-    rates = dict.fromkeys(PRECISIONS, 0.0)
-    for _ in range(PROBE_ROUNDS):
-        for precision, step in steps.items():
-            count, start = 0, time.perf_counter()
-            while count < PROBE_MIN_STEPS or time.perf_counter() - start < PROBE_SECONDS / PROBE_ROUNDS:
-                step(batch, 0, 1)
-                count += 1
-            rates[precision] = max(rates[precision], count * rows / (time.perf_counter() - start))
+            for _ in range(PROBE_WARMUP_STEPS):
+                steps[precision](batch, 0, 1)
+        # Rounds that alternate the precisions, each precision's best kept: a busy moment of the machine (or
+        # bf16's kernels still being prepared) lowers one round, not the choice.
+        rates = dict.fromkeys(PRECISIONS, 0.0)
+        for _ in range(PROBE_ROUNDS):
+            for precision, step in steps.items():
+                count, start = 0, time.perf_counter()
+                while count < PROBE_MIN_STEPS or time.perf_counter() - start < PROBE_SECONDS / PROBE_ROUNDS:
+                    step(batch, 0, 1)
+                    count += 1
+                rates[precision] = max(rates[precision], count * rows / (time.perf_counter() - start))
     return rates
 
 
 def step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict[str, float]:
     """``measure_step_rates``, kept in ``STEP_CACHE`` for the next runs of the same step on this CPU."""
-    key = step_key(model_config, config)
-    try:
-        cached = json.loads(STEP_CACHE.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    cached = cached if isinstance(cached, dict) else {}
-    kept = cached.get(key)
-    if isinstance(kept, dict) and all(isinstance(kept.get(p), float) and kept[p] > 0 for p in PRECISIONS):
-        return {p: kept[p] for p in PRECISIONS}
-    rates = measure_step_rates(model_config, config)
-    try:
-        write_bytes_atomically(STEP_CACHE, json.dumps({**cached, key: rates}, indent=1).encode())
-    except OSError as error:
-        logger.warning(
-            "precision: auto timed this run's step but could not keep the rates in {} ({}): they are measured "
-            "again at every run until it can be written (or set training.precision to fp32 or bf16).",
-            STEP_CACHE, error.strerror or error,
-        )  # fmt: skip
-    return rates
+    return cached_rates(
+        STEP_CACHE,
+        step_key(model_config, config),
+        lambda: measure_step_rates(model_config, config),
+        "this run's step rates",
+    )
 
 
 def choose_precision(
