@@ -3,6 +3,7 @@
 from criteo_dlrm.hooks import project_hooks
 from criteo_dlrm.log_filters import quiet_on_import
 from criteo_dlrm.logs import ConsoleSession
+from criteo_dlrm.tracking.deferred_hook import DeferredMlflowHook
 from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 
 # Sessions that filter the warnings no user can act on and print one line per log record from their first
@@ -10,18 +11,19 @@ from criteo_dlrm.tracking.hooks import TrackingHooks, tracking_enabled
 SESSION_CLASS = ConsoleSession
 
 # Experiment tracking (kedro-mlflow, conf/base/mlflow.yml) is on unless CRITEO_DLRM_TRACKING=off: then neither
-# kedro-mlflow's hook nor ours runs, and MLflow is never imported.
+# kedro-mlflow's hook nor ours runs, and MLflow is never imported. kedro-mlflow's hook is registered here, last (so
+# it is called first, as its entry point's would be), in its deferred form: MLflow is imported when a pipeline
+# starts, not by every command that makes a session (``kedro catalog``, ``kedro viz``).
 _tracking = TrackingHooks()  # also resolves ${project_path:} in mlflow.yml (tracking on or off)
 if tracking_enabled():
-    HOOKS = (*project_hooks(), _tracking)
+    HOOKS = (*project_hooks(), _tracking, DeferredMlflowHook(enabled=True))
     # kedro-mlflow's pyfunc class makes MLflow warn when it is first imported (log_filters). A process that reads
-    # these settings but is no session of ours (kedro viz's server, a plain KedroSession) reads them before it loads
-    # the plugins' hooks, which import it: from here on it is imported quietly, when it is (a command that starts no
-    # session, kedro --help, never imports MLflow).
+    # these settings but is no session of ours (kedro viz's server, a plain KedroSession) reads them before it
+    # starts a run, which imports it: from here on it is imported quietly, when it is (a command that starts no
+    # run, kedro --help, never imports MLflow).
     quiet_on_import("kedro_mlflow.mlflow.kedro_pipeline_model")
 else:
-    HOOKS = project_hooks()
-    DISABLE_HOOKS_FOR_PLUGINS = ("kedro-mlflow", "kedro_mlflow")  # its names on PyPI and in its wheel
+    HOOKS = (*project_hooks(), DeferredMlflowHook(enabled=False))  # holds kedro-mlflow's entry point unloaded
 
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
