@@ -172,8 +172,9 @@ def main() -> None:
     parser = Arguments(__doc__, SMALLEST)
     parser.add_argument("--table-gb", type=float, nargs="+", default=[0.25, 1.0, 4.0])
     parser.add_argument("--metric-rows", type=int, nargs="+", default=[10_000_000, 89_137_319])
-    parser.add_argument("--runs", nargs="+", default=["torch:1", "torch:2", "torchrec:1", "torchrec:2"],
-                        help="backend:processes (default: both backends in 1 and 2 processes)")  # fmt: skip
+    parser.add_argument("--runs", nargs="*", default=["torch:1", "torch:2", "torchrec:1", "torchrec:2"],
+                        help="backend:processes (default: both backends in 1 and 2 processes; none given: only the "
+                        "metrics)")  # fmt: skip
     parser.add_argument("--max-replica-gb", type=float, default=8.0,
                         help="skip the torch backend's 2-process runs over this many GB of tables + state per "
                         "process (each holds a replica)")  # fmt: skip
@@ -187,30 +188,33 @@ def main() -> None:
         print(json.dumps(child(args.child, Path(args.folder), args.backend, args.rank, args.world)))
         return
     describe_machine()
-    print("Per process (the largest of the processes): tables, tables + optimiser state (torch: SparseAdam, a")
-    print("replica in each process; TorchRec: row-wise Adagrad, its own tables), peak memory over the process's")
-    print("memory before the model, and the in-progress checkpoint's write and resume seconds per GB the process")
-    print("wrote (torch: rank 0 writes the one file; TorchRec: each process its own shards).\n")
-    table = Table("backend", "processes", "tables GB", "tables + state GB", "peak over base GB", "peak / state",
-                  "write s/GB", "resume s/GB")  # fmt: skip
-    for run in args.runs:
-        backend, processes = run.split(":")[0], int(run.split(":")[1])
-        if backend == "torchrec" and importlib.util.find_spec("torchrec") is None:
-            table.row(backend, processes, "not run: the torchrec extra is not installed (docs/torchrec.md)", *[""] * 5)
-            continue
-        for gb in args.table_gb:
-            if backend == "torch" and processes > 1 and 3 * gb > args.max_replica_gb:
+    if args.runs:
+        print("Per process (the largest of the processes): tables, tables + optimiser state (torch: SparseAdam, a")
+        print("replica in each process; TorchRec: row-wise Adagrad, its own tables), peak memory over the process's")
+        print("memory before the model, and the in-progress checkpoint's write and resume seconds per GB the process")
+        print("wrote (torch: rank 0 writes the one file; TorchRec: each process its own shards).\n")
+        table = Table("backend", "processes", "tables GB", "tables + state GB", "peak over base GB", "peak / state",
+                      "write s/GB", "resume s/GB")  # fmt: skip
+        for run in args.runs:
+            backend, processes = run.split(":")[0], int(run.split(":")[1])
+            if backend == "torchrec" and importlib.util.find_spec("torchrec") is None:
+                table.row(
+                    backend, processes, "not run: the torchrec extra is not installed (docs/torchrec.md)", *[""] * 5
+                )
                 continue
-            ranks = run_children(gb, backend, processes)
-            grown = max((m["peak"] - m["base"]) / 1e9 for m in ranks)
-            state = max(m["state"] for m in ranks) / 1e9
-            writers = [m for m in ranks if m["written"]]
-            write = max(m["write_s"] / (m["written"] / 1e9) for m in writers)
-            resume = max(m["resume_s"] / (m["written"] / 1e9) for m in writers)
-            tables = max(m["tables"] for m in ranks) / 1e9
-            table.row(backend, processes, f"{tables:.2f}", f"{state:.2f}", f"{grown:.2f}", f"{grown / state:.2f}",
-                      f"{write:.2f}", f"{resume:.2f}")  # fmt: skip
-    print()
+            for gb in args.table_gb:
+                if backend == "torch" and processes > 1 and 3 * gb > args.max_replica_gb:
+                    continue
+                ranks = run_children(gb, backend, processes)
+                grown = max((m["peak"] - m["base"]) / 1e9 for m in ranks)
+                state = max(m["state"] for m in ranks) / 1e9
+                writers = [m for m in ranks if m["written"]]
+                write = max(m["write_s"] / (m["written"] / 1e9) for m in writers)
+                resume = max(m["resume_s"] / (m["written"] / 1e9) for m in writers)
+                tables = max(m["tables"] for m in ranks) / 1e9
+                table.row(backend, processes, f"{tables:.2f}", f"{state:.2f}", f"{grown:.2f}", f"{grown / state:.2f}",
+                          f"{write:.2f}", f"{resume:.2f}")  # fmt: skip
+        print()
     table = Table("rows", "numpy sort of the float32 scores s", "exact metrics s", "rows/s", "ratio to the sort",
                   align="rrrrr")  # fmt: skip
     for rows in args.metric_rows:

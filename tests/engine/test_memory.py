@@ -145,14 +145,15 @@ def _in_group(limit: int, project: Path, *args: str) -> subprocess.CompletedProc
 @pytest.mark.skipif(os.geteuid() != 0 or _own_v1_group() is None, reason="needs root and cgroup v1's memory")
 def test_inside_a_memory_cgroup_a_run_counted_too_large_is_refused_before_any_work_and_its_fix_trains(tmp_path):
     """The modulus-hashed tables (1.0 GB with SparseAdam's state) and what training holds besides are counted
-    2.1 GB: refused in a 1.9 GB group before ingestion. The run itself needs 1.6-1.75 GB (killed by the kernel in
+    2.0-2.1 GB: refused in a 1.9 GB group before ingestion. The run itself needs 1.6-1.75 GB (killed by the kernel in
     a 1.6 GB group, completed in 1.75 GB: AMD EPYC, 2 cores), so the command the message suggests (the user's own,
     with ``training.memory_check=false`` merged in) trains in the same group."""
     project = copy_project(tmp_path / "project")
     params = "--params=metadata.use_modulus_hash=true,metadata.modulus_hash_size=100000,training.max_steps=20"
     refused = _in_group(1_900_000_000, project, params)
     assert refused.returncode != 0
-    assert "need 2.1 GB in all (this process now" in refused.stderr
+    counted = re.search(r"need (\d+\.\d) GB in all \(this process now", refused.stderr)
+    assert counted and 1.9 < float(counted[1]) < 2.3, refused.stderr[-3000:]  # 2.0-2.1: this process's own weight
     assert "more than the memory cgroup" in refused.stderr and "criteo_dlrm_test_" in refused.stderr
     assert not (project / "data/02_intermediate").exists() or not any((project / "data/02_intermediate").iterdir())
     suggested = re.search(r"`kedro run (--params=[^`]+)` trains anyway", refused.stderr)

@@ -123,27 +123,42 @@ def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     return _sums(labels, probabilities)[0] / len(labels)
 
 
-# Rows per piece of the one pass over the predictions: its float64 temporaries stay in the CPU's cache instead
-# of costing a page fault per 4 KB of a new array the size of the validation set (measured: 5x the arithmetic).
+# Rows per piece of the one pass over the predictions: its temporaries stay in the CPU's cache instead of costing
+# a page fault per 4 KB of a new array the size of the validation set (measured: 5x the arithmetic).
 _PIECE = 1 << 18
+# The log loss's clip (probabilities in [1e-7, 1 - 1e-7]) applied to the logarithms instead: the same bounds
+# (log is increasing), exact in float64 whatever the scores' dtype.
+_LOG_LOW, _LOG_HIGH = float(np.log(EPSILON)), float(np.log1p(-EPSILON))
 
 
 def _sums(labels: np.ndarray, probabilities: np.ndarray, keys: np.ndarray | None = None) -> tuple[float, float, int]:
-    """(summed log loss, summed probability, rows right at 0.5), in float64, one pass in cache-sized pieces;
-    ``keys``: filled with the AUC's sort keys in the same pass (``_write_keys``)."""
+    """(summed log loss, summed probability, rows right at 0.5) of float32 or float64 probabilities, summed in
+    float64, one pass in cache-sized pieces; ``keys``: filled with the AUC's sort keys in the same pass
+    (``_write_keys``).
+
+    Each row's logarithm is taken in the scores' own dtype (float32 ones are never widened: 2.5x faster), of what
+    the row's label makes exact: ``log1p(-p)`` for every row (no ``1 - p`` rounded first: at a 3% click rate most
+    rows' losses are that small number), then, for the clicked rows only, ``log(p) - log1p(-p)``. Each is within
+    an ulp or two of its dtype, so the mean is within float32 rounding of float64's on float32 scores.
+    """
     loss = total = 0.0
     right = 0
+    work = np.empty(min(_PIECE, len(labels)), probabilities.dtype)
     for begin in range(0, len(labels), _PIECE):
-        clicked = labels[begin : begin + _PIECE]
+        clicked, p = labels[begin : begin + _PIECE], probabilities[begin : begin + _PIECE]
         if keys is not None:
-            _write_keys(clicked, probabilities[begin : begin + _PIECE], keys[begin : begin + _PIECE])
-        p = probabilities[begin : begin + _PIECE].astype(np.float64)
-        total += float(p.sum())
+            _write_keys(clicked, p, keys[begin : begin + _PIECE])
+        total += float(p.sum(dtype=np.float64))
         right += int(np.count_nonzero((p >= 0.5) == clicked))
-        np.clip(p, EPSILON, 1 - EPSILON, out=p)
-        # One logarithm a row, of the probability given to what happened (1 - p is exact enough in float64: its
-        # error, 1e-16 of 1, is far below the clip).
-        loss -= float(np.log(np.where(clicked, p, 1 - p)).sum())
+        missed = work[: len(p)]  # log(1 - p): each row's loss were it not clicked
+        np.negative(p, out=missed)
+        with np.errstate(divide="ignore"):  # log(0) = -inf, clipped to log(1e-7) like a probability of 0
+            np.log1p(missed, out=missed)
+            rows = np.flatnonzero(clicked)
+            hit = np.log(p[rows])
+        np.clip(missed, _LOG_LOW, _LOG_HIGH, out=missed)
+        np.clip(hit, _LOG_LOW, _LOG_HIGH, out=hit)
+        loss -= float(missed.sum(dtype=np.float64)) + float(hit.sum(dtype=np.float64) - missed[rows].sum(dtype=np.float64))
     return loss, total, right
 
 
@@ -178,21 +193,25 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
 
 
 def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> dict[str, float]:
-    """``binary_metrics`` computed on the tensors' device (a GPU's scores stay there): the same figures within
-    float64 rounding (sums in another order)."""
+    """``binary_metrics`` computed on the tensors' device (a GPU's scores stay there), by the same steps as
+    ``_sums`` (logarithms in the scores' dtype, sums in float64): the same figures within the dtype's rounding
+    (another library's logarithms, sums in another order)."""
     labels, p = labels.reshape(-1).bool(), probabilities.reshape(-1)
     auc = roc_auc_torch(labels, p)  # checks rows, finiteness and both classes first
     rows = len(labels)
     ctr = int(labels.sum()) / rows
-    # Summed on the device in pieces (float64 temporaries of a piece, not of the whole set: 8 bytes a row each),
-    # read back once.
+    if p.dtype not in (torch.float32, torch.float64):
+        p = p.float()  # bf16 or fp16 scores: their logarithms in float32 (as numpy's of float16 in float64)
+    # Summed on the device in pieces (temporaries of a piece, not of the whole set), read back once; the clicked
+    # rows picked by a mask, not by indexing (which would wait for the device to count them).
     sums = torch.zeros(3, dtype=torch.float64, device=p.device)  # log loss, probability, right at 0.5
     for begin in range(0, rows, _DEVICE_PIECE):
-        clicked, wide = labels[begin : begin + _DEVICE_PIECE], p[begin : begin + _DEVICE_PIECE].double()
-        clipped = wide.clamp(EPSILON, 1 - EPSILON)
-        sums[0] -= torch.where(clicked, clipped, 1 - clipped).log().sum()
-        sums[1] += wide.sum()
-        sums[2] += ((wide >= 0.5) == clicked).sum()
+        clicked, piece = labels[begin : begin + _DEVICE_PIECE], p[begin : begin + _DEVICE_PIECE]
+        missed = torch.log1p(-piece).clamp_(_LOG_LOW, _LOG_HIGH)
+        hit = torch.log(piece).clamp_(_LOG_LOW, _LOG_HIGH)
+        sums[0] -= missed.sum(dtype=torch.float64) + torch.where(clicked, hit - missed, 0).sum(dtype=torch.float64)
+        sums[1] += piece.sum(dtype=torch.float64)
+        sums[2] += ((piece >= 0.5) == clicked).sum()
     loss_sum, total, right = sums.tolist()
     loss = loss_sum / rows
     return {
@@ -206,7 +225,7 @@ def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> d
     }
 
 
-# Rows per piece of ``binary_metrics_torch``'s sums: 32 MB of float64 temporaries, long enough for a GPU's kernels.
+# Rows per piece of ``binary_metrics_torch``'s sums: 16-32 MB temporaries, long enough for a GPU's kernels.
 _DEVICE_PIECE = 1 << 22
 
 
