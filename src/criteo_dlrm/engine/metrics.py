@@ -158,7 +158,9 @@ def _sums(labels: np.ndarray, probabilities: np.ndarray, keys: np.ndarray | None
             hit = np.log(p[rows])
         np.clip(missed, _LOG_LOW, _LOG_HIGH, out=missed)
         np.clip(hit, _LOG_LOW, _LOG_HIGH, out=hit)
-        loss -= float(missed.sum(dtype=np.float64)) + float(hit.sum(dtype=np.float64) - missed[rows].sum(dtype=np.float64))
+        loss -= float(missed.sum(dtype=np.float64)) + float(
+            hit.sum(dtype=np.float64) - missed[rows].sum(dtype=np.float64)
+        )
     return loss, total, right
 
 
