@@ -257,7 +257,8 @@ def two_processes_over_gloo(device, arrays) -> tuple[bool, str]:
 
 
 def exact_metrics_on_device(device, arrays) -> tuple[bool, str]:
-    """Exact AUC and log loss on the device's tensors equal numpy's; rows/s on 20M rows."""
+    """Exact AUC on the device's tensors equals numpy's, and the log loss within float32 rounding; rows/s on 20M
+    rows."""
     rng = np.random.default_rng(0)
     rows = 20_000_000 if device.type == "cuda" else 2_000_000
     labels = rng.random(rows) < 0.03
@@ -270,8 +271,11 @@ def exact_metrics_on_device(device, arrays) -> tuple[bool, str]:
     started = time.perf_counter()
     found = binary_metrics_torch(on_device_labels, on_device_scores)
     seconds = time.perf_counter() - started
-    gap = max(abs(found[k] - expected[k]) for k in ("auc", "log_loss"))
-    return gap < 1e-9, f"|difference| from numpy {gap:.1e}; {rows / seconds / 1e6:,.0f}M rows/s"
+    # The AUC counts pairs: exact. Each row's logarithm is taken in float32 by either library: within its rounding.
+    auc_gap, loss_gap = abs(found["auc"] - expected["auc"]), abs(found["log_loss"] / expected["log_loss"] - 1)
+    return auc_gap < 1e-12 and loss_gap < 1e-6, (
+        f"AUC |difference| from numpy {auc_gap:.1e}, log loss relative {loss_gap:.1e}; {rows / seconds / 1e6:,.0f}M rows/s"
+    )
 
 
 def loader_against_step(device, arrays) -> tuple[bool, str]:
