@@ -2,14 +2,17 @@
 
 Generates N rows of Criteo-format data, converts them both ways in separate processes (so each
 reports its own peak RSS), and prints rows/s, peak memory and the ratio. Ours is also run on 4N rows
-to show that its peak memory does not grow with the file.
+to show that its peak memory does not grow with the file, and its phases are timed alone on that file, each
+against pyarrow's own CSV reader of the same file (the reading limit). ``--gzip``: the days as ``.gz``, as
+Criteo's are.
 
-    python -m benchmarks.ingestion --rows 1000000
+    python -m benchmarks.ingestion --rows 1000000 --gzip
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import tempfile
@@ -19,11 +22,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from benchmarks.harness import Arguments, Table, child_command
+from benchmarks.harness import Arguments, Table, child_command, describe_machine
 from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from criteo_dlrm.data.parquet import WRITE_OPTIONS
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.raw.convert import ROW_GROUP_ROWS, TRAINING_LAYOUT
+from criteo_dlrm.data.raw.files import open_raw
+from criteo_dlrm.data.raw.parsing import parse_batch
+from criteo_dlrm.data.raw.reader import LineTracker, csv_reader
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
@@ -75,8 +84,61 @@ def measure(method: str, source: Path, folder: Path) -> dict:
     return json.loads(output.strip().splitlines()[-1])
 
 
+# The converter's block of text (ingestion.block_size_mb's default).
+BLOCK = 4 << 20
+
+
+def phases(source: Path, folder: Path) -> None:
+    """Each phase of converting ``source`` timed alone, wall and CPU seconds (the converter overlaps reading,
+    parsing and writing in three threads: its wall time is at least the CPU total over the cores)."""
+    table = Table("phase", "wall s", "CPU s", align="lrr")
+
+    def timed(name: str, work):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = work()
+        table.row(name, f"{time.perf_counter() - wall:.2f}", f"{time.process_time() - cpu:.2f}")
+        return result
+
+    def decompress() -> None:
+        with open_raw(source)[1] as stream:
+            while stream.read(BLOCK):
+                pass
+
+    def split() -> list[pa.RecordBatch]:
+        with open_raw(source)[1] as stream:
+            return list(csv_reader(stream, BLOCK, LineTracker(), TRAINING_LAYOUT.raw_columns))
+
+    def arrow_typed() -> None:
+        with open_raw(source)[1] as stream:
+            options = pa_csv.ReadOptions(column_names=TRAINING_LAYOUT.raw_columns, block_size=BLOCK, use_threads=False)
+            pa_csv.read_csv(stream, read_options=options, parse_options=pa_csv.ParseOptions(delimiter="\t"))
+
+    def write(typed: pa.Table) -> Path:
+        path = folder / "phases.parquet"
+        pq.write_table(typed, path, row_group_size=ROW_GROUP_ROWS, **WRITE_OPTIONS)
+        return path
+
+    def fsync(path: Path) -> None:
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+    timed("read: decompress only" if source.name.endswith(".gz") else "read only", decompress)
+    batches = timed("read and split into 40 byte columns (ours)", split)
+    timed("limit: pyarrow's read_csv typing the file itself, one thread", arrow_typed)
+    typed = timed("parse: validate and type (parse_batch)", lambda: pa.Table.from_batches(
+        [parse_batch(batch)[0] for batch in batches]))  # fmt: skip
+    batches.clear()  # the blocks of text given back before the write
+    written = timed("write: Parquet with page checksums", lambda: write(typed))
+    timed("fsync", lambda: fsync(written))
+    timed("the whole conversion (convert_day: its threads overlap)", lambda: convert_day(
+        source, folder / "whole.parquet", progress=False))  # fmt: skip
+
+
 # What the tests run (--smallest): this benchmark at its smallest sizes.
-SMALLEST = ["--rows", "10000"]
+SMALLEST = ["--rows", "10000", "--gzip"]
 
 
 def main() -> None:
@@ -85,6 +147,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=["ours", "predecessor"])
     parser.add_argument("--source", type=Path)
     parser.add_argument("--destination", type=Path)
+    parser.add_argument("--gzip", action="store_true", help="the generated days as .gz files")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.source, args.destination)
@@ -93,7 +156,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model = ClickModel(seed=0)
-        large, huge = folder / "day_0", folder / "day_1"
+        suffix = ".gz" if args.gzip else ""
+        large, huge = folder / f"day_0{suffix}", folder / f"day_1{suffix}"
         write_day(large, args.rows, day=0, model=model)
         results = {
             f"ours, {args.rows:,} rows": measure("ours", large, folder),
@@ -103,15 +167,22 @@ def main() -> None:
         large.unlink()
         write_day(huge, 4 * args.rows, day=1, model=model)
         results[f"ours, {4 * args.rows:,} rows"] = measure("ours", huge, folder)
-    print(f"\nIngestion of {args.rows:,} rows of plain Criteo TSV ({size_mb:,.0f} MB)\n")
-    table = Table("method", "rows/s", "seconds", "peak RSS (MB)")
-    for name, result in results.items():
-        table.row(
-            name, f"{result['rows'] / result['seconds']:,.0f}", f"{result['seconds']:.1f}", f"{result['peak_mb']:,.0f}"
-        )
-    ours, predecessor = results[f"ours, {args.rows:,} rows"], results[f"predecessor, {args.rows:,} rows"]
-    ratio = (ours["rows"] / ours["seconds"]) / (predecessor["rows"] / predecessor["seconds"])
-    print(f"\nspeed-up over the predecessor: {ratio:.1f}x")
+        describe_machine()
+        kind = "gzip'd" if args.gzip else "plain"
+        print(f"\nIngestion of {args.rows:,} rows of {kind} Criteo TSV ({size_mb:,.0f} MB)\n")
+        table = Table("method", "rows/s", "seconds", "peak RSS (MB)")
+        for name, result in results.items():
+            table.row(
+                name,
+                f"{result['rows'] / result['seconds']:,.0f}",
+                f"{result['seconds']:.1f}",
+                f"{result['peak_mb']:,.0f}",
+            )
+        ours, predecessor = results[f"ours, {args.rows:,} rows"], results[f"predecessor, {args.rows:,} rows"]
+        ratio = (ours["rows"] / ours["seconds"]) / (predecessor["rows"] / predecessor["seconds"])
+        print(f"\nspeed-up over the predecessor: {ratio:.1f}x")
+        print(f"\nPhases of ours on the {4 * args.rows:,}-row file, each alone:\n")
+        phases(huge, folder)
 
 
 if __name__ == "__main__":

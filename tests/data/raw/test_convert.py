@@ -159,6 +159,21 @@ def test_a_truncated_gzip_names_the_file_and_leaves_no_output(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [], "no Parquet and no partial file"
 
 
+def test_a_gzip_damaged_inside_names_the_file_and_leaves_no_output(tmp_path):
+    """Bytes flipped in the middle of a .gz (its deflate blocks broken, not cut short): refused as damaged."""
+    source = tmp_path / "day_0.gz"
+    write_day(source, 20_000, day=0, model=ClickModel(seed=3))
+    data = bytearray(source.read_bytes())
+    for at in range(len(data) // 4, 3 * len(data) // 4, 1000):  # an invalid deflate block (not only a bad CRC)
+        data[at] ^= 0xFF
+    source.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    with pytest.raises(IngestionError) as error:
+        convert_day(source, out / "day_0.parquet", block_size=64 << 10)
+    assert str(source) in str(error.value) and "fetch it again" in str(error.value)
+    assert sorted(p.name for p in out.iterdir()) == [], "no Parquet and no partial file"
+
+
 def test_unlabelled_rows_keep_their_line_numbers_past_bad_lines(tmp_path):
     from criteo_dlrm.common.schema import FEATURE_COLUMNS, RawLayout
     from criteo_dlrm.data.raw import is_labelled

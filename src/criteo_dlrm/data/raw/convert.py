@@ -35,7 +35,7 @@ from criteo_dlrm.common.storage import (
 )
 from criteo_dlrm.data.lineage import content_sample, source_metadata
 from criteo_dlrm.data.parquet import WRITE_OPTIONS, fingerprint_path, seal_day
-from criteo_dlrm.data.raw.files import day_name, open_raw
+from criteo_dlrm.data.raw.files import RAW_READ_ERRORS, day_name, open_raw
 from criteo_dlrm.data.raw.parsing import parse_batch
 from criteo_dlrm.data.raw.reader import LineTracker, csv_reader
 from criteo_dlrm.data.raw.rejects import IngestionError, Reject, check_rejects, write_rejects
@@ -219,7 +219,7 @@ def _stream_day(
                 fix=fix,
             ) from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
-    except OSError as error:  # a truncated or corrupt .gz, a failing disk
+    except RAW_READ_ERRORS as error:  # a truncated or corrupt .gz, a failing disk
         raise IngestionError(
             f"{source}: reading failed after {rows_seen:,} lines ({rows:,} rows converted, {raw.tell():,} of "
             f"{source.stat().st_size:,} bytes read): {error}. The file is damaged or incomplete (an interrupted "
