@@ -28,7 +28,7 @@ class DeferredMlflowHook:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self._hook = None  # kedro-mlflow's hook, once set up
+        self._hook = None  # kedro-mlflow's hook, once set up (only ever where ``enabled``)
         self._context = None
         self._set_up = None  # the context kedro-mlflow's hook was set up with
         self._catalog_created: dict[str, Any] | None = None
@@ -68,17 +68,17 @@ class DeferredMlflowHook:
 
     @hook_impl
     def before_node_run(self, node, catalog, inputs: dict[str, Any], is_async: bool) -> None:
-        if self._hook is not None and self.enabled:
+        if self._hook is not None:  # set up: tracking is on and a run started
             self._hook.before_node_run(node=node, catalog=catalog, inputs=inputs, is_async=is_async)
 
     @hook_impl
     def after_pipeline_run(self, run_params: dict[str, Any], pipeline, catalog) -> None:
-        if self._hook is not None and self.enabled:
+        if self._hook is not None:  # set up: tracking is on and a run started
             self._hook.after_pipeline_run(run_params=run_params, pipeline=pipeline, catalog=catalog)
 
     @hook_impl
     def on_pipeline_error(self, error: Exception, run_params: dict[str, Any], pipeline, catalog) -> None:
-        if self._hook is not None and self.enabled:
+        if self._hook is not None:  # set up: tracking is on and a run started
             self._hook.on_pipeline_error(error=error, run_params=run_params, pipeline=pipeline, catalog=catalog)
 
 
