@@ -23,13 +23,70 @@ from tests.conftest import tiny_model_config, with_altered_vocabulary
 from tests.faults import refused
 
 
-def test_the_in_progress_checkpoint_carries_a_digest_of_its_content(tmp_path):
+def test_the_in_progress_checkpoint_carries_a_digest_of_what_was_written(tmp_path):
     path = tmp_path / "progress.pt"
-    save_atomically({"weights": torch.arange(100.0), "step": 7}, path)
+    weights = torch.arange(100.0)
+    save_atomically({"weights": weights, "step": 7}, path)
     assert load_checkpoint(path)["step"] == 7
+    data = path.read_bytes()
+    stored = weights.numpy().tobytes()
+    assert data.count(stored) == 1
+    edited = weights.clone()
+    edited[3] = 0.5  # a byte-level edit of a tensor: a file torch still loads, not what was written
+    path.write_bytes(data.replace(stored, edited.numpy().tobytes()))
+    assert torch.load(path, weights_only=True)["weights"][3] == 0.5
+    with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
+        load_checkpoint(path)
     state = torch.load(path, weights_only=True)
-    state["weights"][3] = 0.5  # the file is valid but not what was written
-    torch.save(state, path)
+    torch.save(state, path)  # rewritten by other means: no digest at all
+    with pytest.raises(DamagedFileError, match=f"{path} has no content digest"):
+        load_checkpoint(path)
+
+
+class _HostCopies(torch.overrides.TorchFunctionMode):
+    """Counts the calls that copy a tensor to the host or read its bytes there (on a GPU, each a copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in ("cpu", "numpy", "to", "contiguous", "tolist"):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_checkpoint_is_written_in_one_pass_its_digest_the_zip_s_comment(tmp_path):
+    import hashlib
+    import zipfile
+
+    path = tmp_path / "progress.pt"
+    state = {"tables": [torch.randn(50, 4), torch.randn(30, 4)], "step": 3, "dense": {"w": torch.ones(4, 2)}}
+    with _HostCopies() as copies:
+        save_atomically(state, path)
+    # Only torch.save's own write reads the tensors: nothing copies them first (each a second copy off a GPU).
+    assert copies.calls == []
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as archive:  # Python's own zip reader finds the digest as the archive's comment
+        assert archive.comment == hashlib.sha256(data[:-66]).hexdigest().encode()
+        assert archive.testzip() is None
+    loaded = load_checkpoint(path, mmap=True)
+    assert loaded["step"] == 3 and torch.equal(loaded["tables"][1], state["tables"][1])
+    path.write_bytes(data[:-1] + (b"0" if data[-1:] != b"0" else b"1"))  # the digest itself damaged
+    with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
+        load_checkpoint(path)
+
+
+def test_an_in_progress_checkpoint_of_format_4_with_the_content_digest_inside_still_resumes(tmp_path):
+    from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest
+
+    path = tmp_path / "progress.pt"
+    state = {"weights": torch.arange(10.0), "step": 4}
+    torch.save({**state, DIGEST_KEY: state_digest(state)}, path)  # as the project wrote it before format 5
+    loaded = load_checkpoint(path)
+    assert loaded["step"] == 4 and DIGEST_KEY not in loaded
+    torch.save({**state, "step": 5, DIGEST_KEY: state_digest(state)}, path)
     with pytest.raises(DamagedFileError, match=f"{path} is damaged"):
         load_checkpoint(path)
 
@@ -156,9 +213,19 @@ def _saved_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _edit_calibration(file: Path) -> None:
+    """Rewrite the calibration's ``a`` by other means (torch.save: no digest inside)."""
     state = torch.load(file, weights_only=True)
     state["calibration"]["a"] = 9.0
     torch.save(state, file)
+
+
+def _edit_calibration_in_place(file: Path) -> None:
+    """The calibration's ``a`` edited in the file's bytes (the pickle's float), the digest at its end kept."""
+    import struct
+
+    data = file.read_bytes()
+    assert data.count(b"G" + struct.pack(">d", 1.5)) == 1
+    file.write_bytes(data.replace(b"G" + struct.pack(">d", 1.5), b"G" + struct.pack(">d", 9.0)))
 
 
 def test_a_checkpoint_edited_and_stripped_of_its_digest_is_refused(tmp_path):
@@ -173,14 +240,12 @@ def test_a_checkpoint_rewritten_with_a_fresh_file_digest_is_refused_by_the_diges
     import hashlib
 
     file, path = _saved_checkpoint(tmp_path)
-    _edit_calibration(file)
+    _edit_calibration_in_place(file)
     Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
     assert "content is not what was written" in refused(
         TorchCheckpointDataset(str(path), version=Version(None, None)).load, file
     )
-    state = torch.load(file, weights_only=True)
-    del state["content_sha256"]  # and with the digest inside removed as well
-    torch.save(state, file)
+    _edit_calibration(file)  # and rewritten by torch.save, without the digest inside
     Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
     assert "lost the content digest" in refused(
         TorchCheckpointDataset(str(path), version=Version(None, None)).load, file

@@ -12,7 +12,7 @@ from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, link_or_
 
 from .versioned_file import VersionedFileDataset
 
-# Checkpoints of this format on carry their content digest inside (format 2 and older: the file digest only).
+# Checkpoints of this format on carry a digest inside (format 2 and older: the file digest beside it only).
 FIRST_FORMAT_WITH_DIGEST = 3
 STATE_SUFFIX = ".state"  # a sharded run's tensors: <version>/dlrm_checkpoint.state/ beside the file
 
@@ -20,8 +20,8 @@ STATE_SUFFIX = ".state"  # a sharded run's tensors: <version>/dlrm_checkpoint.st
 class TorchCheckpointDataset(VersionedFileDataset):
     """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU, after
     checking its digests (a damaged or truncated file is refused, naming it, instead of scoring garbage): the
-    file's, beside it, and the content's, inside it (``engine.checkpoint.state_digest``), so an edited checkpoint
-    is refused even when its file digest was written again. On a local filesystem the tensors are memory-mapped
+    file's, beside it, and the one inside it (``engine.checkpoint.write_checkpoint``: the file's bytes before it, at
+    its end), so an edited checkpoint is refused even when its file digest was written again. On a local filesystem the tensors are memory-mapped
     from the file, not read into memory (an optimiser state that nothing reads is never in memory).
 
     A sharded run's checkpoint (format 4, ``sharded_state``) names the folder its processes wrote with
@@ -46,9 +46,21 @@ class TorchCheckpointDataset(VersionedFileDataset):
     def load(self) -> dict[str, Any]:
         import torch
 
-        from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest, with_state_path
+        from criteo_dlrm.engine.checkpoint import content_verdict, file_verdict, with_state_path
 
         path = self._verified_path()
+
+        def verdict() -> str | None:
+            with self._fs.open(path, "rb") as handle:
+                return file_verdict(handle)
+
+        damaged = DamagedFileError(
+            f"{path} is damaged: its content is not what was written (a rewrite with a new file digest beside it is "
+            f"still found: the digest inside no longer matches). {self._fix()}"
+        )
+        checked = reading(path, verdict, self._fix())
+        if checked == "damaged":  # refused before torch reads any of it
+            raise damaged
 
         def load() -> dict[str, Any]:
             if self._protocol == "file":
@@ -59,14 +71,11 @@ class TorchCheckpointDataset(VersionedFileDataset):
         checkpoint = reading(path, load, self._fix())
         if not isinstance(checkpoint, dict):
             raise DamagedFileError(f"{path} is not a checkpoint written by this project. {self._fix()}")
-        expected = checkpoint.pop(DIGEST_KEY, None)
-        if expected is None and checkpoint.get("format", 0) >= FIRST_FORMAT_WITH_DIGEST:
+        verdict = checked or content_verdict(checkpoint)
+        if verdict == "missing" and checkpoint.get("format", 0) >= FIRST_FORMAT_WITH_DIGEST:
             raise DamagedFileError(f"{path} has lost the content digest it was written with. {self._fix()}")
-        if expected is not None and state_digest(checkpoint) != expected:
-            raise DamagedFileError(
-                f"{path} is damaged: its content is not what was written (a rewrite with a new file digest beside "
-                f"it is still found: the content digest inside no longer matches). {self._fix()}"
-            )
+        if verdict == "damaged":
+            raise damaged
         if "sharded_state" in checkpoint:
             from criteo_dlrm.engine.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
 
@@ -80,14 +89,12 @@ class TorchCheckpointDataset(VersionedFileDataset):
         return checkpoint
 
     def save(self, data: dict[str, Any]) -> None:
-        import torch
-
-        from criteo_dlrm.engine.checkpoint import DIGEST_KEY, state_digest
+        from criteo_dlrm.engine.checkpoint import write_checkpoint
 
         data = {key: value for key, value in data.items() if key != "catalog_version"}
         if "sharded_state" in data:
             data["sharded_state"] = self._store_state(data["sharded_state"])
-        self._write_atomically(lambda handle: torch.save({**data, DIGEST_KEY: state_digest(data)}, handle))
+        self._write_atomically(lambda handle: write_checkpoint(data, handle))
 
     def _store_state(self, sharded: dict[str, Any]) -> dict[str, Any]:
         """Link the state folder's files (``sharded["path"]``) into this version, as one folder that appears

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import platform
+import struct
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from importlib import metadata
@@ -18,10 +20,10 @@ import torch
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 from criteo_dlrm.engine.result import TrainingResult
 
-# 4: a sharded run's checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state``
+# 5: the digest is the file's, kept in the zip's comment at its end (``write_checkpoint``); 4: a sharded run's checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state``
 # and ``optimizer_state``; 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's
 # (dense_mlp, prediction_mlp); 1: bottom_mlp, top_mlp and flat size names.
-CHECKPOINT_FORMAT = 4
+CHECKPOINT_FORMAT = 5
 _FORMER_MODULES = {"bottom_mlp.": "dense_mlp.", "top_mlp.": "prediction_mlp."}
 
 
@@ -82,18 +84,112 @@ def state_digest(value: Any) -> str:
     return digest.hexdigest()
 
 
+# Formats 3 and 4: the content's digest (``state_digest``) inside the pickle, under this key (still read).
 DIGEST_KEY = "content_sha256"
+# Format 5 on: the sha256 of every byte of the file before the zip's comment length, as the zip archive's comment
+# (64 hex digits, the file's last bytes), computed as ``torch.save`` writes: each tensor crosses to the host once,
+# in ``torch.save`` (a content digest taken first copied every table off a GPU a second time).
+_END_RECORD, _END_RECORD_SIZE = b"PK\x05\x06", 22
+_COMMENT = 64
+_TRAILER = 2 + _COMMENT  # the comment's length, then the comment
+
+
+class _DigestTrailer(io.RawIOBase):
+    """Passes ``torch.save``'s bytes to ``handle``, hashing them on the way, but for its last two (the end
+    record's comment length, 0): ``finish`` writes those as 64 and the digest after them."""
+
+    def __init__(self, handle: io.RawIOBase | io.BufferedIOBase):
+        super().__init__()
+        self._handle, self._digest, self._held = handle, hashlib.sha256(), b""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        if len(data) >= 2:
+            self._pass(self._held)
+            self._pass(data[:-2])
+            self._held = bytes(data[-2:])
+        else:
+            joined = self._held + bytes(data)
+            self._pass(joined[:-2])
+            self._held = joined[-2:]
+        return len(data)
+
+    def _pass(self, data) -> None:
+        if len(data):
+            self._digest.update(data)
+            self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def finish(self) -> None:
+        if self._held != b"\x00\x00":  # torch.save's zip always ends in an empty comment's length
+            raise RuntimeError(f"torch.save ended in {self._held!r}, not a zip without a comment")
+        self._handle.write(struct.pack("<H", _COMMENT) + self._digest.hexdigest().encode())
+
+
+def write_checkpoint(checkpoint: dict[str, Any], handle: io.RawIOBase | io.BufferedIOBase) -> None:
+    """``torch.save`` to ``handle`` (one pass, nothing written back), its digest at the end (format 5)."""
+    trailer = _DigestTrailer(handle)
+    torch.save(checkpoint, trailer)
+    trailer.finish()
+
+
+def recorded_digest(handle: io.RawIOBase | io.BufferedIOBase) -> str | None:
+    """The digest ``write_checkpoint`` left at the end of the open file ``handle``; None for a file without one (a
+    checkpoint of format 4 or before, or a file rewritten by other means)."""
+    size = handle.seek(0, io.SEEK_END)
+    if size < _END_RECORD_SIZE + _COMMENT:
+        return None
+    handle.seek(size - _END_RECORD_SIZE - _COMMENT)
+    tail = handle.read(_END_RECORD_SIZE + _COMMENT)
+    if tail[:4] != _END_RECORD or tail[20:22] != struct.pack("<H", _COMMENT):
+        return None
+    return tail[_END_RECORD_SIZE:].decode("ascii", errors="replace")
+
+
+def file_digest(handle: io.RawIOBase | io.BufferedIOBase) -> str:
+    """The digest of the open file ``handle`` as ``write_checkpoint`` takes it (its bytes before the trailer), in
+    pieces: memory stays at one piece whatever the file's size."""
+    remaining = handle.seek(0, io.SEEK_END) - _TRAILER
+    handle.seek(0)
+    digest = hashlib.sha256()
+    while remaining > 0 and (piece := handle.read(min(remaining, 1 << 24))):
+        digest.update(piece)
+        remaining -= len(piece)
+    return digest.hexdigest()
+
+
+def file_verdict(handle: io.RawIOBase | io.BufferedIOBase) -> str | None:
+    """Whether the open checkpoint file ``handle`` is what was written, by the digest at its end (format 5 on):
+    ``"intact"`` or ``"damaged"``; None for a file without one (checked by ``content_verdict`` once loaded)."""
+    recorded = recorded_digest(handle)
+    if recorded is None:
+        return None
+    return "intact" if file_digest(handle) == recorded else "damaged"
+
+
+def content_verdict(state: dict[str, Any]) -> str:
+    """A loaded checkpoint of format 3 or 4 by the content digest inside it (popped): ``"intact"``,
+    ``"damaged"``, or ``"missing"`` when it has none."""
+    inside = state.pop(DIGEST_KEY, None)
+    if inside is None:
+        return "missing"
+    return "intact" if state_digest(state) == inside else "damaged"
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
-    """``torch.save`` through a staged file renamed into place, with the content's digest inside: a crash
-    mid-write leaves the old file intact, and damage is found when it is loaded (``load_checkpoint``)."""
+    """``torch.save`` through a staged file renamed into place, with its digest inside (``write_checkpoint``): a
+    crash mid-write leaves the old file intact, and damage is found when it is loaded (``load_checkpoint``)."""
     with atomic_file(path, what=f"the checkpoint {path}") as handle:
-        torch.save({**checkpoint, DIGEST_KEY: state_digest(checkpoint)}, handle)
+        write_checkpoint(checkpoint, handle)
 
 
 def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
-    """Load on the CPU with ``weights_only=True`` (no code runs from the file), checking the content digest
+    """Load on the CPU with ``weights_only=True`` (no code runs from the file), checking the digest
     ``save_atomically`` stored. ``mmap``: the tensors are mapped from the file, not read into memory. A file that
     names a state folder gets its ``path`` (``sharded_state_path``).
 
@@ -101,13 +197,21 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
         DamagedFileError: the file cannot be read or its content is not what was written, naming it.
     """
     fix = "It cannot be used; delete it (a rerun then starts afresh)."
+
+    def verdict() -> str | None:
+        with open(path, "rb") as handle:
+            return file_verdict(handle)
+
+    checked = reading(path, verdict, fix)
+    if checked == "damaged":
+        raise DamagedFileError(f"{path} is damaged: its content is not what was written. {fix}")
     state = reading(path, lambda: torch.load(path, map_location="cpu", weights_only=True, mmap=mmap), fix)
     if not isinstance(state, dict):
         raise DamagedFileError(f"{path} is not a checkpoint written by this project. {fix}")
-    expected = state.pop(DIGEST_KEY, None)
-    if expected is None:
+    verdict = checked or content_verdict(state)
+    if verdict == "missing":
         raise DamagedFileError(f"{path} has no content digest: it was not written by this project's save. {fix}")
-    if state_digest(state) != expected:
+    if verdict == "damaged":
         raise DamagedFileError(f"{path} is damaged: its content is not what was written. {fix}")
     return with_state_path(state, Path(path).parent)
 
