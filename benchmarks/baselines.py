@@ -13,8 +13,8 @@ from torch import nn
 from criteo_dlrm.common.schema import NUM_SPARSE
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.stored import EncodedArrays
-from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.scoring import predict
+from criteo_dlrm.engine.trained.metrics import binary_metrics
+from criteo_dlrm.engine.trained.scoring import predict
 
 HASH_BUCKETS = 1 << 22
 

@@ -4,7 +4,7 @@ sample, and the real Kaggle rows.
 
 Each world is split as ``kedro run`` splits it: training days, and a validation day whose first half
 validates (early stopping, the calibration fit) and whose second half tests (every figure here). The DLRM
-has the project's defaults (conf/base), trained by the product's recipe (``engine.recipe.run_training``).
+has the project's defaults (conf/base), trained by the product's recipe (``engine.training.recipe.run_training``).
 
     python -m benchmarks.calibration [--train-rows 1000000] [--validation-rows 1000000]
 """
@@ -27,12 +27,12 @@ from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import DayRows, count_rows
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.engine.calibration import from_state
-from criteo_dlrm.engine.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.device import Runtime
-from criteo_dlrm.engine.metrics import binary_metrics, calibration_report
-from criteo_dlrm.engine.recipe import calibrate, run_training
-from criteo_dlrm.engine.scoring import calibrated, score_days
+from criteo_dlrm.engine.trained.calibration import from_state
+from criteo_dlrm.engine.trained.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.trained.metrics import binary_metrics, calibration_report
+from criteo_dlrm.engine.trained.scoring import calibrated, score_days
+from criteo_dlrm.engine.training.recipe import calibrate, run_training
 
 REAL_DATA = ROOT.parent / "shared" / "data" / "criteo_real"
 CPU = torch.device("cpu")

@@ -36,9 +36,9 @@ from benchmarks.harness import Arguments, Table, describe_machine
 from benchmarks.training import CONFIGURATIONS, spec_batch, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.stored import open_encoded, write_encoded
-from criteo_dlrm.engine.distributed import launch_config
-from criteo_dlrm.engine.modes import DataParallel, mode_class
-from criteo_dlrm.engine.step import TrainStep
+from criteo_dlrm.engine.parallel.modes import DataParallel, mode_class
+from criteo_dlrm.engine.training.distributed import launch_config
+from criteo_dlrm.engine.training.step import TrainStep
 from criteo_dlrm.models import DLRM
 
 
@@ -65,7 +65,7 @@ class WithoutExchange(DataParallel):
 
 
 def seconds_per_step(step: TrainStep, batches: Iterator[Batch], steps: int) -> float:
-    """The project's training step (``engine.step.TrainStep``) timed over ``steps`` steps after 3 warm-up
+    """The project's training step (``engine.training.step.TrainStep``) timed over ``steps`` steps after 3 warm-up
     steps, every process in step."""
     cuda = step.mode.device.type == "cuda"
     for _ in range(3):

@@ -22,7 +22,7 @@ export PYTHONPATH="src:.:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 TQDM_DISABLE=1
   timeout 240 python3 -m benchmarks.gpu_smoke --quick; echo "rc $?"
   echo "== pytest -m gpu"
   timeout 60 python3 -m pytest -q -m gpu -o addopts="" -p no:cacheprovider \
-    tests/engine/test_device.py tests/engine/test_metrics.py tests/engine/test_loop.py; echo "rc $?"
+    tests/engine/test_device.py tests/engine/trained/test_metrics.py tests/engine/training/test_loop.py; echo "rc $?"
   echo "== python -m benchmarks.gpu --batches 8192 65536 --steps 200 --rows 2000000 --compile-mode default"
   timeout 150 python3 -m benchmarks.gpu --batches 8192 65536 --steps 200 --rows 2000000 --compile-mode default
   echo "rc $?"

@@ -31,12 +31,12 @@ from benchmarks.training import synthetic_arrays
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch, BatchLoader, Prefetcher
 from criteo_dlrm.engine.device import configure_backends
-from criteo_dlrm.engine.group import gather_rows_to_main
-from criteo_dlrm.engine.loop import Trainer
-from criteo_dlrm.engine.metrics import binary_metrics, binary_metrics_torch
-from criteo_dlrm.engine.modes import build_mode
-from criteo_dlrm.engine.optimizers import build_optimizers
-from criteo_dlrm.engine.step import TrainStep
+from criteo_dlrm.engine.parallel.group import gather_rows_to_main
+from criteo_dlrm.engine.parallel.modes import build_mode
+from criteo_dlrm.engine.parallel.optimizers import build_optimizers
+from criteo_dlrm.engine.trained.metrics import binary_metrics, binary_metrics_torch
+from criteo_dlrm.engine.training.loop import Trainer
+from criteo_dlrm.engine.training.step import TrainStep
 
 TABLES = [1000 + 37 * f for f in range(26)]
 MODEL = {
@@ -317,7 +317,7 @@ def torchrec_on_device(device, arrays) -> tuple[bool, str] | str:
     FBGEMM built for the device)."""
     if importlib.util.find_spec("torchrec") is None or importlib.util.find_spec("fbgemm_gpu") is None:
         return "TorchRec or FBGEMM is not installed here"
-    from criteo_dlrm.engine.modes import Sharded
+    from criteo_dlrm.engine.parallel.modes import Sharded
 
     settings = config(embedding_backend="torchrec", embedding_optimizer="rowwise_adagrad", num_epochs=1,
                       max_steps=10, validate_every_steps=5)  # fmt: skip

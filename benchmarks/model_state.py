@@ -30,10 +30,10 @@ from benchmarks.harness import Arguments, Table, child_command, describe_machine
 from benchmarks.training import synthetic_arrays
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.loop import Trainer
 from criteo_dlrm.engine.memory import embedding_bytes
-from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.modes import build_mode
+from criteo_dlrm.engine.parallel.modes import build_mode
+from criteo_dlrm.engine.trained.metrics import binary_metrics
+from criteo_dlrm.engine.training.loop import Trainer
 
 DIM = 32
 

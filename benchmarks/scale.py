@@ -246,8 +246,8 @@ def pipeline(data: Path, rows: int, steps: int) -> dict:
     from criteo_dlrm.data.raw import convert_days
     from criteo_dlrm.data.stored import open_encoded
     from criteo_dlrm.data.synthetic import ClickModel, write_day
-    from criteo_dlrm.engine.modes import build_mode
-    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.engine.parallel.modes import build_mode
+    from criteo_dlrm.engine.training.step import TrainStep
 
     days = 4
     raw = data / "raw"

@@ -28,10 +28,10 @@ from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.parquet import iter_batches
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.engine import scoring
-from criteo_dlrm.engine.calibration import Identity
-from criteo_dlrm.engine.export import export_onnx
-from criteo_dlrm.engine.scoring import score_days, write_predictions
+from criteo_dlrm.engine.trained import scoring
+from criteo_dlrm.engine.trained.calibration import Identity
+from criteo_dlrm.engine.trained.export import export_onnx
+from criteo_dlrm.engine.trained.scoring import score_days, write_predictions
 from criteo_dlrm.models import DLRM
 
 # What the tests run (--smallest): this benchmark at its smallest sizes.

@@ -34,10 +34,10 @@ from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.stored import open_encoded, write_encoded
-from criteo_dlrm.engine.distributed import launch_config
 from criteo_dlrm.engine.memory import check_replicated_memory
-from criteo_dlrm.engine.modes import build_mode
-from criteo_dlrm.engine.step import TrainStep
+from criteo_dlrm.engine.parallel.modes import build_mode
+from criteo_dlrm.engine.training.distributed import launch_config
+from criteo_dlrm.engine.training.step import TrainStep
 
 OPTIMIZERS = {"torch": "sparse_adam", "torchrec": "rowwise_adagrad"}
 

@@ -20,8 +20,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from benchmarks.harness import Arguments, Table, describe_machine
 from benchmarks.training import CONFIGURATIONS, flops_per_sample, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.modes import mode_class
-from criteo_dlrm.engine.step import TrainStep
+from criteo_dlrm.engine.parallel.modes import mode_class
+from criteo_dlrm.engine.training.step import TrainStep
 from criteo_dlrm.models import DLRM
 
 SPEC = CONFIGURATIONS["kaggle-like"]

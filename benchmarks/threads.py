@@ -39,8 +39,8 @@ def measure(threads: str, steps: int) -> float:
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.engine.device import configure_backends
-    from criteo_dlrm.engine.modes import build_mode
-    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.engine.parallel.modes import build_mode
+    from criteo_dlrm.engine.training.step import TrainStep
 
     config = TrainingConfig()
     count = {"all": os.cpu_count(), "1": 1, "default": None}[threads]

@@ -187,7 +187,7 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
     import signal
     import time
 
-    from tests.engine.test_distributed import _saved_step
+    from tests.engine.training.test_distributed import _saved_step
 
     project = copy_project(tmp_path / "project")
     params = ("--params=training.num_epochs=100,training.max_steps=1500,training.checkpoint_every_steps=20,"
@@ -315,7 +315,7 @@ def test_kill_9_of_kedro_run_as_it_starts_its_training_processes_ends_them_at_on
                 command = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"criteo_dlrm.engine.distributed" in command or b"spawn_main" in command:
+            if b"criteo_dlrm.engine.training.distributed" in command or b"spawn_main" in command:
                 found.append(pid)
         return found
 

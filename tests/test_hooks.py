@@ -56,7 +56,7 @@ def test_a_node_s_versions_are_incomplete_until_every_output_is_stored_and_an_un
 
 def test_the_in_progress_checkpoint_goes_only_once_every_output_of_training_is_stored(monkeypatch):
     finished = []
-    from criteo_dlrm.engine import recipe
+    from criteo_dlrm.engine.training import recipe
 
     monkeypatch.setattr(recipe, "finish_run", finished.append)  # imported by the hook when it runs
     training = node(_two_outputs, ["a", "b"], ["dlrm_checkpoint", "training_summary"], name="train_dlrm")

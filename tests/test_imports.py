@@ -36,6 +36,38 @@ def test_a_lower_part_never_imports_or_names_a_higher_one(part):
         assert not upward, f"{path.relative_to(PROJECT_ROOT)} reaches up to {sorted(upward)}"
 
 
+# engine's rooms, lowest first: a room imports (or names) only the rooms below it and engine's own modules (device,
+# memory); engine's own modules import no room.
+ENGINE_ROOMS = ("trained", "parallel", "training")
+
+
+@pytest.mark.parametrize("room", [None, *ENGINE_ROOMS])
+def test_engine_s_rooms_import_only_the_rooms_below_them(room):
+    below = set(ENGINE_ROOMS[: ENGINE_ROOMS.index(room)]) if room else set()
+    paths = (PACKAGE / "engine" / room).rglob("*.py") if room else (PACKAGE / "engine").glob("*.py")
+    for path in paths:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found.add(node.value)
+        rooms = {name.split(".")[2] for name in found if name.startswith("criteo_dlrm.engine.")} & set(ENGINE_ROOMS)
+        upward = rooms - below - {room}
+        assert not upward, f"{path.relative_to(PROJECT_ROOT)} reaches up to engine's {sorted(upward)}"
+
+
+def test_no_folder_of_the_package_holds_more_than_15_modules():
+    crowded = {
+        str(folder.relative_to(PROJECT_ROOT)): count
+        for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+        if (count := sum(1 for f in folder.glob("*.py") if f.name != "__init__.py")) > 15
+    }
+    assert not crowded, f"folders of more than 15 modules (split them into rooms): {crowded}"
+
+
 def _module_imports(path) -> set[str]:
     """criteo_dlrm modules ``path`` imports, at its top or inside functions, under ``TYPE_CHECKING`` too."""
     found = set()

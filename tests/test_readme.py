@@ -50,7 +50,7 @@ def test_the_readme_stays_a_front_door():
 
 
 def test_torchrec_s_install_refusal_points_to_a_section_that_exists():
-    from criteo_dlrm.engine.sharding import INSTALL_HINT
+    from criteo_dlrm.engine.parallel.sharding import INSTALL_HINT
 
     page, section = re.search(r"\((docs/[\w.]+), '([^']+)'\)", INSTALL_HINT).groups()
     assert f"## {section}\n" in (PROJECT_ROOT / page).read_text(), (page, section)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from criteo_dlrm.engine.checkpoint import load_checkpoint
+from criteo_dlrm.engine.trained.checkpoint import load_checkpoint
 from tests.conftest import PROJECT_ROOT, copy_project
 
 pytest.importorskip("torchrec", reason="the recipes shard their tables with TorchRec: the torchrec extra")

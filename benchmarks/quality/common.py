@@ -26,8 +26,8 @@ from criteo_dlrm.data.parquet import sparse_values
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.data.synthetic import ClickModel, read_probabilities, write_day
-from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.recipe import run_training
+from criteo_dlrm.engine.trained.metrics import binary_metrics
+from criteo_dlrm.engine.training.recipe import run_training
 
 DAY_ROWS = 100_000
 WORLD_SEED = 0  # the planted click model's

@@ -41,7 +41,7 @@ def loader_study(size: int, validation_rows: int, work: Path, seeds: list[int], 
     0.02% of the rows; at 1M rows, chunks of 1,024 rows make it 1.6% (a window of all the rows would shuffle fully).
     """
     import criteo_dlrm.data.batches as batches
-    import criteo_dlrm.engine.process as process
+    import criteo_dlrm.engine.training.process as process
     from benchmarks.baselines import PermutationLoader
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.data.chunk_digests import write_digests

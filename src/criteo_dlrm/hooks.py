@@ -199,7 +199,7 @@ class InProgressCheckpointHooks:
         if dataset_name == "training_summary":
             self._summary = data
         if self._saved >= set(node.outputs):
-            from criteo_dlrm.engine.recipe import finish_run  # imported by a run that trained
+            from criteo_dlrm.engine.training.recipe import finish_run  # imported by a run that trained
 
             finish_run(self._summary)  # the checkpoint is stored: nothing to resume
             self._saved, self._summary = set(), None

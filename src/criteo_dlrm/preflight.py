@@ -139,7 +139,7 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     # The engine (torch) is imported by the runs that train, not by those that ingest, count or encode.
     from criteo_dlrm.engine.device import check_process_count, resolve_device
     from criteo_dlrm.engine.memory import check_lookup_memory
-    from criteo_dlrm.engine.modes import mode_class
+    from criteo_dlrm.engine.parallel.modes import mode_class
 
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary, fitted
+from criteo_dlrm.engine.trained.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary, fitted
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",

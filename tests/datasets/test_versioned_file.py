@@ -92,7 +92,7 @@ def test_a_full_disk_while_a_version_is_written_leaves_the_last_complete_version
 
 def test_a_full_disk_while_marking_a_version_or_writing_predictions_names_the_folder(tmp_path, monkeypatch):
 
-    from criteo_dlrm.engine import scoring
+    from criteo_dlrm.engine.trained import scoring
 
     dataset = JSONDataset(str(tmp_path / "metrics.json"), version=Version(None, "2026-01-01T00.00.00.000Z"))
 

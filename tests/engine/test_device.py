@@ -55,7 +55,7 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
 def test_a_runtime_is_the_device_and_precision_a_model_computes_with_and_a_mode_holds_its_own():
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.engine.device import Runtime
-    from criteo_dlrm.engine.modes import SingleProcess
+    from criteo_dlrm.engine.parallel.modes import SingleProcess
     from tests.conftest import TINY_MODEL
 
     a = torch.randn(4, 4)

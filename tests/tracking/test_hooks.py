@@ -236,7 +236,7 @@ class _Loader(dict):
 
 def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
     """Issue 47 item 3: MLPerf's figure of merit beside the run's other training figures."""
-    from criteo_dlrm.engine.reports import TrainingSummary
+    from criteo_dlrm.engine.trained.reports import TrainingSummary
     from criteo_dlrm.tracking.hooks import _log
 
     validation = {"auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
@@ -283,7 +283,7 @@ def test_a_run_ended_by_ctrl_c_or_sigterm_is_killed_in_mlflow(tmp_path, how):
     import sys
 
     from tests.conftest import copy_project
-    from tests.engine.test_distributed import _saved_step
+    from tests.engine.training.test_distributed import _saved_step
 
     project = copy_project(tmp_path / "project")
     params = "--params=training.num_epochs=100,training.checkpoint_every_steps=20,training.early_stopping.patience=1000"

@@ -14,7 +14,7 @@ from criteo_dlrm.config.base import Checks, Config
 from criteo_dlrm.config.evaluation import PRECISIONS, is_device
 from criteo_dlrm.models.shapes import DCN, DenseMLP, DLRMConfig
 
-# training.calibration's choices (engine.calibration implements them).
+# training.calibration's choices (engine.trained.calibration implements them).
 CALIBRATION_METHODS = ("platt", "isotonic", "none")
 
 

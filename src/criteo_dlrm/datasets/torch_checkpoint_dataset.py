@@ -20,14 +20,14 @@ STATE_SUFFIX = ".state"  # a sharded run's tensors: <version>/dlrm_checkpoint.st
 class TorchCheckpointDataset(VersionedFileDataset):
     """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU, after
     checking its digests (a damaged or truncated file is refused, naming it, instead of scoring garbage): the
-    file's, beside it, and the one inside it (``engine.checkpoint.write_checkpoint``: the file's bytes before it, at
+    file's, beside it, and the one inside it (``engine.trained.checkpoint.write_checkpoint``: the file's bytes before it, at
     its end), so an edited checkpoint is refused even when its file digest was written again. On a local filesystem the tensors are memory-mapped
     from the file, not read into memory (an optimiser state that nothing reads is never in memory).
 
     A sharded run's checkpoint (format 4, ``sharded_state``) names the folder its processes wrote with
     ``torch.distributed.checkpoint``: the save links that folder's files into the version
     (``<version>/<name>.state/``; hard links, copies across filesystems) before the file naming them and their
-    sha256 is written; the model is read from it when it is used (``engine.checkpoint.model_from_checkpoint``,
+    sha256 is written; the model is read from it when it is used (``engine.trained.checkpoint.model_from_checkpoint``,
     every file checked first). Local filesystems only.
 
     The loaded dict gets ``catalog_version``: the version it was loaded from, so a report can name it.
@@ -46,7 +46,7 @@ class TorchCheckpointDataset(VersionedFileDataset):
     def load(self) -> dict[str, Any]:
         import torch
 
-        from criteo_dlrm.engine.checkpoint import content_verdict, file_verdict, with_state_path
+        from criteo_dlrm.engine.trained.checkpoint import content_verdict, file_verdict, with_state_path
 
         path = self._verified_path()
 
@@ -77,7 +77,7 @@ class TorchCheckpointDataset(VersionedFileDataset):
         if verdict == "damaged":
             raise damaged
         if "sharded_state" in checkpoint:
-            from criteo_dlrm.engine.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
+            from criteo_dlrm.engine.trained.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
 
             self._local(path)
             sharded = with_state_path(checkpoint, Path(path).parent)["sharded_state"]
@@ -89,7 +89,7 @@ class TorchCheckpointDataset(VersionedFileDataset):
         return checkpoint
 
     def save(self, data: dict[str, Any]) -> None:
-        from criteo_dlrm.engine.checkpoint import write_checkpoint
+        from criteo_dlrm.engine.trained.checkpoint import write_checkpoint
 
         data = {key: value for key, value in data.items() if key != "catalog_version"}
         if "sharded_state" in data:

@@ -1,7 +1,7 @@
 """What the embedding tables and their optimiser state take in memory, and the refusals when they cannot fit.
 
 The torch backend keeps every table in every process (a replica each); TorchRec's planner does its own
-accounting per shard (``engine.sharding``) from the same per-value and per-row state sizes
+accounting per shard (``engine.parallel.sharding``) from the same per-value and per-row state sizes
 (``config.training.EMBEDDING_OPTIMIZERS``).
 """
 
@@ -128,7 +128,7 @@ def run_memory_bytes(
 
 
 # On a GPU the validation's predictions stay there and its exact metrics are computed there
-# (``engine.metrics.binary_metrics_torch``): at its peak, per row, the float32 probabilities and their copy while the
+# (``engine.trained.metrics.binary_metrics_torch``): at its peak, per row, the float32 probabilities and their copy while the
 # batches' outputs are joined (8 bytes), the labels (float32 and bool: 5), one class's scores picked, sorted and
 # their sort's int64 order (16); the log loss's float64 terms are taken in pieces. MLPerf's 89M validation rows:
 # 2.6 GB.

@@ -2,7 +2,7 @@
 
 A Criteo row has one index per feature, a bag of one (with sum pooling, a plain lookup), or with multi-hot
 features (``config.multi_hot_sizes``) a bag of each feature's ids: the model's maths is the ``torch`` backend's. The collection is what ``DistributedModelParallel`` shards
-(``engine.sharding``). TorchRec is an optional extra: it is imported only when this module is used.
+(``engine.parallel.sharding``). TorchRec is an optional extra: it is imported only when this module is used.
 
 Checkpoints always hold the ``torch`` backend's layout (one fused table per embedding size), so evaluation,
 scoring and export never need TorchRec; ``grouped_tables`` and ``split_tables`` convert between the two.

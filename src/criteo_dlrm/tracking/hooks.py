@@ -28,7 +28,7 @@ from loguru import logger
 from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
-from criteo_dlrm.engine.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
+from criteo_dlrm.engine.trained.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
@@ -266,7 +266,7 @@ class TrackingHooks:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
 
         path = self._path("dlrm_checkpoint")
-        from criteo_dlrm.engine.checkpoint import Checkpoint  # a run that evaluated has torch already
+        from criteo_dlrm.engine.trained.checkpoint import Checkpoint  # a run that evaluated has torch already
 
         days = Checkpoint.from_dict(checkpoint).source_days
         parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)

@@ -50,7 +50,7 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
     """The pyfunc flavour of a checkpoint: its encoder, model and calibration, on the CPU."""
 
     def load_context(self, context) -> None:
-        from criteo_dlrm.engine.checkpoint import Checkpoint, load_checkpoint
+        from criteo_dlrm.engine.trained.checkpoint import Checkpoint, load_checkpoint
 
         path = Path(context.artifacts[CHECKPOINT_ARTIFACT])
         if path.is_dir():  # a sharded run's checkpoint: the file and the state folder it names
@@ -65,7 +65,7 @@ class CheckpointModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> list[float]:
         """The N rows' calibrated click probabilities."""
 
-        from criteo_dlrm.engine.scoring import calibrated, score_batches
+        from criteo_dlrm.engine.trained.scoring import calibrated, score_batches
 
         batch = typed_rows(model_input)
         [(_, logits)] = score_batches(self.model, self.encoder, [batch])

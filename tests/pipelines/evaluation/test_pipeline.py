@@ -6,7 +6,7 @@ from kedro.runner import SequentialRunner
 from kedro_datasets.matplotlib import MatplotlibDataset
 from PIL import Image
 
-from criteo_dlrm.engine.scoring import VocabularyMismatchError
+from criteo_dlrm.engine.trained.scoring import VocabularyMismatchError
 from criteo_dlrm.pipelines.evaluation import create_pipeline
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
 from tests.conftest import with_altered_vocabulary
@@ -73,7 +73,7 @@ def test_the_calibration_plot_uses_the_report_s_bins_with_intervals_and_names_it
 def test_each_bin_s_interval_is_the_wilson_interval_of_its_clicks():
     from scipy.stats import binomtest
 
-    from criteo_dlrm.engine.metrics import calibration_report
+    from criteo_dlrm.engine.trained.metrics import calibration_report
 
     rng = np.random.default_rng(0)
     probabilities = rng.random(1500) * 0.06
@@ -85,8 +85,8 @@ def test_each_bin_s_interval_is_the_wilson_interval_of_its_clicks():
 
 
 def test_a_bin_without_a_click_has_an_interval_from_zero_and_plots():
-    from criteo_dlrm.engine.metrics import calibration_report
-    from criteo_dlrm.engine.plots import calibration_figure
+    from criteo_dlrm.engine.trained.metrics import calibration_report
+    from criteo_dlrm.engine.trained.plots import calibration_figure
 
     probabilities = np.linspace(0.001, 0.05, 210)
     labels = np.zeros(210, np.int8)

@@ -24,11 +24,11 @@ from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
-from criteo_dlrm.engine.calibration import from_state
-from criteo_dlrm.engine.checkpoint import model_from_checkpoint
-from criteo_dlrm.engine.metrics import binary_metrics
-from criteo_dlrm.engine.reports import EvaluationReport, ExportReport, ScoringReport
-from criteo_dlrm.engine.scoring import calibrated, score_days
+from criteo_dlrm.engine.trained.calibration import from_state
+from criteo_dlrm.engine.trained.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.trained.metrics import binary_metrics
+from criteo_dlrm.engine.trained.reports import EvaluationReport, ExportReport, ScoringReport
+from criteo_dlrm.engine.trained.scoring import calibrated, score_days
 from tests.conftest import FLOAT32_ROUNDING, with_altered_vocabulary
 
 pytestmark = pytest.mark.slow
@@ -231,7 +231,7 @@ def test_the_serving_recipe_of_the_docs_runs_as_written_and_scores_what_the_pipe
 
 
 def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkpoint):
-    from criteo_dlrm.engine.scoring import VocabularyMismatchError
+    from criteo_dlrm.engine.trained.scoring import VocabularyMismatchError
     from criteo_dlrm.pipelines.scoring.nodes import export_model
 
     damaged = with_altered_vocabulary(tiny_checkpoint, 5)
@@ -242,7 +242,7 @@ def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkp
 def _checkpoint(tmp_path: Path) -> dict:
     """A small trained checkpoint and a raw folder of 400 rows to score."""
     from criteo_dlrm.config.training import TrainingConfig
-    from criteo_dlrm.engine.recipe import run_training
+    from criteo_dlrm.engine.training.recipe import run_training
 
     write_day(tmp_path / "raw" / "day_0", 400, day=0, model=ClickModel(seed=3))
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))

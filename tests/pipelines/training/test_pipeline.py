@@ -14,8 +14,8 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
-from criteo_dlrm.engine.recipe import finish_run
-from criteo_dlrm.engine.reports import TrainingSummary
+from criteo_dlrm.engine.trained.reports import TrainingSummary
+from criteo_dlrm.engine.training.recipe import finish_run
 from criteo_dlrm.hooks import MissingInputError
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.dlrm import ConfigError
@@ -153,7 +153,7 @@ def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
     hparams carry it) and the summary records what was chosen and why: with the step's measured speed-up where
     the matmuls say bf16 can help (issue 61 item 1)."""
     from criteo_dlrm.engine import device as device_module
-    from criteo_dlrm.engine import precision as precision_module
+    from criteo_dlrm.engine.training import precision as precision_module
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
     monkeypatch.setattr(device_module, "matmul_rate", lambda dtype, seconds=0.25, size=1024: 150.0 if dtype == torch.float32
@@ -205,7 +205,7 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     import dataclasses
 
     from criteo_dlrm.data.lineage import encoded_lineage
-    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.engine.training.step import TrainStep
     from criteo_dlrm.pipelines.training.nodes import train_dlrm
 
     params = training_params(tmp_path, validate_every_steps=5)
@@ -251,8 +251,8 @@ def test_a_resumed_run_keeps_the_precision_its_in_progress_state_was_trained_in(
     """precision: auto resolved otherwise after an interruption (the probe's cache changed, the thread count followed
     the idle cores) trained the remaining steps in the other precision and recorded only the new one."""
     from criteo_dlrm.engine import device as device_module
-    from criteo_dlrm.engine import precision as precision_module
-    from criteo_dlrm.engine.step import TrainStep
+    from criteo_dlrm.engine.training import precision as precision_module
+    from criteo_dlrm.engine.training.step import TrainStep
     from criteo_dlrm.pipelines.training.nodes import train_dlrm
 
     monkeypatch.setattr(device_module, "PROBE_CACHE", tmp_path / "probe.json")
@@ -331,7 +331,7 @@ def test_rows_encoded_with_another_dense_transform_are_refused(tiny_features, tm
 
 @pytest.mark.slow
 def test_training_pipeline_on_two_processes_reads_the_stored_rows_by_folder(tiny_features, tmp_path, monkeypatch):
-    from criteo_dlrm.engine import recipe
+    from criteo_dlrm.engine.training import recipe
 
     sent = []
     original = recipe.launch

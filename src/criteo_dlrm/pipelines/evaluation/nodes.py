@@ -1,4 +1,4 @@
-"""Evaluation nodes: thin adapters over ``criteo_dlrm.engine.evaluation``."""
+"""Evaluation nodes: thin adapters over ``criteo_dlrm.engine.trained.evaluation``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, 
     Returns:
         ``(evaluation_metrics, ROC figure, calibration figure, score histogram figure)``.
     """
-    from criteo_dlrm.engine.checkpoint import Checkpoint  # torch: imported by the run that evaluates
-    from criteo_dlrm.engine.evaluation import evaluation_figures, score_checkpoint
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint  # torch: imported by the run that evaluates
+    from criteo_dlrm.engine.trained.evaluation import evaluation_figures, score_checkpoint
 
     config = EvaluationConfig.from_dict(evaluation, "evaluation.")
     report, labels, predictions, oracle = score_checkpoint(Checkpoint.from_dict(dlrm_checkpoint), config)

@@ -12,7 +12,7 @@ from criteo_dlrm.common.storage import remove_stale_partials, staging_path
 from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
-from criteo_dlrm.engine.reports import ExportReport, ScoringReport
+from criteo_dlrm.engine.trained.reports import ExportReport, ScoringReport
 
 # The engine (torch) is imported by the node that scores or exports: every ``kedro`` command that builds the
 # pipelines (``kedro catalog``, ``kedro viz``, an ingestion run) imports this module.
@@ -50,10 +50,10 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         a Parquet day, click_probability, label or null) that the catalog moves into its versioned place,
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
-    from criteo_dlrm.engine.checkpoint import Checkpoint
     from criteo_dlrm.engine.device import Runtime, resolve_device
-    from criteo_dlrm.engine.metrics import binary_metrics
-    from criteo_dlrm.engine.scoring import write_predictions
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+    from criteo_dlrm.engine.trained.metrics import binary_metrics
+    from criteo_dlrm.engine.trained.scoring import write_predictions
 
     config = ScoringConfig.from_dict(scoring, "scoring.")
     checkpoint = Checkpoint.from_dict(dlrm_checkpoint)
@@ -105,8 +105,8 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
     Returns:
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
-    from criteo_dlrm.engine.checkpoint import Checkpoint
-    from criteo_dlrm.engine.export import (
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+    from criteo_dlrm.engine.trained.export import (
         ENCODER_FORMAT,
         ScoringModel,
         check_onnx,

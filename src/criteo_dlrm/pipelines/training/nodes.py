@@ -83,7 +83,7 @@ def train_dlrm(
     previous_training_summary: Previous | None = None,
     previous_dlrm_checkpoint: Previous | None = None,
 ) -> tuple[dict, dict]:
-    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.recipe``); or, when
+    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.training.recipe``); or, when
     the latest finished run (``previous_*``, one version) trained with the same settings on the same rows, reuse it.
 
     Returns:
@@ -93,7 +93,7 @@ def train_dlrm(
         LineageError: the encoded rows are not the ones this metadata version describes.
         ConfigError: every problem of ``params:training`` at once (names, types, ranges).
     """
-    from criteo_dlrm.engine.recipe import FinishedRun, run_training  # torch: imported by the run that trains
+    from criteo_dlrm.engine.training.recipe import FinishedRun, run_training  # torch: imported by the run that trains
 
     config = TrainingConfig.from_dict(training, prefix="training.")
     metadata = FeatureMetadata.from_dict(feature_metadata)

@@ -1,0 +1,121 @@
+"""The parallel modes: which one a run gets, what each builds and reports, and that each holds its parts."""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.engine.memory import embedding_bytes
+from criteo_dlrm.engine.parallel.modes import DataParallel, Sharded, SingleProcess, build_mode, mode_class
+from tests.conftest import TINY_MODEL
+
+SIZES = [3 + 5 * f for f in range(26)]
+CPU = torch.device("cpu")
+
+
+def _config(**values) -> TrainingConfig:
+    return TrainingConfig.from_dict({**TINY_MODEL, **values})
+
+
+def _torchrec(**values) -> TrainingConfig:
+    return _config(embedding_backend="torchrec", embedding_optimizer="rowwise_adagrad", **values)
+
+
+def test_the_backend_and_the_process_group_choose_the_mode():
+    assert mode_class(_config()) is SingleProcess
+    assert mode_class(_torchrec()) is Sharded
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert mode_class(_config()) is SingleProcess, "a group of one trains alone"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_single_process_builds_its_model_and_counts_every_parameter():
+    config = _config()
+    torch.manual_seed(0)
+    mode = build_mode(config.model_config(SIZES), config, CPU)
+    assert type(mode) is SingleProcess and mode.train_model is mode.model
+    assert mode.parameter_count() == sum(p.numel() for p in mode.model.parameters())
+    assert mode.summary() == {"backend": "torch", "bytes_per_process": embedding_bytes(SIZES, [8] * 26, "sparse_adam")}
+    assert all(p.grad is None for p in mode.model.parameters())
+    torch.manual_seed(0)
+    again = build_mode(config.model_config(SIZES), config, CPU)
+    for (name, value), other in zip(mode.model.state_dict().items(), again.model.state_dict().values(), strict=True):
+        assert torch.equal(value, other), f"{name}: the model comes from the torch seed"
+
+
+def test_the_model_follows_the_optimiser_s_gradients_and_the_compile_setting():
+    dense = build_mode(_config().model_config(SIZES), _config(embedding_optimizer="dense_adam"), CPU)
+    assert not dense.model.embeddings[0].weight.sparse
+    sparse = build_mode(_config().model_config(SIZES), _config(), CPU)
+    assert sparse.model.embeddings[0].weight.sparse
+    compiled = build_mode(_config().model_config(SIZES), _config(compile=True), CPU)
+    assert hasattr(compiled.model.dense_mlp, "_compiled_call_impl") and compiled.model.dense_mlp._compiled_call_impl
+
+
+def test_a_sharded_mode_builds_torchrec_s_model_in_a_group_of_its_own_and_reports_its_plan():
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
+    config = _torchrec()
+    assert not dist.is_initialized()
+    with Sharded.process_group(CPU):
+        assert dist.get_world_size() == 1
+        torch.manual_seed(0)
+        mode = build_mode(config.model_config(SIZES), config, CPU)
+        summary = mode.summary()
+        torch.manual_seed(0)
+        alone = build_mode(config.model_config(SIZES), _config(), CPU)
+        assert mode.parameter_count() == alone.parameter_count(), "the sharded tables are counted whole"
+    assert not dist.is_initialized(), "its own group is closed again"
+    assert type(mode) is Sharded and list(mode.optimizers) == ["dense"], "the tables' optimiser is fused"
+    assert summary["backend"] == "torchrec" and [t["table"] for t in summary["tables"]] == [
+        f"SPARSE_{i}" for i in range(26)
+    ]
+    assert summary["bytes_per_rank"] == [embedding_bytes(SIZES, [8] * 26, "rowwise_adagrad")]
+
+
+def test_data_parallel_is_the_mode_of_a_group_of_more_than_one(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *args: 2)
+    assert mode_class(_config()) is DataParallel
+    assert mode_class(_torchrec()) is Sharded
+
+
+def test_every_mode_has_what_the_loop_and_the_step_call():
+    from criteo_dlrm.engine.parallel.modes import ParallelMode, SingleProcess
+
+    methods = {name for name, value in vars(ParallelMode).items() if callable(value) and not name.startswith("_")}
+    for mode in (SingleProcess, DataParallel, Sharded):
+        assert {name for name in methods if not callable(getattr(mode, name, None))} == set(), mode
+        assert isinstance(getattr(mode, "is_main", None), property), mode
+        assert mode.__mro__ == (mode, object), f"{mode.__name__} holds its parts, it overrides no other mode"
+    config = _config()
+    built = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
+    assert isinstance(built, ParallelMode) and built.world_size == 1 and built.is_main
+
+
+def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_does():
+    """Under a group that refuses host tensors as NCCL does (tests/nccl_like.py), TorchRec's mode is built with resume
+    on (its weights checked at once), trains a step, checks its weights, averages and validates: a tensor made
+    without a device in any of its collectives fails here as it fails on a GPU."""
+    pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
+    from criteo_dlrm.data.batches import Batch, BatchLoader
+    from criteo_dlrm.engine.parallel.group import gather_rows_to_main
+    from criteo_dlrm.engine.training.step import TrainStep
+    from tests.engine.parallel.test_group import _arrays
+    from tests.nccl_like import HostTensorError, nccl_like
+
+    config = _torchrec()
+    arrays = _arrays(np.random.default_rng(0), 64)
+    with nccl_like(), Sharded.process_group(CPU):
+        with pytest.raises(HostTensorError, match="NCCL refuses it"):
+            gather_rows_to_main(1, 0, torch.from_numpy(np.arange(3.0)))  # host rows, as a GPU run would hold them
+        torch.manual_seed(0)
+        mode = build_mode(config.model_config([5] * 26), config, CPU)
+        batch = Batch(torch.rand(16).round(), torch.randn(16, 13), torch.randint(0, 5, (16, 26))).to(CPU)
+        TrainStep(mode, config)(batch, 0, 1)
+        assert mode.weights_finite()
+        assert mode.mean_over_processes(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
+        assert mode.runtime.backend == "nccl", "the package takes its NCCL branches"
+        assert len(mode.predict(BatchLoader(arrays, 8))) == 64
