@@ -75,17 +75,18 @@ def child(table_gb: float, folder: Path, backend: str = "torch", rank: int = 0, 
     def trainer() -> Trainer:
         torch.manual_seed(0)
         mode = build_mode(model_config, config, torch.device("cpu"))
-        save = mode.save_state
+        loader = BatchLoader(train, 512, shuffle=True, seed=0, rank=rank, world_size=world)
+        built = Trainer(mode, config, loader, BatchLoader(validation, 4096), folder / "run",
+                        resume_path=folder / "dlrm_x.pt", fingerprint="x")  # fmt: skip
+        save = built.in_progress.save
 
-        def timed(files, values, improved):
+        def timed(state, improved=False):
             start = time.perf_counter()
-            save(files, values, improved)
+            save(state, improved)
             writes.append(time.perf_counter() - start)
 
-        mode.save_state = timed
-        loader = BatchLoader(train, 512, shuffle=True, seed=0, rank=rank, world_size=world)
-        return Trainer(mode, config, loader, BatchLoader(validation, 4096), folder / "run",
-                       resume_path=folder / "dlrm_x.pt", fingerprint="x")  # fmt: skip
+        built.in_progress.save = timed
+        return built
 
     first = trainer()
     first.fit()

@@ -74,8 +74,8 @@ def spec_batch(spec: dict) -> int:
 
 
 def training_step(model: nn.Module, config: TrainingConfig, device: torch.device, arrays: EncodedArrays):
-    """The project loop's own optimisation step (``engine.training.step.TrainStep``: learning-rate schedule, forward, BCE
-    with logits, backward, both optimisers), for a model already on ``device``."""
+    """The project loop's own optimisation step (``engine.training.step.TrainStep``: learning-rate schedule, forward,
+    BCE with logits, backward, both optimisers), for a model already on ``device``."""
     step = TrainStep(mode_class(config)(model, config, device), config)
     return lambda batch: step(batch, 0, 1)
 

@@ -106,10 +106,10 @@ def ingestion_report(tmp_path: Path, days: int = 3) -> dict:
 
 def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: bool = True, device=None,
                  model_config=None, **trainer_options):  # fmt: skip
-    """A ``Trainer`` wired as a training process wires one (``engine.training.process``): ``config``'s parallel mode with
-    its model built from ``config.seed`` (``model_config``, or ``config``'s sizes for the features' tables, the
-    output at their click rate), the training rows (``train``, or the features') in batches of
-    ``batch_size.train``, the validation rows in batches of ``batch_size.validation``."""
+    """A ``Trainer`` wired as a training process wires one (``engine.training.process``): ``config``'s parallel mode
+    with its model built from ``config.seed`` (``model_config``, or ``config``'s sizes for the features' tables, the
+    output at their click rate), the training rows (``train``, or the features') in batches of ``batch_size.train``, the
+    validation rows in batches of ``batch_size.validation``."""
     import torch
 
     from criteo_dlrm.common.schema import SPARSE_COLUMNS

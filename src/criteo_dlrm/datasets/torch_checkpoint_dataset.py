@@ -20,9 +20,10 @@ STATE_SUFFIX = ".state"  # a sharded run's tensors: <version>/dlrm_checkpoint.st
 class TorchCheckpointDataset(VersionedFileDataset):
     """Saves a checkpoint dict with ``torch.save``; loads it with ``weights_only=True`` onto the CPU, after
     checking its digests (a damaged or truncated file is refused, naming it, instead of scoring garbage): the
-    file's, beside it, and the one inside it (``engine.trained.checkpoint.write_checkpoint``: the file's bytes before it, at
-    its end), so an edited checkpoint is refused even when its file digest was written again. On a local filesystem the tensors are memory-mapped
-    from the file, not read into memory (an optimiser state that nothing reads is never in memory).
+    file's, beside it, and the one inside it (``engine.trained.checkpoint.write_checkpoint``: the file's bytes before
+    it, at its end), so an edited checkpoint is refused even when its file digest was written again. On a local
+    filesystem the tensors are memory-mapped from the file, not read into memory (an optimiser state that nothing reads
+    is never in memory).
 
     A sharded run's checkpoint (format 4, ``sharded_state``) names the folder its processes wrote with
     ``torch.distributed.checkpoint``: the save links that folder's files into the version

@@ -128,10 +128,10 @@ def run_memory_bytes(
 
 
 # On a GPU the validation's predictions stay there and its exact metrics are computed there
-# (``engine.trained.metrics.binary_metrics_torch``): at its peak, per row, the float32 probabilities and their copy while the
-# batches' outputs are joined (8 bytes), the labels (float32 and bool: 5), one class's scores picked, sorted and
-# their sort's int64 order (16); the log loss's float64 terms are taken in pieces. MLPerf's 89M validation rows:
-# 2.6 GB.
+# (``engine.trained.metrics.binary_metrics_torch``): at its peak, per row, the float32 probabilities and their copy
+# while the batches' outputs are joined (8 bytes), the labels (float32 and bool: 5), one class's scores picked, sorted
+# and their sort's int64 order (16); the log loss's float64 terms are taken in pieces. MLPerf's 89M validation rows: 2.6
+# GB.
 VALIDATION_BYTES_PER_ROW = 32
 # The CUDA caching allocator's rounding (blocks of 512 B, segments of 2 MB and more) and the fragmentation of what
 # it keeps: a margin on everything counted, not measured here.

@@ -119,3 +119,24 @@ def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_do
         assert mode.mean_over_processes(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
         assert mode.runtime.backend == "nccl", "the package takes its NCCL branches"
         assert len(mode.predict(BatchLoader(arrays, 8))) == 64
+
+
+def test_a_mode_hands_out_its_live_state_and_the_in_progress_checkpoint_alone_writes_it():
+    """Issue 60 item 2: the modes took the progress files and wrote them; the in-progress checkpoint is now one
+    module (``engine.training.run_state``) writing what a mode hands out."""
+    import ast
+    import inspect
+
+    from criteo_dlrm.engine.parallel import modes
+
+    config = _config()
+    torch.manual_seed(0)
+    mode = build_mode(config.model_config(SIZES), config, CPU)
+    state = mode.saved_state()
+    assert state.shards is None and set(state.entries) == {"model_state", "optimizer_state"}
+    live = mode.model.state_dict()
+    assert all(state.entries["model_state"][name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
+    names = {node.id for node in ast.walk(ast.parse(inspect.getsource(modes))) if isinstance(node, ast.Name)}
+    attributes = {n.attr for n in ast.walk(ast.parse(inspect.getsource(modes))) if isinstance(n, ast.Attribute)}
+    assert not names & {"ProgressFiles", "save_atomically", "load_checkpoint"}
+    assert not attributes & {"save", "save_sharded", "state_folder"}, "a mode writes or finds no file"

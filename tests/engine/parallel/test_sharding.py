@@ -27,11 +27,11 @@ from criteo_dlrm.engine.parallel.modes import build_mode, mode_class
 from criteo_dlrm.engine.parallel.sharding import _dense_state, _grouped, shard_model
 from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics
-from criteo_dlrm.engine.trained.progress import load_best
 from criteo_dlrm.engine.trained.scoring import probabilities
 from criteo_dlrm.engine.trained.sharded_checkpoint import consolidate
 from criteo_dlrm.engine.training.loop import Trainer
 from criteo_dlrm.engine.training.recipe import finish_run, run_training
+from criteo_dlrm.engine.training.run_state import load_best
 from criteo_dlrm.models.dlrm import DLRM
 from tests.conftest import TINY_MODEL, tiny_trainer
 

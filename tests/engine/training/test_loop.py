@@ -10,9 +10,9 @@ from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.parallel import modes
 from criteo_dlrm.engine.parallel.optimizers import build_optimizers
-from criteo_dlrm.engine.trained.progress import load_best
 from criteo_dlrm.engine.training.loop import Trainer, TrainingDivergedError
 from criteo_dlrm.engine.training.profiling import TOP_OPS_REPORT
+from criteo_dlrm.engine.training.run_state import load_best
 from criteo_dlrm.engine.training.tensorboard import TensorBoardLogger
 from criteo_dlrm.models import DLRM
 from criteo_dlrm.models.dlrm import ConfigError

@@ -12,16 +12,17 @@ Each mode owns building its model (``build``: the DLRM, or TorchRec's sharded on
 parameter count), wrapping it, its optimisers, the loss weight and gradient exchange, learning rates, state
 (written from the live tensors, and restored), and how predictions over a validation set are gathered and their
 metrics computed once. The modes share parts, not a base class: ``Optimizers`` (the optimisers by name and their
-rates: ``engine.parallel.optimizers``) and, in the multi-process modes, ``InGroup`` (averages, and predictions gathered to
-rank 0 in row order: ``engine.parallel.group``).
-``ParallelMode`` lists what the loop and the step call. ``mode_class`` is the one place the backend and the process
-count choose a mode.
+rates: ``engine.parallel.optimizers``) and, in the multi-process modes, ``InGroup`` (averages, and predictions gathered
+to rank 0 in row order: ``engine.parallel.group``). ``ParallelMode`` lists what the loop and the step call.
+``mode_class`` is the one place the backend and the process count choose a mode.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -45,15 +46,24 @@ from criteo_dlrm.engine.parallel.sharding import (
     shard_model,
 )
 from criteo_dlrm.engine.trained.metrics import binary_metrics
-from criteo_dlrm.engine.trained.progress import ProgressFiles
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """What a mode hands the in-progress checkpoint (``engine.training.run_state``) to write, from its live tensors:
+    ``entries`` for the checkpoint's file, and a sharded mode's ``shards`` (this process's tensors, written by every
+    process into a folder beside the file; None for a mode that keeps every table in every process)."""
+
+    entries: dict
+    shards: dict[str, torch.Tensor] | None = None
 
 
 @runtime_checkable
 class ParallelMode(Protocol):
     """What the loop (``engine.training.loop``), the step (``engine.training.step``), the in-progress checkpoint
-    (``engine.training.run_state``) and the process (``engine.training.process``) call on a parallel mode: ``SingleProcess``,
-    ``DataParallel`` and ``Sharded`` are the three, ``mode_class`` chooses one."""
+    (``engine.training.run_state``) and the process (``engine.training.process``) call on a parallel mode:
+    ``SingleProcess``, ``DataParallel`` and ``Sharded`` are the three, ``mode_class`` chooses one."""
 
     model: DLRM  # evaluation and state read it
     train_model: nn.Module  # the training forward pass runs through it (DDP, TorchRec's DMP, the model)
@@ -75,8 +85,8 @@ class ParallelMode(Protocol):
     def step(self) -> None: ...
     def mean_over_processes(self, values: torch.Tensor) -> torch.Tensor: ...
     def weights_finite(self) -> bool: ...
-    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None: ...
-    def restore_state(self, values: dict, files: ProgressFiles) -> None: ...
+    def saved_state(self) -> SavedState | None: ...
+    def restore_state(self, values: dict, folder: Path | None) -> None: ...
     def predict(self, loader: BatchLoader) -> np.ndarray | None: ...
     def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict: ...
 
@@ -188,14 +198,12 @@ class SingleProcess:
     def weights_finite(self) -> bool:
         return weights_finite(self.model)
 
-    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
-        """Write the in-progress checkpoint (and the best model when ``improved``): ``values`` (the loop's
-        bookkeeping) with the model's and the optimisers' live state."""
-        state = {"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()}
-        files.save({**values, **state}, improved)
+    def saved_state(self) -> SavedState:
+        """The model's and the optimisers' live state (nothing copied)."""
+        return SavedState({"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()})
 
-    def restore_state(self, values: dict, files: ProgressFiles) -> None:
-        """Put a checkpoint's state (as ``save_state`` wrote it, loaded from ``files``) into the model and the
+    def restore_state(self, values: dict, folder: Path | None) -> None:
+        """Put a checkpoint's state (as ``saved_state`` handed it out, loaded again) into the model and the
         optimisers."""
         self.model.load_state_dict(values["model_state"])
         self.optimizers.load_state_dict(values["optimizer_state"])
@@ -292,13 +300,13 @@ class DataParallel:
     def weights_finite(self) -> bool:
         return weights_finite(self.model)  # every replica holds the same weights
 
-    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
-        """Rank 0 writes the state, as one process does: every replica holds the same weights."""
-        if self.is_main:
-            state = {"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()}
-            files.save({**values, **state}, improved)
+    def saved_state(self) -> SavedState | None:
+        """Rank 0's state, as one process's (None on the others): every replica holds the same weights."""
+        if not self.is_main:
+            return None
+        return SavedState({"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()})
 
-    def restore_state(self, values: dict, files: ProgressFiles) -> None:
+    def restore_state(self, values: dict, folder: Path | None) -> None:
         self.model.load_state_dict(values["model_state"])
         self.optimizers.load_state_dict(values["optimizer_state"])
 
@@ -399,20 +407,21 @@ class Sharded:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 
-    def save_state(self, files: ProgressFiles, values: dict, improved: bool) -> None:
-        """Every process writes its own shards (``engine.trained.sharded_checkpoint``): nothing is gathered."""
+    def saved_state(self) -> SavedState:
+        """This process's own shards (every process writes its own: ``engine.trained.sharded_checkpoint``), nothing
+        gathered; the dense optimiser's settings in the file."""
         dense = self.optimizers["dense"].state_dict()
-        files.save_sharded({**values, "dense_param_groups": dense["param_groups"]}, self.sharded.tensors(dense),
-                           improved)  # fmt: skip
+        return SavedState({"dense_param_groups": dense["param_groups"]}, self.sharded.tensors(dense))
 
-    def restore_state(self, values: dict, files: ProgressFiles) -> None:
+    def restore_state(self, values: dict, folder: Path | None) -> None:
+        """Put a checkpoint's state into the shards and the dense optimiser: from ``folder``, the state folder its
+        file names, or from the file itself (written gathered, before the state was sharded on disk)."""
         if "sharded_state" not in values:  # written gathered, before the state was sharded on disk
             self.sharded.load_model_state(values["model_state"])
             self.sharded.load_optimizer_state(values["optimizer_state"]["fused_embeddings"])
             self.optimizers.load_state_dict(values["optimizer_state"])
             return
-        folder, digests = files.state_folder(values), values["sharded_state"]["digests"]
-        dense = self.sharded.read_tensors(folder, digests)
+        dense = self.sharded.read_tensors(folder, values["sharded_state"]["digests"])
         self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": values["dense_param_groups"]})
 
     def predict(self, loader: BatchLoader) -> np.ndarray | None:

@@ -4,11 +4,11 @@ TorchRec's planner places every table (table-wise, column-wise, row-wise on CUDA
 process's memory, ``DistributedModelParallel`` shards the ``TorchRecEmbeddings`` accordingly (an all-to-all
 brings each process the pooled embeddings of its own rows) and wraps the dense layers in DDP, and FBGEMM's
 fused optimiser updates the tables inside backward. ``ShardedDLRM`` is what the training loop needs from all
-that: the model to train, and its state as every process writes it (its own shards, ``engine.trained.sharded_checkpoint``)
-and reads it back (resharded); a finished run's checkpoint is read into the ``torch`` backend's model
-(``engine.trained.checkpoint``). Here too: the refusals before any process starts (TorchRec missing, an optimiser without
-a fused kernel on the device). ``model_state``/``optimizer_state`` gather the tables to rank 0
-(``engine.parallel.sharded_state``): a view for tests and one-process inspection, not how state is written.
+that: the model to train, and its state as every process writes it (its own shards,
+``engine.trained.sharded_checkpoint``) and reads it back (resharded); a finished run's checkpoint is read into the
+``torch`` backend's model (``engine.trained.checkpoint``). Here too: the refusals before any process starts (TorchRec
+missing, an optimiser without a fused kernel on the device). ``model_state``/``optimizer_state`` gather the tables to
+rank 0 (``engine.parallel.sharded_state``): a view for tests and one-process inspection, not how state is written.
 """
 
 from __future__ import annotations

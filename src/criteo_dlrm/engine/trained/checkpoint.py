@@ -20,9 +20,10 @@ import torch
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 from criteo_dlrm.engine.trained.result import TrainingResult
 
-# 5: the digest is the file's, kept in the zip's comment at its end (``write_checkpoint``); 4: a sharded run's checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state``
-# and ``optimizer_state``; 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's
-# (dense_mlp, prediction_mlp); 1: bottom_mlp, top_mlp and flat size names.
+# 5: the digest is the file's, kept in the zip's comment at its end (``write_checkpoint``); 4: a sharded run's
+# checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state`` and ``optimizer_state``;
+# 3: the content digest inside (DIGEST_KEY); 2: the model's names are the YAML's (dense_mlp, prediction_mlp); 1:
+# bottom_mlp, top_mlp and flat size names.
 CHECKPOINT_FORMAT = 5
 _FORMER_MODULES = {"bottom_mlp.": "dense_mlp.", "top_mlp.": "prediction_mlp."}
 
@@ -368,7 +369,8 @@ class Checkpoint:
         return checked_encoder(self.encoder_state, self.trained_with["vocabulary_sha256"], self.source)
 
     def calibration(self):
-        """Its calibration (an ``engine.trained.calibration.Calibrator``, in eval mode): ``Identity`` when it has none."""
+        """Its calibration (an ``engine.trained.calibration.Calibrator``, in eval mode): ``Identity`` when it has
+        none."""
         from criteo_dlrm.engine.trained.calibration import from_state
 
         return from_state(self.calibration_state)
@@ -389,7 +391,7 @@ def training_checkpoint(
 
     Args:
         result: what ``Trainer.fit`` returned.
-        best: the best model's entries (``engine.trained.progress.load_best``): its ``model_state`` and
+        best: the best model's entries (``engine.training.run_state.load_best``): its ``model_state`` and
             ``optimizer_state``, or a sharded run's state folder (``sharded_state``), whose files the catalog's
             dataset links into the checkpoint's version.
         model_config: ``DLRMConfig.to_dict()``.

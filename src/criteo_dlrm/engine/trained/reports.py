@@ -1,10 +1,10 @@
 """The reports a run writes, read as records: the training summary, the evaluation, the scoring and the export.
 
-Their producers build them complete (``engine.training.recipe``, ``engine.trained.evaluation``, the scoring nodes); ``to_dict`` is the
-JSON their datasets store (``training_summary``, ``evaluation_metrics``, ``scoring_report``, ``export_report``) and
-``from_dict`` reads one back (keys this version does not know are kept in ``others``, and written again). Each renders
-its own lines of the block ``kedro run`` prints at the end (``lines``, put together by ``summary.render``) and the
-values experiment tracking logs (``tracked``, logged by ``tracking.hooks``).
+Their producers build them complete (``engine.training.recipe``, ``engine.trained.evaluation``, the scoring nodes);
+``to_dict`` is the JSON their datasets store (``training_summary``, ``evaluation_metrics``, ``scoring_report``,
+``export_report``) and ``from_dict`` reads one back (keys this version does not know are kept in ``others``, and written
+again). Each renders its own lines of the block ``kedro run`` prints at the end (``lines``, put together by
+``summary.render``) and the values experiment tracking logs (``tracked``, logged by ``tracking.hooks``).
 """
 
 from __future__ import annotations

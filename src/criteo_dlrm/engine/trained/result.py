@@ -11,7 +11,7 @@ class TrainingResult:
     """A finished ``Trainer.fit``.
 
     The best model's weights and optimiser state are not in memory: they are in ``best_checkpoint``, a file
-    written at the validation that found them (``engine.trained.progress``), read back memory-mapped when the finished
+    written at the validation that found them (``engine.training.run_state``), read back memory-mapped when the finished
     run's checkpoint is assembled.
     """
 

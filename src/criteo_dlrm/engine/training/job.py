@@ -47,7 +47,7 @@ class TrainingJob:
 
     @property
     def best_path(self) -> Path:
-        """Where the best model is written while the run trains (``engine.trained.progress``), resume on or off."""
+        """Where the best model is written while the run trains (``engine.training.run_state``), resume on or off."""
         return Path(self.config.in_progress_dir) / "best" / f"dlrm_{self.fingerprint}.pt"
 
     def rows(self, split: str) -> EncodedArrays:

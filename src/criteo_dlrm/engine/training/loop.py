@@ -4,7 +4,7 @@ Setup (resume) happens in ``Trainer.__init__``, the loop in ``fit``, the per-ste
 (``engine.training.step``). Validation runs over the whole validation set, early stopping watches validation log
 loss, and an in-progress checkpoint at each validation lets an interrupted run continue at the same step,
 with the same optimiser state and data order (``engine.training.run_state``: where the run stands, and the checkpoint
-that keeps it). The best model and the in-progress state live on disk (``engine.trained.progress``), written from the
+that keeps it). The best model and the in-progress state live on disk (``engine.training.run_state``), written from the
 live tensors: memory holds the model and its optimiser state once. Non-finite losses and weights stop every
 process together (``engine.training.divergence``).
 How the run spreads over processes (one, a DDP group, or TorchRec's sharded tables) is the parallel mode's

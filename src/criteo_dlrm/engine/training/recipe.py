@@ -40,12 +40,13 @@ from criteo_dlrm.engine.trained.checkpoint import (
     training_checkpoint,
 )
 from criteo_dlrm.engine.trained.metrics import log_loss
-from criteo_dlrm.engine.trained.progress import best_path_for, load_best, remove_checkpoint
 from criteo_dlrm.engine.trained.reports import TrainingSummary
 from criteo_dlrm.engine.trained.scoring import calibrated, predict
 from criteo_dlrm.engine.training.distributed import launch
-from criteo_dlrm.engine.training.job import TrainingJob
+from criteo_dlrm.engine.training.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.training.process import train_process
+from criteo_dlrm.engine.training.run_state import best_path_for, load_best, remove_checkpoint
+from criteo_dlrm.models.shapes import DLRMConfig
 
 # Settings that change neither the data order nor the arithmetic: a run may resume across them (the
 # number of processes included: every process count sees the same global batches in the same order).
@@ -96,6 +97,36 @@ def run_training(
         ``(checkpoint, summary)``: the best checkpoint (weights, optimiser state, step, configuration,
         metadata version and encoder) and a JSON summary of the run.
     """
+    rates, model_config, device = _checked(config, train, validation, metadata)
+    everything = config.to_dict()
+    settings = {k: v for k, v in everything.items() if k not in NOT_IN_FINGERPRINT}
+    job = TrainingJob(
+        config=config,
+        train=str(train.folder) if train.folder is not None else train,
+        validation=str(validation.folder) if validation.folder is not None else validation,
+        table_sizes=metadata.table_sizes,
+        # Validating on other days is another run, never resumed into.
+        fingerprint=fingerprint(settings, metadata.vocabulary_sha256, train.lineage, validation.lineage),
+        run_version=run_version,
+        initial_ctr=model_config.initial_ctr,
+    )
+    finished = finished_fingerprint(job.fingerprint, everything, code_identity())
+    trained_because = None
+    if previous is not None and job.resume_path is not None:
+        reused, trained_because = _reuse(previous, job.fingerprint, everything, metadata.source_days)
+        if reused is not None:
+            return reused
+    outcome = _train(job)
+    gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
+    kept = KeptRun(outcome, job, model_config, metadata, metadata_version, finished, trained_because, rates)
+    return kept.checkpoint_and_summary(vocabularies, validation, device)
+
+
+def _checked(
+    config: TrainingConfig, train: EncodedArrays, validation: EncodedArrays, metadata: FeatureMetadata
+) -> tuple[str | None, DLRMConfig, torch.device]:
+    """What can be refused before any process starts (no rows, indices past the tables, impossible sizes, too
+    little memory, a mode the device cannot run), checked: ``(click-rate warning or None, model config, device)``."""
     if len(train) == 0 or len(validation) == 0:
         raise ConfigError("Training needs rows in both the training and the validation days.")
     table_sizes = metadata.table_sizes
@@ -105,99 +136,107 @@ def run_training(
     if rates:
         logger.warning("click rates: {}", rates)
     initial_ctr = metadata.click_rate if 0 < metadata.click_rate < 1 else None
-    model_config = config.model_config(table_sizes, initial_ctr)  # impossible sizes fail before any process starts
+    model_config = config.model_config(table_sizes, initial_ctr)
     check_replicated_memory(config, model_config)
     device = resolve_device(config.device, "training.device")
-    mode_class(config).check(config, device)  # before any process starts
-    everything = config.to_dict()
-    settings = {k: v for k, v in everything.items() if k not in NOT_IN_FINGERPRINT}
-    job = TrainingJob(
-        config=config,
-        train=str(train.folder) if train.folder is not None else train,
-        validation=str(validation.folder) if validation.folder is not None else validation,
-        table_sizes=table_sizes,
-        # Validating on other days is another run, never resumed into.
-        fingerprint=fingerprint(settings, metadata.vocabulary_sha256, train.lineage, validation.lineage),
-        run_version=run_version,
-        initial_ctr=initial_ctr,
-    )
-    finished = finished_fingerprint(job.fingerprint, everything, code_identity())
-    trained_because = None
-    if previous is not None and job.resume_path is not None:
-        reused, trained_because = _reuse(previous, job.fingerprint, everything, metadata.source_days)
-        if reused is not None:
-            return reused
-    # Two runs of the same settings on the same data would share (and overwrite) one in-progress checkpoint.
+    mode_class(config).check(config, device)
+    return rates, model_config, device
+
+
+def _train(job: TrainingJob) -> TrainingOutcome:
+    """Train ``job`` here, or in the processes it asks for, holding its in-progress checkpoint's lock: two runs
+    of the same settings on the same data would share (and overwrite) one in-progress checkpoint."""
     if job.resume_path is not None:
         remove_stale_locks(job.resume_path.parent, keep=job.resume_path)
     with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():
         try:
-            if config.launches_processes and not dist.is_initialized():
-                outcome = launch(job, config.distributed)
-            else:
-                outcome = train_process(job)
+            if job.config.launches_processes and not dist.is_initialized():
+                return launch(job, job.config.distributed)
+            return train_process(job)
         except KeyboardInterrupt:
             _say_how_to_resume(job.resume_path)
             raise
-    gc.collect()  # the trained model and its optimiser state are gone before the best one is read back
-    result = outcome.result
-    # Memory-mapped, read as it is written into the run's checkpoint; a sharded run's folder is not read: the
-    # catalog's dataset links its files into the checkpoint's version.
-    best = load_best(result)
-    sharded = "sharded_state" in best
-    if sharded:
-        best["sharded_state"]["tables"] = list(SPARSE_COLUMNS)
-    elif job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
-        remove_checkpoint(result.best_checkpoint)
-    encoder = FeatureEncoder.from_metadata(metadata, vocabularies, config.dense_transform)
-    trained_with = {
-        "version": metadata_version,
-        "vocabulary_sha256": metadata.vocabulary_sha256,
-        "train_ctr": metadata.click_rate,
-        "source_days": metadata.source_days,
-    }
-    run = {"run_version": run_version, "tensorboard_run": outcome.run_dir}
-    in_progress = job.resume_path
-    # Here, once, whatever ran the training (one process, the launcher's, a resumed run): the kept model's
-    # logits on the validation rows.
-    kept = model_from_checkpoint({"model_config": model_config.to_dict(), **best})
-    calibration = calibrate(kept, validation, config, Runtime(device, outcome.backends["precision"]))
-    del kept
-    warnings = [warning for warning in (rates, calibration.pop("warning", None)) if warning]
-    checkpoint = training_checkpoint(
-        result, best, model_config.to_dict(), everything, trained_with, encoder.state_dict(), calibration, run, finished
-    )
-    summary = TrainingSummary(
-        **run,
-        device=outcome.device,
-        processes=outcome.processes,
-        # What the run trained in, and with precision: auto why (engine.device.resolve_precision).
-        precision={key: value for key, value in outcome.backends.items() if key.startswith("precision")},
-        threads=outcome.backends.get("num_threads"),
-        embeddings=outcome.embeddings,
-        lookups_per_row=model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
-        steps=result.steps,
-        resumed_from_step=result.resumed_from_step,
-        best_step=result.best_step,
-        stopped_early=result.stopped_early,
-        target=result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
-        samples_per_second=result.samples_per_second,
-        best_validation=result.best_metrics,
-        calibration={key: value for key, value in calibration.items() if not key.startswith("knots")},
-        history=result.history,
-        warnings=warnings,
-        metadata_version=metadata_version,
-        source_days=metadata.source_days,
-        fingerprint=finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
-        settings=everything,  # what a later run that does not reuse this one names as its difference
-        trained_because=trained_because,
-        code=code_identity(),
-        # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
-        in_progress_checkpoint=str(in_progress) if in_progress is not None else None,
-        # Its files are linked into the stored checkpoint, then removed.
-        best_checkpoint=str(result.best_checkpoint) if sharded and in_progress is None else None,
-    )
-    return checkpoint.to_dict(), summary.to_dict()
+
+
+@dataclass(frozen=True)
+class KeptRun:
+    """A trained run, before its checkpoint and summary are assembled: the outcome of its processes, the job, the
+    model's configuration, the metadata it trained with, its fingerprint as a finished run, why it trained, and
+    its click-rate warning."""
+
+    outcome: TrainingOutcome
+    job: TrainingJob
+    model_config: DLRMConfig
+    metadata: FeatureMetadata
+    metadata_version: str | None
+    finished: str
+    trained_because: str | None
+    rates: str | None
+
+    def checkpoint_and_summary(
+        self, vocabularies: dict[str, np.ndarray] | None, validation: EncodedArrays, device: torch.device
+    ) -> tuple[dict, dict]:
+        """The run's checkpoint (the best model, read back memory-mapped, calibrated on ``validation``) and its
+        summary, whatever ran the training (one process, the launcher's, a resumed run)."""
+        outcome, result, config, metadata = self.outcome, self.outcome.result, self.job.config, self.metadata
+        # Memory-mapped, read as it is written into the run's checkpoint; a sharded run's folder is not read: the
+        # catalog's dataset links its files into the checkpoint's version.
+        best = load_best(result)
+        sharded = "sharded_state" in best
+        if sharded:
+            best["sharded_state"]["tables"] = list(SPARSE_COLUMNS)
+        elif self.job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
+            remove_checkpoint(result.best_checkpoint)
+        encoder = FeatureEncoder.from_metadata(metadata, vocabularies, config.dense_transform)
+        trained_with = {
+            "version": self.metadata_version,
+            "vocabulary_sha256": metadata.vocabulary_sha256,
+            "train_ctr": metadata.click_rate,
+            "source_days": metadata.source_days,
+        }
+        run = {"run_version": self.job.run_version, "tensorboard_run": outcome.run_dir}
+        in_progress = self.job.resume_path
+        model_config = self.model_config.to_dict()
+        # Here, once: the kept model's logits on the validation rows.
+        kept = model_from_checkpoint({"model_config": model_config, **best})
+        calibration = calibrate(kept, validation, config, Runtime(device, outcome.backends["precision"]))
+        del kept
+        warnings = [warning for warning in (self.rates, calibration.pop("warning", None)) if warning]
+        everything = config.to_dict()
+        checkpoint = training_checkpoint(
+            result, best, model_config, everything, trained_with, encoder.state_dict(), calibration, run, self.finished
+        )
+        summary = TrainingSummary(
+            **run,
+            device=outcome.device,
+            processes=outcome.processes,
+            # What the run trained in, and with precision: auto why (engine.device.resolve_precision).
+            precision={key: value for key, value in outcome.backends.items() if key.startswith("precision")},
+            threads=outcome.backends.get("num_threads"),
+            embeddings=outcome.embeddings,
+            lookups_per_row=self.model_config.lookups_per_row,  # 26, or the multi-hot sizes summed (MLPerf's: 214)
+            steps=result.steps,
+            resumed_from_step=result.resumed_from_step,
+            best_step=result.best_step,
+            stopped_early=result.stopped_early,
+            target=result.target,  # training.target_auc and when it was reached (MLPerf's time to target)
+            samples_per_second=result.samples_per_second,
+            best_validation=result.best_metrics,
+            calibration={key: value for key, value in calibration.items() if not key.startswith("knots")},
+            history=result.history,
+            warnings=warnings,
+            metadata_version=self.metadata_version,
+            source_days=metadata.source_days,
+            fingerprint=self.finished,  # a rerun with the same settings on the same rows reuses this run (``_reuse``)
+            settings=everything,  # what a later run that does not reuse this one names as its difference
+            trained_because=self.trained_because,
+            code=code_identity(),
+            # Removed once the checkpoint is stored (``finish_run``): until then a rerun resumes from it.
+            in_progress_checkpoint=str(in_progress) if in_progress is not None else None,
+            # Its files are linked into the stored checkpoint, then removed.
+            best_checkpoint=str(result.best_checkpoint) if sharded and in_progress is None else None,
+        )
+        return checkpoint.to_dict(), summary.to_dict()
 
 
 def finished_fingerprint(job_fingerprint: str, settings: dict, code: dict | None) -> str:

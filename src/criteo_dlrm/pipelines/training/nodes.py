@@ -83,8 +83,9 @@ def train_dlrm(
     previous_training_summary: Previous | None = None,
     previous_dlrm_checkpoint: Previous | None = None,
 ) -> tuple[dict, dict]:
-    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.training.recipe``); or, when
-    the latest finished run (``previous_*``, one version) trained with the same settings on the same rows, reuse it.
+    """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.training.recipe``); or,
+    when the latest finished run (``previous_*``, one version) trained with the same settings on the same rows, reuse
+    it.
 
     Returns:
         ``(dlrm_checkpoint, training_summary)``.
