@@ -1,6 +1,7 @@
 """Parsing raw cells: hex categories and decimal counts, against Python's own int()."""
 
 import random
+import string
 
 import pyarrow as pa
 import pytest
@@ -24,6 +25,33 @@ def test_parse_hex_flags_non_hex_and_too_long_values():
     parsed, bad = parse_hex(pa.array(["ffffffff", "0", "g1", "123456789", "", "é", None]))
     assert bad.tolist() == [False, False, True, True, True, True, False]
     assert parsed[:2].tolist() == [0xFFFFFFFF, 0]
+
+
+def _python_hex(text: bytes | None) -> tuple[int, bool]:
+    """Python's reading of a cell: ``(value, bad)``; 1-8 ASCII hex digits only (``int`` alone takes ``_``, spaces)."""
+    if text is None:
+        return 0, False
+    digits = text.decode("latin-1")
+    if not 1 <= len(digits) <= 8 or any(c not in string.hexdigits for c in digits):
+        return 0, True
+    return int(digits, 16), False
+
+
+@pytest.mark.parametrize("word", [b"0123abCD", b"a1f"])
+def test_every_byte_in_every_place_of_a_cell_is_read_as_python_reads_it(word):
+    """All 256 bytes in each place of an 8-digit cell (the packed path, nulls between) and of a shorter one
+    (the padded path), over more cells than one piece of the parse, against Python."""
+    cells = []
+    for place in range(len(word)):
+        for byte in range(256):
+            cell = bytearray(word)
+            cell[place] = byte
+            cells += [bytes(cell), None] if byte % 3 == 0 else [bytes(cell)]
+    cells *= 9  # about 25,000 cells: several pieces of 16,384
+    parsed, bad = parse_hex(pa.array(cells, pa.binary()))
+    expected = [_python_hex(cell) for cell in cells]
+    assert bad.tolist() == [flag for _, flag in expected]
+    assert parsed.tolist() == [value for value, _ in expected]
 
 
 def test_a_valid_integer_is_accepted_whatever_its_neighbours():
