@@ -33,3 +33,19 @@ def test_the_local_engine_counts_what_compute_feature_metadata_counts_and_starts
     expected, expected_vocabularies = compute_feature_metadata(tiny_days, config, progress=False)
     assert counted == expected and all((vocabularies[n] == expected_vocabularies[n]).all() for n in vocabularies)
     engine.stop()
+
+
+@pytest.mark.parametrize("name", ["local", "spark"])
+def test_the_run_s_hook_and_its_nodes_share_one_engine(name):
+    """Issue 60 item 5: the engine was built by the hook (which starts and stops it) and again by each of the three
+    preprocessing nodes from ``params:preprocessing``; one object now."""
+    from types import SimpleNamespace
+
+    from criteo_dlrm.config.preprocessing import PreprocessingConfig
+    from criteo_dlrm.hooks import ParameterHooks, PreprocessingEngineHooks
+
+    parameters = ParameterHooks()
+    parameters.configs = {"preprocessing": PreprocessingConfig.from_dict({"engine": name}, "preprocessing.")}
+    hooks = PreprocessingEngineHooks(parameters)
+    hooks.after_context_created(SimpleNamespace(config_loader={"spark": {}}))
+    assert hooks.engine is preprocessing_engine({"engine": name})  # as each node gets it from params:preprocessing

@@ -9,6 +9,7 @@ package's. A new engine is one more class in ``ENGINES``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -83,7 +84,13 @@ ENGINES: dict[str, type[PreprocessingEngine]] = {"local": LocalEngine, "spark": 
 
 
 def preprocessing_engine(preprocessing: dict | PreprocessingConfig) -> PreprocessingEngine:
-    """The engine ``params:preprocessing`` names (checked, with the parameter's name in any problem)."""
+    """The engine ``params:preprocessing`` names (checked, with the parameter's name in any problem): one object
+    per engine in a process, so the run's hook (which starts and stops it) and its nodes share it."""
     if not isinstance(preprocessing, PreprocessingConfig):
         preprocessing = PreprocessingConfig.from_dict(preprocessing, "preprocessing.")
-    return ENGINES[preprocessing.engine]()
+    return _built(preprocessing.engine)
+
+
+@functools.cache
+def _built(name: str) -> PreprocessingEngine:
+    return ENGINES[name]()
