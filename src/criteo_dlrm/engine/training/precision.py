@@ -1,11 +1,14 @@
-"""``training.precision: auto`` on a CPU, decided by the run's own step.
+"""``training.precision: auto``, decided by the run's own step, on a CPU and on a GPU.
 
-A CPU's bf16 matmul rate (``device.cpu_matmul_rates``) says whether bf16 can help at all; whether it helps this
+A CPU's bf16 matmul rate (``device.cpu_matmul_rates``), or a GPU's having bf16, says whether bf16 can help at all;
+whether it helps this
 run depends on the run's shapes: on the default model (batch 256, small layers) bf16's casts and the embedding
 work outweigh its faster matmuls (0.91x fp32 on an AMX CPU whose matmuls run 7.8x), on a wide one it trains 2x
-fp32. So where the matmuls say bf16 could help, a few steps of this run's own model and batch size are timed in
-both precisions, and bf16 is chosen only where its step is at least ``STEP_SPEEDUP`` times fp32's. The rates are
-kept per CPU, torch, threads and step shape in ``STEP_CACHE``: the next run of the same shape measures nothing.
+fp32. On an H200 the Kaggle-like model trained 0.79-0.93x fp32 in bf16: its step is the tables' lookups and their
+optimiser, and bf16 adds casts. So where bf16 could help, a few steps of this run's own model and batch size are
+timed in both precisions on the run's device, and bf16 is chosen only where its step is at least ``STEP_SPEEDUP``
+times fp32's. The rates are kept per CPU (or GPU), torch, threads and step shape in ``STEP_CACHE``: the next run
+of the same shape measures nothing.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ PROBE_MIN_STEPS = 2
 PROBE_TABLE_ROWS = 100_000
 
 
-def step_key(model_config: DLRMConfig, config: TrainingConfig) -> str:
-    """What decides a step's speed: the CPU, torch, the threads, the model's layers and the batch, the optimisers."""
+def step_key(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> str:
+    """What decides a step's speed: the CPU (or the GPU), torch, the threads, the model's layers and the batch, the
+    optimisers."""
     shape = dataclasses.asdict(model_config)
     shape.pop("table_sizes")
     shape.pop("initial_ctr", None)
     step = {"batch": config.batch_size.train, "dense_optimizer": config.dense_optimizer,
             "embedding_optimizer": config.embedding_optimizer, "model": shape}  # fmt: skip
-    return f"{machine_key()} | {json.dumps(step, sort_keys=True)}"
+    machine = machine_key() if device.type == "cpu" else f"{torch.cuda.get_device_name(device)} | {machine_key()}"
+    return f"{machine} | {json.dumps(step, sort_keys=True)}"
 
 
 def probe_config(config: TrainingConfig) -> TrainingConfig:
@@ -56,12 +61,17 @@ def probe_config(config: TrainingConfig) -> TrainingConfig:
     return probe
 
 
-def measure_step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict[str, float]:
-    """Training rows per second of this run's step on the CPU, in fp32 and in bf16: the model as configured (its
+def measure_step_rates(
+    model_config: DLRMConfig, config: TrainingConfig, device: torch.device | None = None
+) -> dict[str, float]:
+    """Training rows per second of this run's step on ``device``, in fp32 and in bf16: the model as configured (its
     tables cut to ``PROBE_TABLE_ROWS`` rows), a batch of the run's size, ``PROBE_SECONDS`` of steps each after a
-    warm-up, in rounds that alternate the precisions (each one's best round), in this process's threads."""
+    warm-up, in rounds that alternate the precisions (each one's best round), in this process's threads. On a GPU
+    each round waits for the device's work before it is timed and after."""
     from criteo_dlrm.engine.parallel.modes import SingleProcess
     from criteo_dlrm.engine.training.step import TrainStep
+
+    device = device if device is not None else torch.device("cpu")
 
     small = dataclasses.replace(model_config, table_sizes=[min(s, PROBE_TABLE_ROWS) for s in model_config.table_sizes])
     rows = config.batch_size.train
@@ -70,13 +80,15 @@ def measure_step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict
         (torch.rand(rows, generator=generator) < 0.25).float(),
         torch.randn(rows, model_config.dense_in_features, generator=generator),
         torch.stack([torch.randint(0, size, (rows,), generator=generator) for size in small.table_sizes], dim=1),
-    )
-    with torch.random.fork_rng(devices=[]):  # the run's random state as it was (the weights, dropout's draws)
+    ).to(device)  # on the device once, as the loader's prefetch hands the run's steps their batches
+    cuda = device.type == "cuda"
+    # The run's random state as it was (the weights, dropout's draws), the GPU's too.
+    with torch.random.fork_rng(devices=[device] if cuda else [], device_type=device.type):
         steps = {}
         for precision in PRECISIONS:
             settings = dataclasses.replace(probe_config(config), precision=precision)
             torch.manual_seed(0)
-            steps[precision] = TrainStep(SingleProcess.build(small, settings, torch.device("cpu")), settings)
+            steps[precision] = TrainStep(SingleProcess.build(small, settings, device), settings)
             for _ in range(PROBE_WARMUP_STEPS):
                 steps[precision](batch, 0, 1)
         # Rounds that alternate the precisions, each precision's best kept: a busy moment of the machine (or
@@ -84,20 +96,24 @@ def measure_step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict
         rates = dict.fromkeys(PRECISIONS, 0.0)
         for _ in range(PROBE_ROUNDS):
             for precision, step in steps.items():
+                if cuda:
+                    torch.cuda.synchronize(device)
                 count, start = 0, time.perf_counter()
                 while count < PROBE_MIN_STEPS or time.perf_counter() - start < PROBE_SECONDS / PROBE_ROUNDS:
                     step(batch, 0, 1)
                     count += 1
+                if cuda:
+                    torch.cuda.synchronize(device)
                 rates[precision] = max(rates[precision], count * rows / (time.perf_counter() - start))
     return rates
 
 
-def step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict[str, float]:
-    """``measure_step_rates``, kept in ``STEP_CACHE`` for the next runs of the same step on this CPU."""
+def step_rates(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> dict[str, float]:
+    """``measure_step_rates``, kept in ``STEP_CACHE`` for the next runs of the same step on this CPU or GPU."""
     return cached_rates(
         STEP_CACHE,
-        step_key(model_config, config),
-        lambda: measure_step_rates(model_config, config),
+        step_key(model_config, config, device),
+        lambda: measure_step_rates(model_config, config, device),
         "this run's step rates",
     )
 
@@ -105,14 +121,14 @@ def step_rates(model_config: DLRMConfig, config: TrainingConfig) -> dict[str, fl
 def choose_precision(
     config: TrainingConfig, model_config: DLRMConfig, device: torch.device
 ) -> tuple[str, str, float | None]:
-    """``(precision, why, bf16's step speed-up)`` for this run: as set; with ``auto`` on a GPU as
-    ``device.resolve_precision`` says; on a CPU fp32 where its matmuls say bf16 cannot help, else bf16 where this
-    run's own step measured at least ``STEP_SPEEDUP`` times as fast in bf16 (the speed-up None where not
-    measured)."""
+    """``(precision, why, bf16's step speed-up)`` for this run: as set; with ``auto`` fp32 where
+    ``device.resolve_precision`` says bf16 cannot help (a GPU without bf16, a CPU whose matmuls are not faster in
+    bf16), else bf16 where this run's own step measured at least ``STEP_SPEEDUP`` times as fast in bf16 on its
+    device (the speed-up None where not measured)."""
     precision, why = resolve_precision(config.precision, device)
-    if config.precision != "auto" or device.type != "cpu" or precision != "bf16":
+    if config.precision != "auto" or precision != "bf16":
         return precision, why, None
-    rates = step_rates(model_config, config)
+    rates = step_rates(model_config, config, device)
     speedup = rates["bf16"] / rates["fp32"]
     chosen = "bf16" if speedup >= STEP_SPEEDUP else "fp32"
     return (
