@@ -137,6 +137,24 @@ def bf16_against_fp32(device, arrays) -> tuple[bool, str]:
     return gap < 0.02, f"largest relative loss difference over 20 steps: {gap:.2%}"
 
 
+def auto_precision_probe(device, arrays) -> tuple[bool, str]:
+    """``precision: auto``'s step probe on the device: both precisions timed, the device's random state left as it
+    was; the figure says what auto would take for this model."""
+    from criteo_dlrm.engine.training.precision import STEP_SPEEDUP, measure_step_rates
+
+    settings = config(precision="auto")
+    cuda = device.type == "cuda"
+    before = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+    rates = measure_step_rates(settings.model_config(TABLES, 0.25), settings, device)
+    after = torch.cuda.get_rng_state(device) if cuda else torch.get_rng_state()
+    speedup = rates["bf16"] / rates["fp32"]
+    chosen = "bf16" if speedup >= STEP_SPEEDUP else "fp32"
+    return torch.equal(before, after) and min(rates.values()) > 0, (
+        f"bf16 step {speedup:.2f}x fp32 ({rates['bf16'] / 1e6:.2f}M against {rates['fp32'] / 1e6:.2f}M rows/s): "
+        f"auto takes {chosen}"
+    )
+
+
 def side_stream_batches(device, arrays) -> tuple[bool, str]:
     """Batches prefetched on a side stream (pinned, copied ahead) are byte-identical to plain copies."""
     loader = BatchLoader(arrays, 512, shuffle=True, pin_memory=device.type == "cuda")
@@ -335,6 +353,7 @@ def torchrec_on_device(device, arrays) -> tuple[bool, str] | str:
 CHECKS: dict[str, Callable] = {
     "SparseAdam / Adagrad / SGD on the device against the CPU": optimisers_against_cpu,
     "bf16 autocast against fp32": bf16_against_fp32,
+    "precision: auto's step probe on the device": auto_precision_probe,
     "pinned side-stream batches byte-identical": side_stream_batches,
     "compile modes with an odd last batch": compile_modes,
     "in-progress checkpoints: GPU memory": checkpoint_memory,
