@@ -11,8 +11,8 @@ global batch. For each count it prints:
 
 - samples/s: global batch rows per second (all processes together), the loader included;
 - step ms: one optimisation step, gradients all-reduced (dense and sparse embedding gradients);
-- step ms without sync: the same steps with no gradient exchange at all (DDP's ``no_sync()`` for the dense
-  gradients, and no all-gather of the sparse embedding gradients);
+- step ms without sync: the same steps with no gradient exchange at all (each process's replica outside DDP,
+  and no all-gather of the sparse embedding gradients);
 - communication share: 1 - (without sync / with sync), the part of a step spent on communication that
   the backward pass does not hide. With 1 process there is nothing to all-reduce.
 
@@ -36,7 +36,7 @@ from benchmarks.harness import Arguments, Table, describe_machine
 from benchmarks.training import CONFIGURATIONS, spec_batch, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import Batch, BatchLoader
 from criteo_dlrm.data.stored import open_encoded, write_encoded
-from criteo_dlrm.engine.parallel.modes import DataParallel, mode_class
+from criteo_dlrm.engine.parallel.modes import mode_around
 from criteo_dlrm.engine.training.distributed import launch_config
 from criteo_dlrm.engine.training.step import TrainStep
 from criteo_dlrm.models import DLRM
@@ -54,14 +54,6 @@ def join_process_group(device_kind: str) -> torch.device:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return device
-
-
-class WithoutExchange(DataParallel):
-    """The baseline: each process steps on its own share, no gradient leaves it (dense or sparse)."""
-
-    def backward(self, loss: torch.Tensor) -> None:
-        with self.train_model.no_sync():
-            loss.backward()
 
 
 def seconds_per_step(step: TrainStep, batches: Iterator[Batch], steps: int) -> float:
@@ -93,8 +85,8 @@ def _measure(folder: str, batch: int, steps: int, device_kind: str) -> dict:
     arrays = open_encoded(Path(folder))
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
-    synced = seconds_per_step(TrainStep(mode_class(config)(model, config, device), config), batches, steps)
-    alone = WithoutExchange(model, config, device) if world > 1 else mode_class(config)(model, config, device)
+    synced = seconds_per_step(TrainStep(mode_around(model, config, device), config), batches, steps)
+    alone = mode_around(model, config, device, data_parallel=False)  # no gradient leaves a process
     unsynced = seconds_per_step(TrainStep(alone, config), batches, steps)
     dist.destroy_process_group()
     return {"samples_per_second": batch / synced, "step_ms": 1000 * synced, "no_sync_ms": 1000 * unsynced}

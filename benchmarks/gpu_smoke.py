@@ -335,14 +335,14 @@ def torchrec_on_device(device, arrays) -> tuple[bool, str] | str:
     FBGEMM built for the device)."""
     if importlib.util.find_spec("torchrec") is None or importlib.util.find_spec("fbgemm_gpu") is None:
         return "TorchRec or FBGEMM is not installed here"
-    from criteo_dlrm.engine.parallel.modes import Sharded
+    from criteo_dlrm.engine.parallel.modes import ShardedTables
 
     settings = config(embedding_backend="torchrec", embedding_optimizer="rowwise_adagrad", num_epochs=1,
                       max_steps=10, validate_every_steps=5)  # fmt: skip
     rows = synthetic_arrays(4096, TABLES, seed=4)
-    with Sharded.process_group(device), tempfile.TemporaryDirectory() as folder:
+    with ShardedTables.process_group(device), tempfile.TemporaryDirectory() as folder:
         torch.manual_seed(0)
-        mode = Sharded.build(settings.model_config(TABLES, 0.25), settings, device)
+        mode = build_mode(settings.model_config(TABLES, 0.25), settings, device)
         trainer = Trainer(mode, settings, BatchLoader(rows, 256, shuffle=True), BatchLoader(rows, 1024),
                           Path(folder) / "run", resume_path=Path(folder) / "progress.pt", fingerprint="smoke")  # fmt: skip
         result = trainer.fit()

@@ -91,7 +91,7 @@ def child(table_gb: float, folder: Path, backend: str = "torch", rank: int = 0, 
     first = trainer()
     first.fit()
     if backend == "torchrec":
-        state = first.mode.sharded.bytes_per_rank[rank]
+        state = first.mode.placement.sharded.bytes_per_rank[rank]
         tables = state * DIM * 4 / (DIM * 4 + 4)  # row-wise Adagrad: one value a row
         [shards] = folder.glob("dlrm_x.state-*")
         written = sum(path.stat().st_size for path in shards.glob(f"part-*/__{rank}_*.distcp"))

@@ -65,7 +65,7 @@ def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: in
     model_config = spec_config({**CONFIGURATIONS["kaggle-like"], "tables": tables})
     torch.manual_seed(0)
     mode = build_mode(model_config, config, device)
-    summary = mode.summary()
+    summary = mode.placement.summary()
     if backend == "torchrec":
         memory = max(summary["bytes_per_rank"])
         types = sorted({t["sharding_type"] for t in summary["tables"]})

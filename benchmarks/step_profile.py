@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from benchmarks.harness import Arguments, Table, describe_machine
 from benchmarks.training import CONFIGURATIONS, flops_per_sample, spec_config, spec_training, synthetic_arrays
 from criteo_dlrm.data.batches import BatchLoader
-from criteo_dlrm.engine.parallel.modes import mode_class
+from criteo_dlrm.engine.parallel.modes import mode_around
 from criteo_dlrm.engine.training.step import TrainStep
 from criteo_dlrm.models import DLRM
 
@@ -82,7 +82,7 @@ def profile_step(precision: str, steps: int) -> tuple[dict, float]:
     settings = spec_training(SPEC, precision=precision)
     model = DLRM(spec_config(SPEC), sparse_gradients=settings.sparse_gradients)
     _scoped(model)
-    step = TrainStep(mode_class(settings)(model, settings, torch.device("cpu")), settings)
+    step = TrainStep(mode_around(model, settings, torch.device("cpu")), settings)
     arrays = synthetic_arrays(200_000, SPEC["tables"])
     loader = BatchLoader(arrays, settings.batch_size.train, shuffle=True)
 

@@ -25,7 +25,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.device import compile_model
-from criteo_dlrm.engine.parallel.modes import mode_class
+from criteo_dlrm.engine.parallel.modes import mode_around
 from criteo_dlrm.engine.training.step import TrainStep
 from criteo_dlrm.models import DLRM, DLRMConfig
 
@@ -76,7 +76,7 @@ def spec_batch(spec: dict) -> int:
 def training_step(model: nn.Module, config: TrainingConfig, device: torch.device, arrays: EncodedArrays):
     """The project loop's own optimisation step (``engine.training.step.TrainStep``: learning-rate schedule, forward,
     BCE with logits, backward, both optimisers), for a model already on ``device``."""
-    step = TrainStep(mode_class(config)(model, config, device), config)
+    step = TrainStep(mode_around(model, config, device), config)
     return lambda batch: step(batch, 0, 1)
 
 

@@ -68,6 +68,34 @@ def test_no_folder_of_the_package_holds_more_than_15_modules():
     assert not crowded, f"folders of more than 15 modules (split them into rooms): {crowded}"
 
 
+def _pass_throughs(path) -> list[str]:
+    """The one-call pass-throughs of ``path``: functions and methods (undecorated) whose whole body, past the
+    docstring, is one call (returned or not) given nothing but their own parameters, unchanged."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+            continue
+        body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+        if len(body) != 1 or not isinstance(body[0], ast.Return | ast.Expr) or not isinstance(body[0].value, ast.Call):
+            continue
+        call = body[0].value
+        arguments = [*call.args, *(keyword.value for keyword in call.keywords)]
+        parameters = {a.arg for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]}
+        names = {n.id for a in arguments for n in ast.walk(a) if isinstance(n, ast.Name)}
+        if names <= parameters and not any(isinstance(n, ast.Call) for a in arguments for n in ast.walk(a)):
+            found.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_modes_are_built_from_parts_and_the_package_holds_at_most_45_one_call_pass_throughs():
+    """Issue 60 item 3: the three mode classes delegated 30 methods to their parts (70 such pass-throughs in src);
+    a mode is now its parts (placement, group, optimisers), which the loop and the step call."""
+    modes = PACKAGE / "engine" / "parallel" / "modes.py"
+    assert _pass_throughs(modes) == [], "a mode hands no call on: its callers call the part"
+    found = [entry for path in sorted(PACKAGE.rglob("*.py")) for entry in _pass_throughs(path)]
+    assert len(found) <= 45, "\n".join(found)
+
+
 def _module_imports(path) -> set[str]:
     """criteo_dlrm modules ``path`` imports, at its top or inside functions, under ``TYPE_CHECKING`` too."""
     found = set()

@@ -139,11 +139,11 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     # The engine (torch) is imported by the runs that train, not by those that ingest, count or encode.
     from criteo_dlrm.engine.device import check_process_count, resolve_device
     from criteo_dlrm.engine.memory import check_lookup_memory
-    from criteo_dlrm.engine.parallel.modes import mode_class
+    from criteo_dlrm.engine.parallel.modes import placement_class
 
     device = resolve_device(config.device, "training.device")
     check_process_count(config.distributed.nproc_per_node, device)
-    mode_class(config).check(config, device)
+    placement_class(config).check(config, device)
     # The tables first, where their sizes are known: they hold a batch's lookups' rows many times over, and their
     # refusal names what shrinks them (an embedding dimension of 1e9 was refused as too many lookups a row).
     _check_known_tables(config, metadata, computes_metadata, catalog, device)

@@ -55,7 +55,7 @@ def test_bf16_autocast_runs_matmuls_in_bf16_and_fp32_is_untouched():
 def test_a_runtime_is_the_device_and_precision_a_model_computes_with_and_a_mode_holds_its_own():
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.engine.device import Runtime
-    from criteo_dlrm.engine.parallel.modes import SingleProcess
+    from criteo_dlrm.engine.parallel.modes import build_mode
     from tests.conftest import TINY_MODEL
 
     a = torch.randn(4, 4)
@@ -64,7 +64,7 @@ def test_a_runtime_is_the_device_and_precision_a_model_computes_with_and_a_mode_
     with Runtime().autocast():
         assert (a @ a).dtype == torch.float32
     config = TrainingConfig.from_dict({**TINY_MODEL, "precision": "bf16"})
-    mode = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
+    mode = build_mode(config.model_config([5] * 26), config, torch.device("cpu"))
     assert mode.runtime == Runtime(torch.device("cpu"), "bf16", None)
 
 

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import Runtime
-from criteo_dlrm.engine.parallel.group import InGroup, all_gather_rows, gather_rows_to_main, predict_alone
+from criteo_dlrm.engine.parallel.group import Group, all_gather_rows, gather_rows_to_main, predict_alone
 from criteo_dlrm.engine.trained.metrics import MetricError, binary_metrics
 from criteo_dlrm.models.dlrm import DLRM
 from tests.conftest import TINY_MODEL
@@ -27,7 +27,7 @@ def _two_ranks(rank: int, store_path: str, results) -> None:
         mine = _rows(rank)
         [everyone] = all_gather_rows(2, mine)
         on_main = gather_rows_to_main(2, rank, mine)
-        group = InGroup()
+        group = Group()
         mean = group.mean(torch.tensor([float(rank), 10.0], device=torch.device("cpu")))
         try:
             group.metrics(np.array([1, 1]), np.array([0.5, 0.5]) if rank == 0 else None)
@@ -73,7 +73,7 @@ def test_a_group_of_one_predicts_and_scores_as_one_process():
     loader = BatchLoader(arrays, 8)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        group = InGroup()
+        group = Group()
         gathered = group.predict(model, loader, Runtime())
         scored = group.metrics(arrays.labels, gathered)
     finally:

@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine.memory import embedding_bytes
-from criteo_dlrm.engine.parallel.modes import DataParallel, Sharded, SingleProcess, build_mode, mode_class
+from criteo_dlrm.engine.parallel.group import Group
+from criteo_dlrm.engine.parallel.modes import Mode, Replicated, ShardedTables, build_mode, placement_class
 from tests.conftest import TINY_MODEL
 
 SIZES = [3 + 5 * f for f in range(26)]
@@ -22,12 +23,19 @@ def _torchrec(**values) -> TrainingConfig:
     return _config(embedding_backend="torchrec", embedding_optimizer="rowwise_adagrad", **values)
 
 
-def test_the_backend_and_the_process_group_choose_the_mode():
-    assert mode_class(_config()) is SingleProcess
-    assert mode_class(_torchrec()) is Sharded
+def test_the_backend_chooses_the_placement_and_the_process_group_the_group():
+    assert placement_class(_config()) is Replicated
+    assert placement_class(_torchrec()) is ShardedTables
+    alone = Group()
+    assert (alone.rank, alone.world_size, alone.backend, alone.is_main) == (0, 1, None, True)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert mode_class(_config()) is SingleProcess, "a group of one trains alone"
+        group = Group()
+        assert (group.world_size, group.backend) == (1, "gloo")
+        assert Group(alone=True).backend is None, "the precision probe's steps run alone inside a group"
+        mode = build_mode(_config().model_config(SIZES), _config(), CPU)
+        assert mode.train_model is mode.model, "a group of one trains alone: no DDP"
+        assert mode.runtime.backend == "gloo", "where its predictions are gathered"
     finally:
         dist.destroy_process_group()
 
@@ -36,9 +44,14 @@ def test_a_single_process_builds_its_model_and_counts_every_parameter():
     config = _config()
     torch.manual_seed(0)
     mode = build_mode(config.model_config(SIZES), config, CPU)
-    assert type(mode) is SingleProcess and mode.train_model is mode.model
+    assert type(mode.placement) is Replicated and mode.train_model is mode.model
+    assert mode.optimizers is mode.placement.optimizers and list(mode.optimizers) == ["dense", "embeddings"]
     assert mode.parameter_count() == sum(p.numel() for p in mode.model.parameters())
-    assert mode.summary() == {"backend": "torch", "bytes_per_process": embedding_bytes(SIZES, [8] * 26, "sparse_adam")}
+    assert mode.placement.summary() == {
+        "backend": "torch",
+        "bytes_per_process": embedding_bytes(SIZES, [8] * 26, "sparse_adam"),
+    }
+    assert mode.is_main and mode.world_size == 1 and mode.loss_weight(64) == 1 / 64
     assert all(p.grad is None for p in mode.model.parameters())
     torch.manual_seed(0)
     again = build_mode(config.model_config(SIZES), config, CPU)
@@ -59,40 +72,63 @@ def test_a_sharded_mode_builds_torchrec_s_model_in_a_group_of_its_own_and_report
     pytest.importorskip("torchrec", reason="the torchrec extra is not installed")
     config = _torchrec()
     assert not dist.is_initialized()
-    with Sharded.process_group(CPU):
+    with ShardedTables.process_group(CPU):
         assert dist.get_world_size() == 1
         torch.manual_seed(0)
         mode = build_mode(config.model_config(SIZES), config, CPU)
-        summary = mode.summary()
+        summary = mode.placement.summary()
         torch.manual_seed(0)
         alone = build_mode(config.model_config(SIZES), _config(), CPU)
         assert mode.parameter_count() == alone.parameter_count(), "the sharded tables are counted whole"
     assert not dist.is_initialized(), "its own group is closed again"
-    assert type(mode) is Sharded and list(mode.optimizers) == ["dense"], "the tables' optimiser is fused"
+    assert type(mode.placement) is ShardedTables and list(mode.optimizers) == ["dense"], (
+        "the tables' optimiser is fused"
+    )
     assert summary["backend"] == "torchrec" and [t["table"] for t in summary["tables"]] == [
         f"SPARSE_{i}" for i in range(26)
     ]
     assert summary["bytes_per_rank"] == [embedding_bytes(SIZES, [8] * 26, "rowwise_adagrad")]
 
 
-def test_data_parallel_is_the_mode_of_a_group_of_more_than_one(monkeypatch):
+def test_a_replica_in_a_group_of_more_than_one_is_data_parallel_and_rank_1_writes_nothing(monkeypatch):
+    """Rank 1 of 2 (the group stood in): its replica under DDP with the sparse tables left out of it, its loss weighted
+    by the processes' number, nothing of its state handed out (rank 0 writes the replicas' one state)."""
+    from criteo_dlrm.engine.parallel import modes
+
+    wrapped, ignored = [], []
+
+    class StandInDDP:
+        def __init__(self, model, **options):
+            wrapped.append(options)
+
+        @staticmethod
+        def _set_params_and_buffers_to_ignore_for_model(model, names):
+            ignored.extend(names)
+
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda *args: 2)
-    assert mode_class(_config()) is DataParallel
-    assert mode_class(_torchrec()) is Sharded
-
-
-def test_every_mode_has_what_the_loop_and_the_step_call():
-    from criteo_dlrm.engine.parallel.modes import ParallelMode, SingleProcess
-
-    methods = {name for name, value in vars(ParallelMode).items() if callable(value) and not name.startswith("_")}
-    for mode in (SingleProcess, DataParallel, Sharded):
-        assert {name for name in methods if not callable(getattr(mode, name, None))} == set(), mode
-        assert isinstance(getattr(mode, "is_main", None), property), mode
-        assert mode.__mro__ == (mode, object), f"{mode.__name__} holds its parts, it overrides no other mode"
+    monkeypatch.setattr(dist, "get_rank", lambda *args: 1)
+    monkeypatch.setattr(dist, "get_backend", lambda *args: "gloo")
+    monkeypatch.setattr(modes, "DistributedDataParallel", StandInDDP)
     config = _config()
-    built = SingleProcess.build(config.model_config([5] * 26), config, torch.device("cpu"))
-    assert isinstance(built, ParallelMode) and built.world_size == 1 and built.is_main
+    mode = build_mode(config.model_config(SIZES), config, CPU)
+    assert isinstance(mode.train_model, StandInDDP) and wrapped == [{"device_ids": None, "broadcast_buffers": False}]
+    tables = len(mode.model.embedding_parameters())
+    assert len(ignored) == tables > 0 and all(name.startswith("embeddings.") for name in ignored), ignored
+    assert not mode.is_main and mode.world_size == 2 and mode.loss_weight(64) == 2 / 64
+    assert mode.placement.saved_state() is None
+    assert mode.runtime.backend == "gloo"
+
+
+def test_every_mode_is_its_parts():
+    """One ``Mode`` class of a placement, a group and a runtime: the step and the loop call the parts."""
+    config = _config()
+    built = build_mode(config.model_config([5] * 26), config, CPU)
+    assert type(built) is Mode and isinstance(built.group, Group) and built.runtime.device == CPU
+    for placement in (Replicated, ShardedTables):
+        for name in ("check", "process_group", "build", "summary", "describe", "exchange_gradients"):
+            assert callable(getattr(placement, name, None)), (placement, name)
+        assert placement.__mro__ == (placement, object), f"{placement.__name__} overrides no other placement"
 
 
 def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_does():
@@ -108,7 +144,7 @@ def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_do
 
     config = _torchrec()
     arrays = _arrays(np.random.default_rng(0), 64)
-    with nccl_like(), Sharded.process_group(CPU):
+    with nccl_like(), ShardedTables.process_group(CPU):
         with pytest.raises(HostTensorError, match="NCCL refuses it"):
             gather_rows_to_main(1, 0, torch.from_numpy(np.arange(3.0)))  # host rows, as a GPU run would hold them
         torch.manual_seed(0)
@@ -116,9 +152,9 @@ def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_do
         batch = Batch(torch.rand(16).round(), torch.randn(16, 13), torch.randint(0, 5, (16, 26))).to(CPU)
         TrainStep(mode, config)(batch, 0, 1)
         assert mode.weights_finite()
-        assert mode.mean_over_processes(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
+        assert mode.group.mean(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
         assert mode.runtime.backend == "nccl", "the package takes its NCCL branches"
-        assert len(mode.predict(BatchLoader(arrays, 8))) == 64
+        assert len(mode.group.predict(mode.model, BatchLoader(arrays, 8), mode.runtime)) == 64
 
 
 def test_a_mode_hands_out_its_live_state_and_the_in_progress_checkpoint_alone_writes_it():
@@ -132,7 +168,7 @@ def test_a_mode_hands_out_its_live_state_and_the_in_progress_checkpoint_alone_wr
     config = _config()
     torch.manual_seed(0)
     mode = build_mode(config.model_config(SIZES), config, CPU)
-    state = mode.saved_state()
+    state = mode.placement.saved_state()
     assert state.shards is None and set(state.entries) == {"model_state", "optimizer_state"}
     live = mode.model.state_dict()
     assert all(state.entries["model_state"][name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())

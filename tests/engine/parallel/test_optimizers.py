@@ -116,7 +116,7 @@ def test_sparse_adam_steps_as_torch_s_within_rounding_and_shares_its_state(maxim
     mine, reference = SparseAdam([ours], **settings), torch.optim.SparseAdam([theirs], **settings)
     for step in range(6):
         gradient = _row_gradient(generator, rows=50, lookups=80, dim=4)
-        ours.grad = gradient if step % 2 else gradient.coalesce()  # DataParallel's are summed already
+        ours.grad = gradient if step % 2 else gradient.coalesce()  # a data-parallel exchange sums them already
         theirs.grad = gradient.clone()
         mine.step()
         reference.step()

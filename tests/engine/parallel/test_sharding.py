@@ -23,7 +23,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import PreviousVersionDataset, TorchCheckpointDataset
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
-from criteo_dlrm.engine.parallel.modes import build_mode, mode_class
+from criteo_dlrm.engine.parallel.modes import build_mode, placement_class
 from criteo_dlrm.engine.parallel.sharding import _dense_state, _grouped, shard_model
 from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics
@@ -179,7 +179,7 @@ def test_an_optimiser_without_a_fused_cpu_kernel_is_refused_naming_the_ones_that
 ):
     config = _config(tmp_path, embedding_optimizer="sparse_adam")
     with pytest.raises(ConfigError, match=r"'sparse_adam' has no fused TorchRec kernel on cpu: use one of .*rowwise"):
-        mode_class(config).check(config, torch.device("cpu"))  # what preflight and the recipe ask
+        placement_class(config).check(config, torch.device("cpu"))  # what preflight and the recipe ask
     with pytest.raises(ConfigError, match=r"'sparse_adam' has no fused TorchRec kernel on cpu"):
         build_mode(config.model_config(_table_sizes(tiny_features)), config, torch.device("cpu"))
 
@@ -379,8 +379,8 @@ def test_two_processes_shards_load_into_one_process_exactly_as_they_were_written
         trainer = tiny_trainer(tiny_features, one, tmp_path / "one", resume_path=progress,
                                fingerprint=values["fingerprint"])  # fmt: skip
         assert trainer.state.step == values["step"]
-        loaded = trainer.mode.sharded.model_state()
-        fused = trainer.mode.sharded.optimizer_state()
+        loaded = trainer.mode.placement.sharded.model_state()
+        fused = trainer.mode.placement.sharded.optimizer_state()
     finally:
         dist.destroy_process_group()
     assert loaded.keys() == written.keys()
@@ -429,18 +429,17 @@ def test_adagrad_s_epsilon_reaches_torchrec_s_fused_kernel(tiny_features, tmp_pa
     """Issue 47 item 2: ``training.adagrad_eps`` (MLPerf's DLRM-DCNv2 sets 1e-8) is FBGEMM's too: the first step's
     update is lr g / (sqrt(g^2) + eps), so a large epsilon shrinks it where a tiny one leaves sign(g)."""
     from criteo_dlrm.data.batches import Batch
-    from criteo_dlrm.engine.parallel.modes import Sharded
     from criteo_dlrm.engine.training.step import TrainStep
 
     def first_step(eps: float) -> torch.Tensor:
         config = _config(tmp_path, embedding_optimizer=optimizer, adagrad_eps=eps, embedding_learning_rate=0.1)
         model_config = config.model_config(_table_sizes(tiny_features))
         torch.manual_seed(5)
-        mode = Sharded.build(model_config, config, torch.device("cpu"))
-        before = mode.sharded.model_state()["embeddings.0.weight.weight"].clone()
+        mode = build_mode(model_config, config, torch.device("cpu"))
+        before = mode.placement.sharded.model_state()["embeddings.0.weight.weight"].clone()
         dense, sparse = _inputs(model_config, rows=64)
         TrainStep(mode, config)(Batch((dense[:, 0] > 0).float(), dense, sparse), 0, 10)
-        return mode.sharded.model_state()["embeddings.0.weight.weight"] - before
+        return mode.placement.sharded.model_state()["embeddings.0.weight.weight"] - before
 
     tiny, large = first_step(1e-10), first_step(1e3)
     moved = tiny.abs().sum(1) > 0
@@ -452,7 +451,6 @@ def test_embedding_weight_decay_reaches_the_rows_a_sharded_model_looked_up(tiny_
     """The L2 term is taken outside the model (``engine.training.step.LookedUpSquares``): with TorchRec's tables inside
     DistributedModelParallel too, it is the sum of the looked-up rows' squares (a naive count from the state)."""
     from criteo_dlrm.data.batches import Batch
-    from criteo_dlrm.engine.parallel.modes import Sharded
     from criteo_dlrm.engine.training.step import TrainStep
     from criteo_dlrm.models.torchrec_embeddings import split_tables
 
@@ -461,8 +459,8 @@ def test_embedding_weight_decay_reaches_the_rows_a_sharded_model_looked_up(tiny_
         config = _config(tmp_path, embedding_weight_decay=decay)
         model_config = config.model_config(_table_sizes(tiny_features))
         torch.manual_seed(5)
-        mode = Sharded.build(model_config, config, torch.device("cpu"))
-        tables = split_tables(mode.sharded.model_state(), model_config)
+        mode = build_mode(model_config, config, torch.device("cpu"))
+        tables = split_tables(mode.placement.sharded.model_state(), model_config)
         dense, sparse = _inputs(model_config, rows=64)
         losses[decay] = float(TrainStep(mode, config)(Batch((dense[:, 0] > 0).float(), dense, sparse), 0, 10))
     squares = sum(float(tables[f][int(index)].square().sum()) for row in sparse for f, index in enumerate(row))

@@ -8,7 +8,7 @@ from torch import nn
 
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays
-from criteo_dlrm.engine.parallel import modes
+from criteo_dlrm.engine.parallel import group as parallel_group
 from criteo_dlrm.engine.parallel.optimizers import build_optimizers
 from criteo_dlrm.engine.training.loop import Trainer, TrainingDivergedError
 from criteo_dlrm.engine.training.profiling import TOP_OPS_REPORT
@@ -143,7 +143,7 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
             "accuracy": 0.7,
         }
 
-    monkeypatch.setattr(modes, "binary_metrics", scripted)
+    monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
     result = _trainer(
         tiny_features, tmp_path, _config(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)
     ).fit()
@@ -161,7 +161,7 @@ def _scripted_aucs(monkeypatch, aucs: list[float]) -> None:
         return {"rows": len(labels), "ctr": 0.25, "auc": auc, "log_loss": 0.5 - 0.01 * index,
                 "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
 
-    monkeypatch.setattr(modes, "binary_metrics", scripted)
+    monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
 
 
 def test_target_auc_stops_at_the_first_validation_that_reaches_it_and_says_when(tiny_features, tmp_path, monkeypatch):
@@ -320,8 +320,8 @@ def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tm
     from loguru import logger
 
     losses = iter([0.5, 0.4, 0.45, 0.46])
-    real = modes.binary_metrics
-    monkeypatch.setattr(modes, "binary_metrics", lambda y, p: {**real(y, p), "log_loss": next(losses)})
+    real = parallel_group.binary_metrics
+    monkeypatch.setattr(parallel_group, "binary_metrics", lambda y, p: {**real(y, p), "log_loss": next(losses)})
     lines: list[str] = []
     sink = logger.add(lines.append, format="{message}")
     try:
@@ -399,7 +399,7 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
         return {"rows": len(labels), "ctr": 0.25, "auc": 0.7, "log_loss": next(losses), "normalized_entropy": 0.9,
                 "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
 
-    monkeypatch.setattr(modes, "binary_metrics", scripted)
+    monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
     stopped = _trainer(
         tiny_features, tmp_path / "stop", _config(num_epochs=3, validations_per_epoch=4, early_stopping_patience=1)
     ).fit()

@@ -179,7 +179,8 @@ def test_a_data_parallel_step_waits_once_more_for_every_table_group_s_row_counts
     two processes: each group's counts copied from host memory, their largest read, each process's count read)."""
     import torch.distributed as dist
 
-    from criteo_dlrm.engine.parallel.modes import DataParallel
+    from criteo_dlrm.engine.parallel.modes import mode_around
+    from criteo_dlrm.models.dlrm import DLRM
     from tests.host_syncs import HostSyncs
 
     settings = {"interaction": "dcn", "sparse_embedding_sizes": [4] * 13 + [8] * 13, "phase_timing": False}
@@ -188,7 +189,8 @@ def test_a_data_parallel_step_waits_once_more_for_every_table_group_s_row_counts
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        mode = DataParallel.build(config.model_config(SIZES), config, torch.device("cpu"))
+        model = DLRM(config.model_config(SIZES), sparse_gradients=config.sparse_gradients)
+        mode = mode_around(model, config, torch.device("cpu"), data_parallel=True)  # DDP and the exchange
         step = TrainStep(mode, config)
         step(batch, 0, 10)
         counts = [state["step"] for name in mode.optimizers for state in mode.optimizers[name].state.values()]

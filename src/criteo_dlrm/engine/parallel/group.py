@@ -1,6 +1,7 @@
-"""Averages and validation over a process group, the part the multi-process modes share: every process scores its
-share of the rows, rank 0 gathers them back into row order and computes the metrics once, every process gets them;
-and the all-gathers they are built on (rows of any count per process, padded to the longest)."""
+"""The processes a run trains in, one part of every parallel mode (``engine.parallel.modes``): this process alone,
+or its rank of the initialised process group. Averages, an answer every process agrees on, and validation: every
+process scores its share of the rows, rank 0 gathers them back into row order and computes the metrics once, every
+process gets them; and the all-gathers they are built on (rows of any count per process, padded to the longest)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,34 @@ def predict_alone(model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndar
     return predict(model, loader, runtime, on_device=runtime.device.type == "cuda")
 
 
-class InGroup:
-    """Averages and validation over the initialised process group, a part of each multi-process mode: every process
-    scores its share of the rows, rank 0 gathers them and computes the metrics, every process gets them."""
+class Group:
+    """The processes of a run: this one alone (rank 0 of 1, no backend), or its rank of the initialised process group
+    (a group of one too: torchrun with one process, TorchRec's group of this process). Averages, answers every
+    process agrees on, and validation over them: every process scores its share of the rows, rank 0 gathers them and
+    computes the metrics, every process gets them.
 
-    def __init__(self) -> None:
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.backend = dist.get_backend()
+    Args:
+        alone: this process alone even inside a process group (the precision probe's steps).
+    """
+
+    def __init__(self, alone: bool = False) -> None:
+        joined = not alone and dist.is_available() and dist.is_initialized()
+        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if joined else (0, 1)
+        self.backend: str | None = dist.get_backend() if joined else None
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process is rank 0: the one that writes, logs and holds the gathered predictions."""
+        return self.rank == 0
+
+    def all_true(self, flag: bool, device: torch.device) -> bool:
+        """Whether ``flag`` holds in every process of the group (the same answer in each), reduced as a tensor on
+        ``device``: NCCL serves CUDA tensors only (a host one fails as the Trainer is built, resume on)."""
+        if self.backend is None:
+            return flag
+        value = torch.tensor([float(flag)], device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:

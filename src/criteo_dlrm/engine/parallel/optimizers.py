@@ -104,11 +104,17 @@ def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.opt
 class Optimizers:
     """The optimisers a mode steps in this process, by name (``dense``, and ``embeddings`` unless dense Adam
     covers everything or TorchRec fuses the tables' into backward), with the base learning rates that warm-up and
-    decay scale."""
+    decay scale.
 
-    def __init__(self, model: DLRM, config: TrainingConfig):
+    Args:
+        fused: TorchRec's fused optimiser of the sharded tables (it updates them inside backward): scaled and
+            reported with the others (``embedding_learning_rate``), never stepped, zeroed or written here.
+    """
+
+    def __init__(self, model: DLRM, config: TrainingConfig, fused: torch.optim.Optimizer | None = None):
         self.by_name = build_optimizers(model, config)
         self.base_rates = {name: [g["lr"] for g in opt.param_groups] for name, opt in self.by_name.items()}
+        self.fused, self.fused_base_rate = fused, config.embedding_learning_rate
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.by_name)
@@ -117,16 +123,21 @@ class Optimizers:
         return self.by_name[name]
 
     def scale(self, factor: float) -> None:
-        """Every optimiser at its base rate times ``factor``."""
+        """Every optimiser at its base rate times ``factor`` (the fused one from the next backward on)."""
         for name, optimizer in self.by_name.items():
             for group, base in zip(optimizer.param_groups, self.base_rates[name], strict=True):
                 group["lr"] = base * factor
+        if self.fused is not None:
+            for group in self.fused.param_groups:
+                group["lr"] = self.fused_base_rate * factor
+            self.fused.step()  # a fused optimiser's step only hands the rate to its kernels: the update ran in backward
 
     def rates(self) -> dict[str, float]:
         """The current rates, for the logs: ``learning_rate`` and ``embedding_learning_rate``."""
         rates = {"learning_rate": self.by_name["dense"].param_groups[0]["lr"]}
-        if "embeddings" in self.by_name:
-            rates["embedding_learning_rate"] = self.by_name["embeddings"].param_groups[0]["lr"]
+        embeddings = self.by_name.get("embeddings", self.fused)
+        if embeddings is not None:
+            rates["embedding_learning_rate"] = embeddings.param_groups[0]["lr"]
         return rates
 
     def zero_grad(self) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from loguru import logger
 
 from criteo_dlrm.common.errors import ConfigError, Fix
 from criteo_dlrm.config.training import EMBEDDING_OPTIMIZERS, TrainingConfig
@@ -94,9 +93,6 @@ class ShardedDLRM:
     bytes_per_rank: list[int]
     names: list[str] = field(default_factory=list)
 
-    def summary(self) -> dict:
-        return {"backend": "torchrec", "tables": self.plan, "bytes_per_rank": self.bytes_per_rank}
-
     # -- state in the torch backend's layout -----------------------------------------------------
     def model_state(self) -> dict[str, torch.Tensor] | None:
         """The whole model's state, tables gathered, in the torch backend's layout on rank 0 (None on the
@@ -141,13 +137,6 @@ class ShardedDLRM:
         skipped with a warning: the tables keep their weights, the optimiser starts afresh."""
         scatter_state(flat_state(self.model.fused_optimizer.state_dict()["state"]), state, strict=False)
 
-    def set_learning_rate(self, rate: float) -> None:
-        """The fused optimiser's learning rate from the next backward on (warm-up and decay)."""
-        optimizer = self.model.fused_optimizer
-        for group in optimizer.param_groups:
-            group["lr"] = rate
-        optimizer.step()  # a fused optimiser's step only hands the rate to its kernels: the update ran in backward
-
 
 def _grouped(state: dict[str, torch.Tensor], config: DLRMConfig, names: list[str]) -> dict[str, torch.Tensor]:
     """A whole model's state with TorchRec's per-feature tables (``names``' order) -> the torch backend's layout."""
@@ -189,7 +178,7 @@ def shard_model(
     # in-progress checkpoint): TorchRec's choice, nothing a user of this project can act on.
     warnings.filterwarnings("ignore", message="Please use DTensor instead and we are deprecating ShardedTensor")
     # The tables' gradients are averaged over the processes (their all-to-all backward divides by the number):
-    # with each process's loss its own rows' mean (``modes.Sharded.loss_weight``) that is the global batch's.
+    # with each process's loss its own rows' mean (``modes.Mode.loss_weight``) that is the global batch's.
     comm_ops.set_gradient_division(True)
     module = DLRM(model_config, embeddings=TorchRecEmbeddings(model_config, names, device="meta"))
     apply_optimizer_in_backward(
@@ -263,12 +252,3 @@ def _describe_plan(plan, model_config: DLRMConfig, names: list[str], world_size:
             }
         )
     return tables, bytes_per_rank
-
-
-def log_plan(sharded: ShardedDLRM) -> None:
-    lines = [
-        f"{t['table']:<10} {t['rows']:>12,} x {t['dim']:<4} {t['sharding_type']:<18} ranks {t['ranks']}"
-        for t in sharded.plan
-    ]
-    per_rank = ", ".join(f"rank {r}: {b / 1e6:,.1f} MB" for r, b in enumerate(sharded.bytes_per_rank))
-    logger.info("TorchRec sharding plan (tables + optimiser state {}):\n  {}", per_rank, "\n  ".join(lines))

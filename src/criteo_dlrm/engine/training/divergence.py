@@ -28,7 +28,7 @@ class DivergenceCheck:
         """The losses of the steps up to ``step`` as one CPU tensor (averaged over the processes); raises
         ``TrainingDivergedError`` naming the first non-finite step."""
         values = torch.stack(losses).float() if losses else torch.zeros(0, device=self.mode.device)
-        values = self.mode.mean_over_processes(values).cpu()
+        values = self.mode.group.mean(values).cpu()
         if not torch.isfinite(values).all():
             bad_step = step - len(values) + int(torch.nonzero(~torch.isfinite(values))[0]) + 1
             raise TrainingDivergedError(

@@ -24,7 +24,7 @@ from loguru import logger
 from criteo_dlrm.common.progress import progress_bar
 from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, Prefetcher
-from criteo_dlrm.engine.parallel.modes import ParallelMode
+from criteo_dlrm.engine.parallel.modes import Mode
 from criteo_dlrm.engine.trained.metrics import MetricError
 from criteo_dlrm.engine.trained.result import TrainingResult
 from criteo_dlrm.engine.training.divergence import DivergenceCheck, TrainingDivergedError
@@ -59,7 +59,7 @@ class Trainer:
 
     def __init__(
         self,
-        mode: ParallelMode,
+        mode: Mode,
         config: TrainingConfig,
         train_loader: BatchLoader,
         validation_loader: BatchLoader,
@@ -220,7 +220,7 @@ class Trainer:
         scalars = {
             "train/loss": loss,
             "train/samples_per_second": rate,
-            **{f"train/{name}": value for name, value in self.mode.learning_rates().items()},
+            **{f"train/{name}": value for name, value in self.mode.optimizers.rates().items()},
             "train/processes": self.mode.world_size,
         }
         if self.phases_timed:
@@ -231,10 +231,12 @@ class Trainer:
     def _validate(self, epoch: int) -> bool:
         """Score the whole validation set; returns True when early stopping or the target AUC says stop."""
         started, state, target = time.perf_counter(), self.state, self.config.target_auc
-        probabilities = self.mode.predict(self.validation_loader)  # on rank 0 only
+        probabilities = self.mode.group.predict(
+            self.mode.model, self.validation_loader, self.mode.runtime
+        )  # on rank 0 only
         labels = self.validation_loader.arrays.checked_labels() if self.is_main else None
         try:
-            metrics = self.mode.metrics(labels, probabilities)  # computed once, known to every process
+            metrics = self.mode.group.metrics(labels, probabilities)  # computed once, known to every process
         except MetricError as error:
             raise MetricError(f"Validation at step {state.step}: {error}") from error
         self.metric_logger.log_scalars({f"validation/{k}": v for k, v in metrics.items() if k != "rows"}, state.step)

@@ -68,7 +68,8 @@ def measure_step_rates(
     tables cut to ``PROBE_TABLE_ROWS`` rows), a batch of the run's size, ``PROBE_SECONDS`` of steps each after a
     warm-up, in rounds that alternate the precisions (each one's best round), in this process's threads. On a GPU
     each round waits for the device's work before it is timed and after."""
-    from criteo_dlrm.engine.parallel.modes import SingleProcess
+    from criteo_dlrm.engine.parallel.group import Group
+    from criteo_dlrm.engine.parallel.modes import build_mode
     from criteo_dlrm.engine.training.step import TrainStep
 
     device = device if device is not None else torch.device("cpu")
@@ -88,7 +89,7 @@ def measure_step_rates(
         for precision in PRECISIONS:
             settings = dataclasses.replace(probe_config(config), precision=precision)
             torch.manual_seed(0)
-            steps[precision] = TrainStep(SingleProcess.build(small, settings, device), settings)
+            steps[precision] = TrainStep(build_mode(small, settings, device, Group(alone=True)), settings)
             for _ in range(PROBE_WARMUP_STEPS):
                 steps[precision](batch, 0, 1)
         # Rounds that alternate the precisions, each precision's best kept: a busy moment of the machine (or

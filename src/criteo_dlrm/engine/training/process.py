@@ -16,7 +16,7 @@ from loguru import logger
 from criteo_dlrm.config.evaluation import PRECISIONS
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.device import configure_backends, resolve_device
-from criteo_dlrm.engine.parallel.modes import mode_class
+from criteo_dlrm.engine.parallel.modes import build_mode, placement_class
 from criteo_dlrm.engine.training.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.training.loop import Trainer
 from criteo_dlrm.engine.training.precision import choose_precision
@@ -27,8 +27,7 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
     """Train ``job`` in this process (alone, or as its rank of the initialised process group)."""
     config = job.config
     device = device or resolve_device(config.device, "training.device")
-    mode_type = mode_class(config)
-    with mode_type.process_group(device):
+    with placement_class(config).process_group(device):
         rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         backends = configure_backends(device, config.allow_tf32, config.num_threads)
         model_config = config.model_config(job.table_sizes, job.initial_ctr)
@@ -47,7 +46,7 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
             backends["precision_bf16_step_speedup"] = round(speedup, 3)
         config = dataclasses.replace(config, precision=precision)
         torch.manual_seed(config.seed)  # the same initial weights in every process
-        mode = mode_type.build(model_config, config, device)
+        mode = build_mode(model_config, config, device)
         pin = device.type == "cuda"
         train_loader = BatchLoader(
             job.rows("train"),
@@ -73,11 +72,13 @@ def train_process(job: TrainingJob, device: torch.device | None = None) -> Train
             backends=backends,
         )
         if trainer.is_main:
-            mode.describe()
+            mode.placement.describe()
             logger.info(
                 "training on {} ({}), {} process(es), {:,} parameters, {} lookups a row{}, run folder {}",
                 device, backends, world_size, mode.parameter_count(), mode.model.config.lookups_per_row,
                 " (multi-hot)" if mode.model.config.multi_hot_sizes else "", trainer.run_dir,
             )  # fmt: skip
         result = trainer.fit()
-        return TrainingOutcome(result, str(trainer.run_dir), str(device), backends, world_size, mode.summary())
+        return TrainingOutcome(
+            result, str(trainer.run_dir), str(device), backends, world_size, mode.placement.summary()
+        )

@@ -30,7 +30,7 @@ from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.memory import check_replicated_memory
-from criteo_dlrm.engine.parallel.modes import mode_class
+from criteo_dlrm.engine.parallel.modes import placement_class
 from criteo_dlrm.engine.trained.calibration import Identity, calibrator
 from criteo_dlrm.engine.trained.checkpoint import (
     Checkpoint,
@@ -139,7 +139,7 @@ def _checked(
     model_config = config.model_config(table_sizes, initial_ctr)
     check_replicated_memory(config, model_config)
     device = resolve_device(config.device, "training.device")
-    mode_class(config).check(config, device)
+    placement_class(config).check(config, device)
     return rates, model_config, device
 
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from criteo_dlrm.common.storage import DamagedFileError, link_or_copy, remove_stale_partials, staging_path
-from criteo_dlrm.engine.parallel.modes import ParallelMode, SavedState
+from criteo_dlrm.engine.parallel.modes import Mode, SavedState
 from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, save_atomically
 from criteo_dlrm.engine.trained.result import TrainingResult
 
@@ -268,7 +268,7 @@ class InProgress:
     """The in-progress checkpoint at ``path`` (None: resume off, only the best model is written) and the best
     model (``best_path``: beside it by default), for a run whose settings and data are ``fingerprint``."""
 
-    def __init__(self, mode: ParallelMode, path: Path | None, fingerprint: str, best_path: Path | None = None):
+    def __init__(self, mode: Mode, path: Path | None, fingerprint: str, best_path: Path | None = None):
         self.mode, self.path, self.fingerprint = mode, path, fingerprint
         self.files = ProgressFiles(path, best_path)
 
@@ -298,7 +298,7 @@ class InProgress:
             return self._set_aside(DamagedFileError(f"Its best model cannot be used: {problem}"))
         try:
             folder = self.files.state_folder(values) if "sharded_state" in values else None
-            self.mode.restore_state(values, folder)
+            self.mode.placement.restore_state(values, folder)
         except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
             return self._set_aside(error)
         torch.set_rng_state(values["torch_rng_state"])
@@ -326,15 +326,13 @@ class InProgress:
 
     def save(self, state: RunState, improved: bool = False) -> None:
         """Write the in-progress checkpoint (resume on), and the best model when this step's validation
-        ``improved``: from the live tensors the mode hands out (``mode.saved_state``), no copy kept. Every process
+        ``improved``: from the live tensors the mode hands out (``mode.placement.saved_state``), no copy kept. Every process
         calls it."""
         if self.path is None and not improved:
             return
         values = {"fingerprint": self.fingerprint, **state.values(), "torch_rng_state": torch.get_rng_state()}
-        runtime = getattr(self.mode, "runtime", None)
-        if runtime is not None:  # a resumed run trains on in what this state was trained in (resumed_precision)
-            values["precision"] = runtime.precision
-        self.files.write(self.mode.saved_state(), values, improved)
+        values["precision"] = self.mode.runtime.precision  # a resumed run trains on in it (resumed_precision)
+        self.files.write(self.mode.placement.saved_state(), values, improved)
 
     def kept(self) -> str:
         """Where the last good state is, for a message about a run that cannot go on ("" when none is)."""

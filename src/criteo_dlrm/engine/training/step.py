@@ -11,7 +11,7 @@ from torch import nn
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import Batch
-from criteo_dlrm.engine.parallel.modes import ParallelMode
+from criteo_dlrm.engine.parallel.modes import Mode
 
 PHASES = ("data", "forward", "backward", "optimizer")  # the parts of a step that are timed
 
@@ -68,7 +68,7 @@ class TrainStep:
     averaged gradients are one process's gradient of the mean loss over the global batch.
     """
 
-    def __init__(self, mode: ParallelMode, config: TrainingConfig):
+    def __init__(self, mode: Mode, config: TrainingConfig):
         self.mode, self.config = mode, config
         self.loss_function = nn.BCEWithLogitsLoss(reduction="sum")
         cuda = mode.device.type == "cuda"
@@ -92,8 +92,8 @@ class TrainStep:
         mode.model.train()
         start = time.perf_counter()
         batch = batch.to(mode.device, non_blocking=True)
-        mode.set_learning_rates(learning_rate_factor(index, total_steps, config))
-        mode.zero_grad()
+        mode.optimizers.scale(learning_rate_factor(index, total_steps, config))
+        mode.optimizers.zero_grad()
         start = self._phase(timings, "data", start)
         with mode.runtime.autocast():
             logits = mode.train_model(batch.dense, batch.sparse)
@@ -102,8 +102,9 @@ class TrainStep:
             loss = loss + config.embedding_weight_decay * self.squares.take()
         loss = loss * mode.loss_weight(batch.global_rows or len(batch))
         start = self._phase(timings, "forward", start)
-        mode.backward(loss)
+        loss.backward()
+        mode.placement.exchange_gradients()
         start = self._phase(timings, "backward", start)
-        mode.step()
+        mode.optimizers.step()
         self._phase(timings, "optimizer", start)
         return loss.detach()
