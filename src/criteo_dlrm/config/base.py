@@ -13,6 +13,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, is_dataclass
+from enum import Enum
 from typing import Any, Self
 
 from criteo_dlrm.common.errors import ConfigError
@@ -38,7 +39,8 @@ class Config:
         return config
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The YAML's values: a choice held as an enum member (e.g. ``EmbeddingBackend.TORCH``) as its value."""
+        return asdict(self, dict_factory=lambda items: {k: v.value if isinstance(v, Enum) else v for k, v in items})
 
     def problems(self, prefix: str = "") -> list[str]:
         """Values out of range (types are checked by ``from_dict``): one message per problem."""
@@ -142,7 +144,14 @@ def fits_int64(value: Any) -> bool:
     return True
 
 
+def is_choice(kind: Any) -> bool:
+    """``kind`` is an enum of the values a YAML key may take (e.g. ``EmbeddingBackend``)."""
+    return isinstance(kind, type) and issubclass(kind, Enum)
+
+
 def convert(kind: Any, value: Any) -> Any:
+    if is_choice(kind):
+        return kind(value)
     if kind is float:
         return float(value)
     if is_list(value):
@@ -164,6 +173,8 @@ def matches(kind: Any, value: Any) -> bool:
         return isinstance(value, Mapping) and all(matches(key, k) and matches(item, v) for k, v in value.items())
     if kind is type(None):
         return value is None
+    if is_choice(kind):
+        return any(value == member.value for member in kind)
     if kind is bool:
         return isinstance(value, bool)
     if kind is int:
@@ -186,5 +197,7 @@ def describe(kind: Any) -> str:
     if origin is dict:
         key, item = typing.get_args(kind)
         return f"a mapping of {describe(key)} to {describe(item)}"
+    if is_choice(kind):
+        return f"one of {tuple(member.value for member in kind)}"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
     return names.get(kind, getattr(kind, "__name__", str(kind)))

@@ -7,6 +7,7 @@ of ``params:training`` at once (``config.base``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.common.schema import DENSE_TRANSFORMS, NUM_SPARSE
@@ -52,7 +53,21 @@ EMBEDDING_OPTIMIZERS = {
 # training.dense_optimizer: the dense layers' ``torch.optim`` class (Adam by default; MLPerf's DLRM-DCNv2 trains them
 # with Adagrad, TorchRec's DLRM example with SGD).
 DENSE_OPTIMIZERS = {"adam": "Adam", "adagrad": "Adagrad", "sgd": "SGD"}
-EMBEDDING_BACKENDS = ("torch", "torchrec")
+
+
+class EmbeddingBackend(StrEnum):
+    """``training.embedding_backend``: where the embedding tables live. The YAML holds its value (``torch``);
+    the config holds the member, so code asks it (``.sharded``) instead of comparing names."""
+
+    TORCH = "torch"  # every process holds every table
+    TORCHREC = "torchrec"  # TorchRec shards the tables across the processes
+
+    @property
+    def sharded(self) -> bool:
+        """TorchRec shards the tables across the processes; else every process holds every table."""
+        return self is EmbeddingBackend.TORCHREC
+
+
 # What TorchRec's planner may be forced to (row-wise and table-row-wise need CUDA).
 SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise")
 DECAYS = ("none", "linear", "cosine", "step")
@@ -135,7 +150,7 @@ class TrainingConfig(Config):
     learning_rate: float = 0.001
     dense_optimizer: str = "adam"
     adagrad_eps: float = 1e-10  # torch's Adagrad default; MLPerf's DLRM-DCNv2 uses 1e-8
-    embedding_backend: str = "torch"
+    embedding_backend: EmbeddingBackend = EmbeddingBackend.TORCH
     sharding: Sharding = field(default_factory=Sharding)
     embedding_optimizer: str = "sparse_adam"
     embedding_learning_rate: float = 0.003
@@ -191,10 +206,9 @@ class TrainingConfig(Config):
             "must be an AUC in (0.5, 1) or null (MLPerf DLRM-DCNv2's is 0.80275)",
         )
         checks.one_of("calibration", CALIBRATION_METHODS)
-        checks.one_of("embedding_backend", EMBEDDING_BACKENDS)
         checks.one_of("sharding.type", SHARDING_TYPES, optional=True)
         checks.positive("sharding.memory_per_process_gb", optional=True)
-        torchrec = self.sharded_tables
+        torchrec = self.embedding_backend.sharded
         optimizer = EMBEDDING_OPTIMIZERS.get(self.embedding_optimizer)
         need(
             optimizer is None or not optimizer.whole_model or self.dense_optimizer == "adam",
@@ -269,12 +283,6 @@ class TrainingConfig(Config):
     def launches_processes(self) -> bool:
         """More than this process trains (the elastic launcher or torchrun starts them)."""
         return self.distributed.nproc_per_node > 1 or self.distributed.nnodes > 1
-
-    @property
-    def sharded_tables(self) -> bool:
-        """TorchRec shards the tables across the processes (``embedding_backend: torchrec``); else every process
-        holds every table (``torch``). The one place the backend's name is compared."""
-        return self.embedding_backend == "torchrec"
 
     def model_config(self, table_sizes: list[int], initial_ctr: float | None = None) -> DLRMConfig:
         """The DLRM's sizes: table sizes (and the click rate the output starts at) from the feature metadata,

@@ -31,7 +31,7 @@ def embedding_bytes(table_sizes: list[int], dims: list[int], optimizer: str) -> 
 def check_replicated_memory(config: TrainingConfig, model_config: DLRMConfig) -> None:
     """The torch backend keeps every table in every process: refuse a run whose tables exceed the set budget."""
     budget = config.sharding.memory_per_process_gb
-    if config.sharded_tables or budget is None:
+    if config.embedding_backend.sharded or budget is None:
         return
     needed = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     if needed > budget * 1e9:
@@ -223,7 +223,7 @@ def check_table_memory(
     ``training.memory_check: false`` a run that does not fit is logged with the count and goes on."""
     model_config = config.model_config(table_sizes)
     check_replicated_memory(config, model_config)
-    if config.sharded_tables or config.sharding.memory_per_process_gb is not None:
+    if config.embedding_backend.sharded or config.sharding.memory_per_process_gb is not None:
         return
     tables = embedding_bytes(model_config.table_sizes, model_config.sparse_embedding_sizes, config.embedding_optimizer)
     if device.type == "cuda":

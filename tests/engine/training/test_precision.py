@@ -177,4 +177,4 @@ def test_the_real_step_probe_times_the_configured_model_in_both_precisions_leavi
     sharded = TrainingConfig.from_dict(
         {**TINY_MODEL, "embedding_backend": "torchrec", "embedding_optimizer": "rowwise_adagrad"}
     )
-    assert not precision_module.probe_config(sharded).sharded_tables  # timed with the tables on torch
+    assert not precision_module.probe_config(sharded).embedding_backend.sharded  # timed with the tables on torch

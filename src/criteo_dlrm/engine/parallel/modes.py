@@ -248,7 +248,7 @@ Placement = Replicated | ShardedTables
 def placement_class(config: TrainingConfig) -> type[Placement]:
     """Where a run of ``config`` keeps its tables: sharded by TorchRec (``embedding_backend: torchrec``) or in every
     process. The one place the backend chooses the code that runs."""
-    return ShardedTables if config.sharded_tables else Replicated
+    return ShardedTables if config.embedding_backend.sharded else Replicated
 
 
 class Mode:

@@ -93,7 +93,7 @@ def build_optimizers(model: DLRM, config: TrainingConfig) -> dict[str, torch.opt
     parameters = list(model.dense_parameters())
     dense = getattr(torch.optim, name)(parameters, **config.dense_optimizer_args(), **_fused(name, parameters))
     optimizers = {"dense": dense}
-    if not config.sharded_tables:
+    if not config.embedding_backend.sharded:
         embeddings = (
             SparseAdam if config.optimizer.torch == "SparseAdam" else getattr(torch.optim, config.optimizer.torch)
         )

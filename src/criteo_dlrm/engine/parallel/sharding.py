@@ -62,7 +62,7 @@ ROWWISE_ADAGRAD_LEARNING_RATE = 0.05
 def check_fused_optimizer(config: TrainingConfig, device_type: str) -> None:
     """With TorchRec, refuse an embedding optimiser FBGEMM lacks on this device, naming the command that works
     (before any process starts: inside the workers it would surface after the launch)."""
-    if not config.sharded_tables or config.embedding_optimizer in fused_optimizers(device_type):
+    if not config.embedding_backend.sharded or config.embedding_optimizer in fused_optimizers(device_type):
         return
     fix = Fix(
         params={"training.embedding_backend": "torchrec", "training.embedding_optimizer": "rowwise_adagrad"},

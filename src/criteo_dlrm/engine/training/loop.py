@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -121,7 +120,7 @@ class Trainer:
             with profiler(profiling, self.run_dir, self.device) as prof:
                 stopped_early = stopped_early or self._loop(bar, prof)
             self.metric_logger.log_hparams(
-                flat_hparams(asdict(config)) | flat_hparams(self.backends),  # resolved: the threads, auto's why
+                flat_hparams(config.to_dict()) | flat_hparams(self.backends),  # resolved: the threads, auto's why
                 self.state.best.get("metrics", {}),
                 self.state.best.get("step", 0),
             )

@@ -20,7 +20,7 @@ import time
 import torch
 
 from criteo_dlrm.config.evaluation import PRECISIONS
-from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.config.training import EmbeddingBackend, TrainingConfig
 from criteo_dlrm.data.batches import Batch
 from criteo_dlrm.engine.device import PROBE_CACHE, cached_rates, machine_key, resolve_precision
 from criteo_dlrm.models.shapes import DLRMConfig
@@ -56,8 +56,8 @@ def probe_config(config: TrainingConfig) -> TrainingConfig:
     """The settings the probe's steps run with: this run's, in one process, the tables on the torch backend
     (TorchRec's fused kernels are not timed; its dense layers, where bf16 acts, are the same), not compiled."""
     probe = dataclasses.replace(config, compile=False, phase_timing=False, embedding_weight_decay=0.0)
-    if probe.sharded_tables:
-        probe = dataclasses.replace(probe, embedding_backend="torch", embedding_optimizer="adagrad")
+    if probe.embedding_backend.sharded:
+        probe = dataclasses.replace(probe, embedding_backend=EmbeddingBackend.TORCH, embedding_optimizer="adagrad")
     return probe
 
 
