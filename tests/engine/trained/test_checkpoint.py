@@ -158,6 +158,28 @@ def test_a_checkpoint_of_the_earlier_format_scores_the_rows_it_scored(tmp_path):
     assert (int(exported["unseen_row"]), int(exported["missing_row"]), int(exported["first_row"])) == (0, 0, 1)
 
 
+def test_a_checkpoint_s_model_config_is_a_dlrm_config_read_from_any_format():
+    """Issue 60 item 4: the record holds the DLRM's sizes as a ``DLRMConfig`` (read from the format-1 flat names
+    too) and builds its model from it; the stored form is the current format's dict."""
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+
+    torch.manual_seed(2)
+    vocabularies = [np.arange(10, 16)] * 26
+    config = tiny_model_config(
+        [8] * 26, sparse_embedding_sizes=4, dense_mlp={"hidden_layer_sizes": [8], "output_size": 4}
+    )
+    model = DLRM(config).eval()
+    legacy = _legacy({"model_state": model.state_dict(), "model_config": config.to_dict()}, vocabularies)
+    checkpoint = Checkpoint.from_dict({**legacy, "step": 5, "metadata": {"version": "v1"}})
+    assert isinstance(checkpoint.model_config, DLRMConfig)
+    assert checkpoint.model_config == dataclasses.replace(config, table_sizes=[7] * 26, initial_ctr=None)
+    assert checkpoint.to_dict()["model_config"] == checkpoint.model_config.to_dict()
+    dense, sparse = torch.randn(20, 13), torch.randint(0, 7, (20, 26))
+    torch.testing.assert_close(
+        probabilities(checkpoint.model(), dense, sparse), probabilities(model_from_checkpoint(legacy), dense, sparse)
+    )
+
+
 def test_a_checkpoint_is_read_through_one_object_that_checks_its_encoder(tiny_checkpoint):
     from criteo_dlrm.engine.trained.checkpoint import Checkpoint
     from criteo_dlrm.engine.trained.scoring import VocabularyMismatchError
@@ -187,7 +209,8 @@ def test_a_checkpoint_is_a_record_whose_stored_form_round_trips_and_keeps_what_i
     assert checkpoint.calibration_state is stored["calibration"] and checkpoint.format == CHECKPOINT_FORMAT
     again = checkpoint.to_dict()
     assert "catalog_version" not in again and again.pop("written_by_a_later_version") == 7
-    assert again.keys() == stored.keys() and all(again[key] is stored[key] for key in stored)
+    assert again.keys() == stored.keys() and again["model_config"] == stored["model_config"]
+    assert all(again[key] is stored[key] for key in stored if key != "model_config")
     with pytest.raises(dataclasses.FrozenInstanceError):
         checkpoint.step = 1
 

@@ -19,6 +19,7 @@ import torch
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
 from criteo_dlrm.engine.trained.result import TrainingResult
+from criteo_dlrm.models.shapes import DLRMConfig
 
 # 5: the digest is the file's, kept in the zip's comment at its end (``write_checkpoint``); 4: a sharded run's
 # checkpoint names a folder of tensors (``sharded_state``) instead of holding ``model_state`` and ``optimizer_state``;
@@ -227,15 +228,26 @@ def with_state_path(checkpoint: dict[str, Any], parent: Path) -> dict[str, Any]:
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
-    """The DLRM a checkpoint describes, with its weights (on the CPU, in eval mode)."""
-    from criteo_dlrm.models import DLRM, DLRMConfig
+    """The DLRM a stored checkpoint (a dict, of any format) describes, with its weights (on the CPU, in eval mode)."""
+    from criteo_dlrm.models import DLRMConfig
 
-    model = DLRM(DLRMConfig.from_dict(checkpoint["model_config"]))
-    if "sharded_state" in checkpoint:
-        _read_sharded_model(model, checkpoint["sharded_state"])
+    config = DLRMConfig.from_dict(checkpoint["model_config"])
+    return model_with_weights(config, checkpoint.get("model_state"), checkpoint.get("sharded_state"))
+
+
+def model_with_weights(
+    config: DLRMConfig, model_state: dict[str, torch.Tensor] | None, sharded_state: dict[str, Any] | None = None
+) -> torch.nn.Module:
+    """The DLRM of ``config`` with its weights (on the CPU, in eval mode): ``model_state`` (former module names
+    mapped), or a sharded run's state folder."""
+    from criteo_dlrm.models import DLRM
+
+    model = DLRM(config)
+    if sharded_state is not None:
+        _read_sharded_model(model, sharded_state)
         return model.eval()
     state = {}
-    for key, value in checkpoint["model_state"].items():
+    for key, value in model_state.items():
         prefix = next((old for old in _FORMER_MODULES if key.startswith(old)), None)
         state[_FORMER_MODULES[prefix] + key.removeprefix(prefix) if prefix else key] = value
     model.load_state_dict(state)
@@ -266,7 +278,7 @@ class Checkpoint:
 
     Attributes:
         step, epoch: the kept model's.
-        model_config: ``DLRMConfig.to_dict()``.
+        model_config: the DLRM's sizes (stored as ``DLRMConfig.to_dict()``; read from any format).
         trained_with: the feature metadata it was trained with: ``version``, ``vocabulary_sha256``,
             ``train_ctr``, ``source_days`` (stored as ``metadata``).
         encoder_state: ``FeatureEncoder.state_dict()`` (stored as ``encoder``).
@@ -282,7 +294,7 @@ class Checkpoint:
     """
 
     step: int
-    model_config: dict[str, Any]
+    model_config: DLRMConfig
     trained_with: dict[str, Any]
     encoder_state: dict[str, Any]
     calibration_state: dict[str, Any] | None = None
@@ -318,6 +330,8 @@ class Checkpoint:
         stored = {cls._STORED_AS.get(name, name): name for name in names}
         known = {stored[key]: value for key, value in values.items() if key in stored}
         others = {key: value for key, value in values.items() if key not in stored and key != "catalog_version"}
+        if "model_config" in known:
+            known["model_config"] = DLRMConfig.from_dict(known["model_config"])
         return cls(**known, version=values.get("catalog_version"), named=named, others=others)
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,6 +341,7 @@ class Checkpoint:
             for f in fields(self)
             if f.name not in self._NOT_STORED
         }
+        values["model_config"] = self.model_config.to_dict()
         optional = ("model_state", "optimizer_state", "sharded_state", "dense_param_groups")
         return {key: value for key, value in values.items() if not (key in optional and value is None)} | self.others
 
@@ -356,7 +371,7 @@ class Checkpoint:
 
     def model(self) -> torch.nn.Module:
         """Its DLRM with the kept weights, on the CPU, in eval mode."""
-        return model_from_checkpoint(self.to_dict())
+        return model_with_weights(self.model_config, self.model_state, self.sharded_state)
 
     def encoder(self):
         """Its feature encoder, after checking its vocabularies are the ones it was trained with.
@@ -379,7 +394,7 @@ class Checkpoint:
 def training_checkpoint(
     result: TrainingResult,
     best: dict[str, Any],
-    model_config: dict,
+    model_config: DLRMConfig,
     parameters: dict,
     trained_with: dict,
     encoder_state: dict,
@@ -394,7 +409,7 @@ def training_checkpoint(
         best: the best model's entries (``engine.training.run_state.load_best``): its ``model_state`` and
             ``optimizer_state``, or a sharded run's state folder (``sharded_state``), whose files the catalog's
             dataset links into the checkpoint's version.
-        model_config: ``DLRMConfig.to_dict()``.
+        model_config: the DLRM's sizes.
         parameters: the training parameters as run (overrides included).
         trained_with: which feature metadata it was trained with (version, vocabulary sha256, train CTR, days).
         encoder_state: ``FeatureEncoder.state_dict()``, so scoring uses the exact training vocabularies.

@@ -36,7 +36,7 @@ from criteo_dlrm.engine.trained.checkpoint import (
     Checkpoint,
     code_identity,
     fingerprint,
-    model_from_checkpoint,
+    model_with_weights,
     training_checkpoint,
 )
 from criteo_dlrm.engine.trained.metrics import log_loss
@@ -196,15 +196,22 @@ class KeptRun:
         }
         run = {"run_version": self.job.run_version, "tensorboard_run": outcome.run_dir}
         in_progress = self.job.resume_path
-        model_config = self.model_config.to_dict()
         # Here, once: the kept model's logits on the validation rows.
-        kept = model_from_checkpoint({"model_config": model_config, **best})
+        kept = model_with_weights(self.model_config, best.get("model_state"), best.get("sharded_state"))
         calibration = calibrate(kept, validation, config, Runtime(device, outcome.backends["precision"]))
         del kept
         warnings = [warning for warning in (self.rates, calibration.pop("warning", None)) if warning]
         everything = config.to_dict()
         checkpoint = training_checkpoint(
-            result, best, model_config, everything, trained_with, encoder.state_dict(), calibration, run, self.finished
+            result,
+            best,
+            self.model_config,
+            everything,
+            trained_with,
+            encoder.state_dict(),
+            calibration,
+            run,
+            self.finished,
         )
         summary = TrainingSummary(
             **run,
