@@ -67,8 +67,8 @@ def built_dlrm(model_config: DLRMConfig, config: TrainingConfig, device: torch.d
 
 
 class Replicated:
-    """Every table in every process: the DLRM and its optimisers; with ``data_parallel`` (a group of more than one
-    process) its dense layers under DDP and the tables' sparse gradients all-gathered after backward.
+    """Every table in every process: the DLRM and its optimisers; with ``data_parallel`` (by default in a group of
+    more than one process) its dense layers under DDP and the tables' sparse gradients all-gathered after backward.
 
     Attributes:
         model: the DLRM (evaluation and state read it).
@@ -77,9 +77,10 @@ class Replicated:
     """
 
     def __init__(
-        self, model: DLRM, config: TrainingConfig, device: torch.device, group: Group, data_parallel: bool = False
+        self, model: DLRM, config: TrainingConfig, device: torch.device, group: Group, data_parallel: bool | None = None
     ):
         self.model, self.config, self.group = model, config, group
+        data_parallel = group.world_size > 1 if data_parallel is None else data_parallel
         self.optimizers = Optimizers(model, config)
         self.train_model: nn.Module = model
         self.sparse_parameters = model.embedding_parameters() if data_parallel and config.sparse_gradients else []
@@ -111,7 +112,7 @@ class Replicated:
     def build(cls, model_config: DLRMConfig, config: TrainingConfig, device: torch.device, group: Group) -> Replicated:
         """The placement with its model (``built_dlrm``, the same seed in every process), data-parallel in a group of
         more than one."""
-        return cls(built_dlrm(model_config, config, device), config, device, group, group.world_size > 1)
+        return cls(built_dlrm(model_config, config, device), config, device, group)
 
     def summary(self) -> dict:
         """Where the tables live, for the run's summary: all of them in every process."""
@@ -263,10 +264,11 @@ class Mode:
         is_main: whether this process is rank 0 (it writes, logs and holds the gathered predictions).
     """
 
-    def __init__(self, placement: Placement, group: Group, runtime: Runtime):
-        self.placement, self.group, self.runtime = placement, group, runtime
+    def __init__(self, placement: Placement, group: Group, device: torch.device, precision: str):
+        self.placement, self.group = placement, group
+        self.runtime = Runtime(device, precision, group.backend)
         self.model, self.train_model, self.optimizers = placement.model, placement.train_model, placement.optimizers
-        self.device, self.world_size, self.is_main = runtime.device, group.world_size, group.is_main
+        self.device, self.world_size, self.is_main = device, group.world_size, group.is_main
 
     def loss_weight(self, global_rows: int) -> float:
         """What the summed loss of this process's rows is multiplied by, so the gradients are the global batch's
@@ -294,7 +296,7 @@ def build_mode(
     choose), its placement's model built; a sharded one needs a process group (``ShardedTables.process_group``)."""
     group = group if group is not None else Group()
     placement = placement_class(config).build(model_config, config, device, group)
-    return Mode(placement, group, Runtime(device, config.precision, group.backend))
+    return Mode(placement, group, device, config.precision)
 
 
 def mode_around(model: DLRM, config: TrainingConfig, device: torch.device, data_parallel: bool | None = None) -> Mode:
@@ -302,10 +304,7 @@ def mode_around(model: DLRM, config: TrainingConfig, device: torch.device, data_
     data-parallel in a group of more than one unless ``data_parallel`` says otherwise (False: every process steps on
     its own share, no gradient leaves it)."""
     group = Group()
-    data_parallel = group.world_size > 1 if data_parallel is None else data_parallel
-    return Mode(
-        Replicated(model, config, device, group, data_parallel), group, Runtime(device, config.precision, group.backend)
-    )
+    return Mode(Replicated(model, config, device, group, data_parallel), group, device, config.precision)
 
 
 def weights_finite(model: DLRM) -> bool:
