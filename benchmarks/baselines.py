@@ -99,8 +99,8 @@ def best_epoch(
             sparse_opt.step()
             dense_opt.step()
         metrics = binary_metrics(validation.labels, predict(model, BatchLoader(validation, 16384)))
-        if best is None or metrics["log_loss"] < best["log_loss"]:
-            best = {**metrics, "epoch": epoch}
+        if best is None or metrics.log_loss < best["log_loss"]:
+            best = {**metrics.to_dict(), "epoch": epoch}  # a row of the benchmark's tables
         else:
             break
     return best

@@ -29,7 +29,6 @@ from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine.device import Runtime
 from criteo_dlrm.engine.trained.calibration import from_state
-from criteo_dlrm.engine.trained.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics, calibration_report
 from criteo_dlrm.engine.trained.scoring import calibrated, score_days
 from criteo_dlrm.engine.training.recipe import calibrate, run_training
@@ -56,8 +55,8 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path, tabl
         {"device": "cpu", "resume": False, "tensorboard_dir": str(work / "tb"), "log_every_steps": 1000}
     )
     checkpoint, _ = run_training(config, train_rows, validation_rows, metadata, vocabularies, name)
-    fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint["calibration"]}
-    model = model_from_checkpoint(checkpoint)
+    fits = {"none (raw output)": {"method": "none"}, "platt": checkpoint.calibration_state}
+    model = checkpoint.model()
     fits["isotonic"] = calibrate(
         model, validation_rows, dataclasses.replace(config, calibration="isotonic"), Runtime(CPU, config.precision)
     )
@@ -70,10 +69,10 @@ def measure(name: str, train: list[Path], validation_day: Path, work: Path, tabl
         probabilities = calibrated(from_state(state), logits)
         metrics = binary_metrics(labels, probabilities)
         report = calibration_report(labels, probabilities)
-        deciles = [b["calibration"] for b in report["bins"] if b["calibration"] is not None]
-        rows.append([name, f"{len(labels):,} ({ctr:.1%})", method, f"{metrics['calibration']:.3f} +- {noise:.3f}",
-                     f"{report['expected_calibration_error']:.4f}", f"{min(deciles):.2f} - {max(deciles):.2f}",
-                     f"{metrics['log_loss']:.5f}", f"{metrics['auc']:.4f}"])  # fmt: skip
+        deciles = [b["calibration"] for b in report.bins if b["calibration"] is not None]
+        rows.append([name, f"{len(labels):,} ({ctr:.1%})", method, f"{metrics.calibration:.3f} +- {noise:.3f}",
+                     f"{report.expected_calibration_error:.4f}", f"{min(deciles):.2f} - {max(deciles):.2f}",
+                     f"{metrics.log_loss:.5f}", f"{metrics.auc:.4f}"])  # fmt: skip
         table.row(*rows[-1])
     return rows
 

@@ -290,7 +290,7 @@ def exact_metrics_on_device(device, arrays) -> tuple[bool, str]:
     found = binary_metrics_torch(on_device_labels, on_device_scores)
     seconds = time.perf_counter() - started
     # The AUC counts pairs: exact. Each row's logarithm is taken in float32 by either library: within its rounding.
-    auc_gap, loss_gap = abs(found["auc"] - expected["auc"]), abs(found["log_loss"] / expected["log_loss"] - 1)
+    auc_gap, loss_gap = abs(found.auc - expected.auc), abs(found.log_loss / expected.log_loss - 1)
     return auc_gap < 1e-12 and loss_gap < 1e-6, (
         f"AUC |difference| from numpy {auc_gap:.1e}, log loss relative {loss_gap:.1e}; {rows / seconds / 1e6:,.0f}M rows/s"
     )
@@ -346,7 +346,7 @@ def torchrec_on_device(device, arrays) -> tuple[bool, str] | str:
         trainer = Trainer(mode, settings, BatchLoader(rows, 256, shuffle=True), BatchLoader(rows, 1024),
                           Path(folder) / "run", resume_path=Path(folder) / "progress.pt", fingerprint="smoke")  # fmt: skip
         result = trainer.fit()
-    losses = [entry["log_loss"] for entry in result.history]
+    losses = [entry.log_loss for entry in result.history]
     return all(np.isfinite(losses)), f"10 steps, validation log loss {losses[0]:.4f} -> {losses[-1]:.4f}"
 
 

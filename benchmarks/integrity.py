@@ -28,6 +28,7 @@ from criteo_dlrm.data.raw import convert_day
 from criteo_dlrm.data.stored import open_encoded
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.datasets import TorchCheckpointDataset
+from criteo_dlrm.engine.trained.checkpoint import Checkpoint, TrainedWith
 from criteo_dlrm.models import DLRM
 
 # What the tests run (--smallest): this benchmark at its smallest sizes.
@@ -83,7 +84,15 @@ def main() -> None:
         sizes = metadata.table_sizes
         model = DLRM(TrainingConfig().model_config(sizes))  # the project's default model (parameters_training.yml)
         dataset = TorchCheckpointDataset(str(folder / "checkpoint.pt"))
-        dataset.save({"model_state": model.state_dict()})
+        dataset.save(
+            Checkpoint(
+                step=0,
+                model_config=model.config,
+                trained_with=TrainedWith(),
+                encoder_state={},
+                model_state=model.state_dict(),
+            )  # fmt: skip
+        )
         checkpoint = folder / "checkpoint.pt"
         measured["load a checkpoint, digest checked"] = best_of(repeats, dataset.load)
         measured["load a checkpoint, torch.load alone (baseline)"] = best_of(

@@ -82,6 +82,15 @@ TINY_MODEL = {
 }
 
 
+def stored_checkpoint(**stored):
+    """A checkpoint record read from the stored entries ``stored`` (any weights: a file's integrity is what such a
+    test checks), its other required entries a tiny model's; entries it does not know kept in ``others``."""
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+
+    required = {"step": 1, "model_config": tiny_model_config([4] * 26).to_dict(), "metadata": {}, "encoder": {}}
+    return Checkpoint.from_dict({**required, **stored})
+
+
 def tiny_model_config(table_sizes: list[int], initial_ctr: float | None = None, **training):
     """``TINY_MODEL``'s ``DLRMConfig`` for ``table_sizes``, with ``training`` (parameters_training.yml's names;
     a nested section given whole, e.g. ``dense_mlp={...}``) replacing its values: built the way training builds
@@ -91,17 +100,21 @@ def tiny_model_config(table_sizes: list[int], initial_ctr: float | None = None, 
     return TrainingConfig.from_dict({**TINY_MODEL, **training}).model_config(table_sizes, initial_ctr)
 
 
-def ingestion_report(tmp_path: Path, days: int = 3) -> dict:
-    """The ingestion report of ``days`` generated days of 2,000 rows, converted to Parquet in ``tmp_path``."""
+def ingestion_report(tmp_path: Path, days: int = 3):
+    """The ingestion report (``IngestionReport``) of ``days`` generated days of 2,000 rows, converted to Parquet in
+    ``tmp_path``."""
+    from criteo_dlrm.data.lineage import day_lineage
     from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.source_days import IngestedDay, IngestionReport
     from criteo_dlrm.data.synthetic import ClickModel, write_day
 
     model, entries = ClickModel(seed=1), []
     for day in range(days):
         write_day(tmp_path / f"day_{day}", 2000, day=day, model=model)
         report = convert_day(tmp_path / f"day_{day}", tmp_path / f"day_{day}.parquet")
-        entries.append({"day": f"day_{day}", **report.as_dict(), "click_probability": None})
-    return {"raw_dir": str(tmp_path), "days": entries}
+        lineage = day_lineage(f"day_{day}", report.parquet)
+        entries.append(IngestedDay(**vars(lineage), rejected=report.rejected, seconds=report.seconds))
+    return IngestionReport(raw_dir=str(tmp_path), parquet_dir=str(tmp_path), days=entries)
 
 
 def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: bool = True, device=None,
@@ -112,7 +125,6 @@ def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: 
     validation rows in batches of ``batch_size.validation``."""
     import torch
 
-    from criteo_dlrm.common.schema import SPARSE_COLUMNS
     from criteo_dlrm.data.batches import BatchLoader
     from criteo_dlrm.engine.parallel.modes import build_mode
     from criteo_dlrm.engine.training.loop import Trainer
@@ -120,8 +132,7 @@ def tiny_trainer(features: dict, config, run_dir: Path, *, train=None, shuffle: 
     device = device or torch.device("cpu")
     metadata = features["metadata"]
     if model_config is None:
-        sizes = [metadata["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
-        model_config = config.model_config(sizes, metadata["label"]["ctr"])
+        model_config = config.model_config(metadata.table_sizes, metadata.click_rate)
     torch.manual_seed(config.seed)
     pin = device.type == "cuda"
     return Trainer(
@@ -149,6 +160,7 @@ def tiny_features(tmp_path_factory):
     from criteo_dlrm.data.lineage import day_lineage, encoded_lineage
     from criteo_dlrm.data.metadata import compute_feature_metadata
     from criteo_dlrm.data.raw import convert_day
+    from criteo_dlrm.data.source_days import SourceDays
     from criteo_dlrm.data.synthetic import ClickModel, write_day
 
     folder = tmp_path_factory.mktemp("tiny")
@@ -159,20 +171,22 @@ def tiny_features(tmp_path_factory):
     metadata, vocabularies = compute_feature_metadata(
         parquet[:1], MetadataConfig(min_expected_clicks=0, min_frequency=2), progress=False
     )
-    source_days = {
-        "train": [day_lineage("day_0", parquet[0])],
-        "validation": [
-            {**day_lineage("day_1", parquet[1]), "click_probability": str(folder / "day_1.click_probability.npy")}
+    source_days = SourceDays(
+        train=[day_lineage("day_0", parquet[0])],
+        validation=[
+            dataclasses.replace(
+                day_lineage("day_1", parquet[1]), click_probability=str(folder / "day_1.click_probability.npy")
+            )
         ],
-    }
+    )
     version = "2026-01-01T00.00.00.000Z"
     typed = dataclasses.replace(metadata, source_days=source_days)
     encoder = FeatureEncoder.from_metadata(typed, vocabularies)
     train, validation = encoder.encode_days(parquet[:1]), encoder.encode_days(parquet[1:])
-    train.lineage = encoded_lineage(typed, version, typed.source_days["train"])
-    validation.lineage = encoded_lineage(typed, version, typed.source_days["validation"])
+    train.lineage = encoded_lineage(typed, version, typed.source_days.train)
+    validation.lineage = encoded_lineage(typed, version, typed.source_days.validation)
     return {
-        "metadata": typed.to_dict(),  # the stored form, as the catalog holds it
+        "metadata": typed,  # the record, as the catalog loads it
         "vocabularies": FeatureVocabularies(vocabularies, version=version),
         "train": train,
         "validation": validation,
@@ -303,17 +317,17 @@ def tiny_checkpoint(tiny_features, tmp_path_factory):
         params,
         "v",
     )
-    return {**checkpoint, "catalog_version": "2026-11-30T01.00.00.000Z"}
+    return dataclasses.replace(checkpoint, version="2026-11-30T01.00.00.000Z")
 
 
-def with_altered_vocabulary(checkpoint: dict, feature: int) -> dict:
+def with_altered_vocabulary(checkpoint, feature: int):
     """A copy of ``checkpoint`` whose encoder holds feature ``feature``'s vocabulary reversed (the checkpoint
     itself untouched): what every reader of a checkpoint must refuse."""
     import torch
 
-    vocabularies = list(checkpoint["encoder"]["vocabularies"])
+    vocabularies = list(checkpoint.encoder_state["vocabularies"])
     vocabularies[feature] = torch.flip(vocabularies[feature], dims=[0])
-    return {**checkpoint, "encoder": {**checkpoint["encoder"], "vocabularies": vocabularies}}
+    return dataclasses.replace(checkpoint, encoder_state={**checkpoint.encoder_state, "vocabularies": vocabularies})
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
 from criteo_dlrm.data.lineage import encoded_lineage
 from criteo_dlrm.data.metadata import compute_feature_metadata
+from criteo_dlrm.data.source_days import SourceDay, SourceDays
 from criteo_dlrm.datasets import EncodedArraysDataset
 
 
@@ -52,8 +53,8 @@ def encoded_rows(converted_day, tmp_path) -> tuple[EncodedArraysDataset, Encoded
     _, parquet, _ = converted_day
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
     metadata = dataclasses.replace(
-        metadata, source_days={"train": [{"day": "day_0", "rows": 3000, "fingerprint": "f"}]}
+        metadata, source_days=SourceDays(train=[SourceDay(day="day_0", rows=3000, fingerprint="f")])
     )
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
-    lineage = encoded_lineage(metadata, "v1", metadata.source_days["train"])
+    lineage = encoded_lineage(metadata, "v1", metadata.source_days.train)
     return EncodedArraysDataset(str(tmp_path / "train_features")), EncodedDays(encoder, [str(parquet)], lineage, 1)

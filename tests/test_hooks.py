@@ -12,6 +12,7 @@ from kedro.pipeline import node, pipeline
 from criteo_dlrm import hooks
 from criteo_dlrm.common.errors import WHOLE_JOB, Fix
 from criteo_dlrm.config.metadata import MetadataConfig
+from criteo_dlrm.data.source_days import IngestedDay, IngestionReport
 from criteo_dlrm.datasets import JSONDataset
 
 VERSION = "2026-12-03T10.00.00.000Z"
@@ -75,9 +76,12 @@ def test_the_summary_records_what_was_saved_where_and_the_split_of_the_ingested_
     parameters = hooks.ParameterHooks()
     parameters.configs = {"metadata": MetadataConfig()}
     summary = hooks.SummaryHooks(parameters)
-    catalog = DataCatalog({"ingestion_report": _json(tmp_path, "ingestion_report"), "other": MemoryDataset()})
+    ingestion = JSONDataset(filepath=str(tmp_path / "ingestion_report.json"), version=Version(None, VERSION),
+                            record="criteo_dlrm.data.source_days.IngestionReport")  # fmt: skip
+    catalog = DataCatalog({"ingestion_report": ingestion, "other": MemoryDataset()})
     summary.after_catalog_created(catalog, VERSION)
-    report = {"days": [{"day": f"day_{i}", "rows": 10, "rejected": 0} for i in range(3)]}
+    days = [IngestedDay(day=f"day_{i}", parquet=f"day_{i}.parquet", rows=10) for i in range(3)]
+    report = IngestionReport(raw_dir="raw", parquet_dir="parquet", days=days)
     catalog.save("ingestion_report", report)
     summary.after_dataset_saved("ingestion_report", report)
     summary.after_dataset_saved("other", {"not": "summarised"})

@@ -131,17 +131,17 @@ def fit_dlrm(encoded: tuple, options: dict, run_dir: Path) -> dict:
     if "initial_ctr" in options:  # the output's starting click rate (0.5: the bias at 0, as before the prior)
         metadata = dataclasses.replace(metadata, click_rate=options["initial_ctr"])
     checkpoint, summary = run_training(config, train, validation, metadata, vocabularies, "quality")
-    history = summary["history"]
-    best_record = next(h for h in history if h["step"] == checkpoint["step"])
+    history = summary.history
+    best_record = next(h for h in history if h.step == checkpoint.step)
     # The first epoch's training time, when it ran to its end (the last validation of epoch 0 is at its end).
-    finished_first = any(h["epoch"] > 0 for h in history)
+    finished_first = any(h.epoch > 0 for h in history)
     return {
-        **checkpoint["best_validation"],
-        "epoch": checkpoint["epoch"],
-        "step": checkpoint["step"],
-        "seconds_to_best": best_record["train_seconds"],
-        "seconds_first_epoch": [h for h in history if h["epoch"] == 0][-1]["train_seconds"] if finished_first else None,
-        "seconds_total": history[-1]["train_seconds"],
+        **checkpoint.best_validation.to_dict(),
+        "epoch": checkpoint.epoch,
+        "step": checkpoint.step,
+        "seconds_to_best": best_record.train_seconds,
+        "seconds_first_epoch": [h for h in history if h.epoch == 0][-1].train_seconds if finished_first else None,
+        "seconds_total": history[-1].train_seconds,
         "settings": options,
     }
 
@@ -169,7 +169,7 @@ def generated_days(work: Path, days: int, validation_rows: int) -> tuple[list[Pa
     oracle = binary_metrics(
         pq.read_table(paths[-1]).column("labels").to_numpy(), read_probabilities(work / f"day_{days}")
     )
-    return paths, oracle
+    return paths, oracle.to_dict()  # a row of the benchmark's tables
 
 
 def real_days(work: Path) -> tuple[list[Path], list[Path]]:

@@ -26,6 +26,7 @@ from kedro.framework.hooks import hook_impl
 
 from criteo_dlrm.common.errors import WHOLE_JOB, ConfigError, Fix, UserError
 from criteo_dlrm.config import parse_parameters
+from criteo_dlrm.data.source_days import IngestionReport
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
 from criteo_dlrm.logs import prepare_console
 from criteo_dlrm.pipeline_registry import missing_inputs, pipelines_to_run_first, producers_of
@@ -55,10 +56,10 @@ def _missing_version_message(name: str, version: str, dataset) -> str:
     )
 
 
-def _split_of(metadata, report: dict) -> str | None:
+def _split_of(metadata, report: IngestionReport) -> str | None:
     """The summary's line saying which ingested day trains, validates and tests (None: the split is refused,
     and metadata says why when it runs)."""
-    names = [day["day"] for day in report["days"]]
+    names = [day.day for day in report.days]
     try:
         return split_line(metadata.split(names), metadata.test_share, names)
     except UserError:

@@ -24,6 +24,7 @@ from criteo_dlrm.config.metadata import check_day_names
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.data.metadata import MismatchedVersionsError
 from criteo_dlrm.data.raw import day_name, find_scoring_input, scan_raw_folder
+from criteo_dlrm.data.source_days import SourceDay, SourceDays
 from criteo_dlrm.datasets.encoded_arrays_dataset import EncodedArraysDataset
 from criteo_dlrm.datasets.versioned_file import RUN_TOKEN, VersionedFileDataset
 from criteo_dlrm.pipelines.evaluation.nodes import evaluate_checkpoint
@@ -128,7 +129,7 @@ def _check_day_names(ingestion: IngestionConfig, metadata: MetadataConfig, inges
         raw = scan_raw_folder(ingestion.raw_dir)
         names, where = [day_name(path) for path in raw.days], f"the days of {raw.folder}"
     elif catalog.exists("ingestion_report"):
-        names, where = [day["day"] for day in catalog.load("ingestion_report")["days"]], "the ingested days"
+        names, where = [day.day for day in catalog.load("ingestion_report").days], "the ingested days"
     else:
         return
     check_day_names(metadata, names, where)
@@ -150,8 +151,8 @@ def _check_training(config: TrainingConfig, metadata: MetadataConfig, computes_m
     check_lookup_memory(config, device)  # the table sizes are not needed for it: every run, before any node
 
 
-def _rows(days: list[dict]) -> int:
-    return sum(int(day.get("rows") or 0) for day in days)
+def _rows(days: list[SourceDay]) -> int:
+    return sum(int(day.rows or 0) for day in days)
 
 
 def _check_known_tables(
@@ -174,8 +175,8 @@ def _check_known_tables(
     version = metadata_set[0].loaded_version()
     # Tables too large in an existing metadata version are shrunk by computing metadata again, not by settings
     # this run's training reads.
-    counted = FeatureMetadata.from_dict(catalog.load("feature_metadata"))
-    days = counted.source_days
+    counted: FeatureMetadata = catalog.load("feature_metadata")
+    days = counted.source_days or SourceDays()
     check_table_memory(
         config,
         counted.table_sizes,
@@ -183,8 +184,8 @@ def _check_known_tables(
         f"feature_metadata version {version} holds these tables: run the metadata pipeline again with this "
         "run's training (--pipelines=metadata,training) and a smaller metadata.max_vocabulary_size, "
         "metadata.modulus_hash_size or a larger metadata.min_frequency; or smaller training.sparse_embedding_sizes",
-        validation_rows=_rows(days["validation"]),
-        train_rows=_rows(days["train"]),
+        validation_rows=_rows(days.validation),
+        train_rows=_rows(days.train),
     )
 
 
@@ -206,14 +207,14 @@ def check_counted_tables(configs: dict[str, Config], node: Node, inputs: dict) -
     from criteo_dlrm.engine.memory import check_table_memory
 
     config = configs["training"]
-    counted = FeatureMetadata.from_dict(inputs["feature_metadata"])
-    days = counted.source_days
+    counted: FeatureMetadata = inputs["feature_metadata"]
+    days = counted.source_days or SourceDays()
     check_table_memory(
         config,
         counted.table_sizes,
         resolve_device(config.device, "training.device"),
-        validation_rows=_rows(days["validation"]),
-        train_rows=_rows(days["train"]),
+        validation_rows=_rows(days.validation),
+        train_rows=_rows(days.train),
     )
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.engine.trained.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary, fitted
+from criteo_dlrm.data.source_days import IngestedDay
+from criteo_dlrm.engine.trained.reports import fitted
 
 SUMMARISED = (
     "ingestion_report", "feature_metadata", "training_summary", "evaluation_metrics", "scoring_report",
@@ -40,13 +40,13 @@ def _made_or_reused(reused: int, total: int) -> str:
     return "converted" if not reused else f"{reused:,} reused, {total - reused:,} converted"
 
 
-def _why_converted(days: list[dict]) -> list[str]:
+def _why_converted(days: list[IngestedDay]) -> list[str]:
     """``converted again: day_0, day_1 (the raw file's size changed)``, a line for each reason days that had a
     conversion were converted again (days converted for the first time are not named)."""
     named: dict[str, list[str]] = {}
     for day in days:
-        if why := day.get("converted_because"):
-            named.setdefault(why, []).append(Path(day["parquet"]).stem)
+        if why := day.converted_because:
+            named.setdefault(why, []).append(Path(day.parquet).stem)
     return [f"            converted again: {_listed(names)} ({why})" for why, names in named.items()]
 
 
@@ -78,16 +78,15 @@ def render(record: RunRecord) -> str:
     """One block of short lines (at most 100 characters each); '' when the run saved nothing summarised."""
     saved, lines = record.saved, []
     if report := saved.get("ingestion_report"):
-        days = report["days"]
+        days = report.days
         lines.append(
-            f"ingestion   {_count(len(days), 'day')} ({_made_or_reused(sum(bool(d.get('reused')) for d in days), len(days))}), "
-            f"{sum(d['rows'] for d in days):,} rows, {sum(d['rejected'] for d in days):,} rejected"
+            f"ingestion   {_count(len(days), 'day')} ({_made_or_reused(sum(d.reused for d in days), len(days))}), "
+            f"{sum(d.rows for d in days):,} rows, {sum(d.rejected for d in days):,} rejected"
         )
         if record.split:
             lines.append(f"            {record.split}")
         lines += _why_converted(days)
-    if stored := saved.get("feature_metadata"):
-        metadata = FeatureMetadata.from_dict(stored)
+    if metadata := saved.get("feature_metadata"):
         reused = f"reused version {metadata.counted_in}" if metadata.counted_in else "counted"
         if metadata.counted_because:
             reused = f"counted ({metadata.counted_because})"
@@ -96,13 +95,13 @@ def render(record: RunRecord) -> str:
             f"{sum(metadata.table_sizes):,} embedding rows"
         )
     if summary := saved.get("training_summary"):
-        lines += TrainingSummary.from_dict(summary).lines(evaluated="evaluation_metrics" in saved)
+        lines += summary.lines(evaluated="evaluation_metrics" in saved)
     if metrics := saved.get("evaluation_metrics"):
-        lines += EvaluationReport.from_dict(metrics).lines()
+        lines += metrics.lines()
     if report := saved.get("scoring_report"):
-        lines += ScoringReport.from_dict(report).lines(record.paths.get("predictions"))
+        lines += report.lines(record.paths.get("predictions"))
     if export := saved.get("export_report"):
-        lines += ExportReport.from_dict(export).lines(record.paths.get("dlrm_onnx"))
+        lines += export.lines(record.paths.get("dlrm_onnx"))
     if not lines:
         return ""
     # Within 100 columns whatever the values' lengths (1TB's counts, long day names, several days, a warning).

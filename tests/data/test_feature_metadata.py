@@ -5,6 +5,7 @@ import numpy as np
 
 from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.data.source_days import SourceDay
 
 
 def _stored(**changes) -> dict:
@@ -37,7 +38,7 @@ def test_the_stored_form_reads_into_fields_and_writes_back_unchanged():
     assert np.array_equal(metadata.dense_means, np.arange(13) / 10) and np.array_equal(
         metadata.dense_stds, 1 + np.arange(13)
     )
-    assert metadata.has_missing_row and metadata.source_days["train"] == [{"day": "day_0"}]
+    assert metadata.has_missing_row and metadata.source_days.train == [SourceDay(day="day_0")]
     assert metadata.to_dict() == stored
     assert FeatureMetadata.from_dict(metadata.to_dict()) == metadata
 

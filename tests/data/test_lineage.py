@@ -4,6 +4,7 @@ import pytest
 
 from criteo_dlrm.data.lineage import LineageError, check_days, day_lineage, parquet_fingerprint
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.source_days import SourceDay
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 
 
@@ -20,8 +21,8 @@ def test_converting_the_same_raw_file_again_gives_the_same_fingerprint(day, tmp_
     again = convert_day(source, tmp_path / "again" / "day_0.parquet").parquet
     assert parquet_fingerprint(again) == parquet_fingerprint(parquet)
     record = day_lineage("day_0", parquet)
-    assert record["rows"] == 2000 and record["source"]["path"] == str(source.resolve())
-    assert record["source"]["size"] == source.stat().st_size
+    assert record.rows == 2000 and record.source.path == str(source.resolve())
+    assert record.source.size == source.stat().st_size
 
 
 def test_a_changed_day_changes_its_fingerprint(day, tmp_path):
@@ -62,6 +63,6 @@ def test_unchanged_days_pass_and_missing_or_changed_ones_are_named_with_the_fix(
 
 def test_records_from_before_lineage_are_only_checked_for_existence(day):
     _, parquet = day
-    check_days([{"day": "day_0", "parquet": parquet, "rows": 1}], "old checkpoint")
+    check_days([SourceDay(day="day_0", parquet=parquet, rows=1)], "old checkpoint")
     with pytest.raises(LineageError, match="no longer exists"):
-        check_days([{"day": "day_0", "parquet": parquet + ".gone", "rows": 1}], "old checkpoint")
+        check_days([SourceDay(day="day_0", parquet=parquet + ".gone", rows=1)], "old checkpoint")

@@ -13,6 +13,7 @@ import pytest
 from criteo_dlrm.common.errors import DataError
 from criteo_dlrm.data.parquet import dense_values, iter_batches, sparse_values
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.source_days import SourceDay
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from tests.faults import flip
 
@@ -58,8 +59,9 @@ def test_a_part_of_a_day_reads_exactly_those_rows_across_row_groups(tmp_path, st
     read = pa.Table.from_batches(list(parquet.iter_batches([part])))
     assert read.equals(whole.slice(start, stop - start).select(read.column_names))
     assert parquet.count_rows([part, path]) == stop - start + 5_000
-    record = {"parquet": str(tmp_path / "groups.parquet"), "row_range": [start, stop]}
-    assert parquet.recorded_rows(record) == part and parquet.recorded_rows({"parquet": path}) == str(path)
+    record = SourceDay(day="groups", parquet=str(tmp_path / "groups.parquet"), row_range=[start, stop])
+    whole_day = SourceDay(day="day_0", parquet=str(path))
+    assert parquet.recorded_rows(record) == part and parquet.recorded_rows(whole_day) == str(path)
 
 
 def test_no_flipped_bit_anywhere_in_a_parquet_day_reads_back_as_other_numbers(converted_day, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.lineage import parquet_fingerprint
+from criteo_dlrm.data.source_days import SourceDay
 from criteo_dlrm.data.splits import split_days
 from tests.conftest import ingestion_report
 
@@ -19,33 +20,35 @@ from tests.conftest import ingestion_report
     ],
 )
 def test_day_split_errors_say_what_to_change(validation, train, message, tmp_path):
-    days = ingestion_report(tmp_path)["days"]
+    days = ingestion_report(tmp_path).days
     with pytest.raises(ValueError, match=message):
         split_days(days, MetadataConfig.from_dict({"validation_days": validation, "train_days": train}, "metadata."))
 
 
 def test_by_default_the_last_day_validates_on_its_first_half_and_tests_on_its_second(tmp_path):
-    days = ingestion_report(tmp_path, days=3)["days"]
-    train, validation, test = split_days(days, MetadataConfig())
-    assert [d["day"] for d in train] == ["day_0", "day_1"] and all("row_range" not in d for d in train)
-    rows = days[2]["rows"]
-    assert [(d["day"], d["row_range"]) for d in validation] == [("day_2", [0, rows - rows // 2])]
-    assert [(d["day"], d["row_range"]) for d in test] == [("day_2", [rows - rows // 2, rows])]
-    assert validation[0]["fingerprint"] == test[0]["fingerprint"] == parquet_fingerprint(days[2]["parquet"])
+    days = ingestion_report(tmp_path, days=3).days
+    split = split_days(days, MetadataConfig())
+    train, validation, test = split.train, split.validation, split.test
+    assert [d.day for d in train] == ["day_0", "day_1"] and all(d.row_range is None for d in train)
+    rows = days[2].rows
+    assert [(d.day, d.row_range) for d in validation] == [("day_2", [0, rows - rows // 2])]
+    assert [(d.day, d.row_range) for d in test] == [("day_2", [rows - rows // 2, rows])]
+    assert validation[0].fingerprint == test[0].fingerprint == parquet_fingerprint(days[2].parquet)
 
 
 def test_test_days_test_whole_and_test_share_zero_turns_the_split_off(tmp_path):
-    days = ingestion_report(tmp_path, days=4)["days"]
-    train, validation, test = split_days(days, MetadataConfig(test_days=["day_3"]))
-    assert [d["day"] for d in train] == ["day_0", "day_1"], "the last day that does not test validates"
-    assert [d["day"] for d in validation] == ["day_2"] and [d["day"] for d in test] == ["day_3"]
-    assert all("row_range" not in d for d in validation + test)
-    _, validation, test = split_days(days, MetadataConfig(test_share=0))
-    assert [d["day"] for d in validation] == ["day_3"] and "row_range" not in validation[0] and test == []
+    days = ingestion_report(tmp_path, days=4).days
+    split = split_days(days, MetadataConfig(test_days=["day_3"]))
+    assert [d.day for d in split.train] == ["day_0", "day_1"], "the last day that does not test validates"
+    assert [d.day for d in split.validation] == ["day_2"] and [d.day for d in split.test] == ["day_3"]
+    assert all(d.row_range is None for d in split.validation + split.test)
+    split = split_days(days, MetadataConfig(test_share=0))
+    assert [d.day for d in split.validation] == ["day_3"] and split.validation[0].row_range is None
+    assert split.test == []
 
 
 def test_a_day_too_small_to_split_is_refused_with_the_setting_that_turns_the_split_off(tmp_path):
-    days = ingestion_report(tmp_path, days=2)["days"]
+    days = ingestion_report(tmp_path, days=2).days
     with pytest.raises(
         ValueError, match=r"day_1 has 2,000 rows, too few .* `kedro run --params=metadata.test_share=0`"
     ):
@@ -56,7 +59,7 @@ def test_a_day_too_small_to_split_is_refused_with_the_setting_that_turns_the_spl
 
 def test_single_file_is_refused_with_a_hint(tmp_path):
     with pytest.raises(ValueError, match=r"kedro run --params=ingestion.rows_per_day=1429` \(7 days of 1,429 rows"):
-        split_days([{"day": "train", "rows": 10_000}], MetadataConfig())
+        split_days([SourceDay(day="train", rows=10_000)], MetadataConfig())
 
 
 def test_every_split_whether_named_or_by_default_gives_each_day_one_role_at_most():

@@ -11,9 +11,11 @@ from kedro.io.core import Version
 
 from criteo_dlrm.common.locks import LockedError, exclusive
 from criteo_dlrm.data.encoding import EncodedDays, FeatureEncoder
-from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
+from criteo_dlrm.data.feature_metadata import FeatureVocabularies
+from criteo_dlrm.data.source_days import SourceDay
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import EncodedArraysDataset, FeatureVocabulariesDataset, JSONDataset, TorchCheckpointDataset
+from tests.conftest import stored_checkpoint
 from tests.faults import encoded_rows, fails_with, refused
 
 
@@ -26,35 +28,32 @@ def test_checkpoint_round_trip_restores_optimizer_state(tmp_path):
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
-    checkpoint = {
-        "model_state": model.state_dict(),
-        "optimizer_state": optimizer.state_dict(),
-        "step": 7,
-        "config": {"a": [1, 2]},
-    }
+    checkpoint = stored_checkpoint(
+        model_state=model.state_dict(), optimizer_state=optimizer.state_dict(), step=7, config={"a": [1, 2]}
+    )
     _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt", save="2026-01-01T00.00.00.000Z").save(checkpoint)
     loaded = _versioned(TorchCheckpointDataset, tmp_path / "ckpt.pt").load()
     assert (
-        loaded["catalog_version"] == "2026-01-01T00.00.00.000Z"
-        and loaded["step"] == 7
-        and loaded["config"] == {"a": [1, 2]}
+        loaded.version == "2026-01-01T00.00.00.000Z" and loaded.step == 7 and loaded.others["config"] == {"a": [1, 2]}
     )
     fresh = torch.optim.Adam(torch.nn.Linear(3, 1).parameters())
-    fresh.load_state_dict(loaded["optimizer_state"])
+    fresh.load_state_dict(loaded.optimizer_state)
     torch.testing.assert_close(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
 
 
 def test_checkpoints_load_with_weights_only(tmp_path):
     # Any object outside tensors and plain containers is refused at load: no code runs from the file.
     _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-01T00.00.00.000Z").save(
-        {"object": ValueError("x")}
+        stored_checkpoint(object=ValueError("x"))
     )
     with pytest.raises(Exception, match="[Ww]eights only"):
         _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()
 
 
 def test_a_failed_write_leaves_the_previous_version_intact(tmp_path):
-    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-01T00.00.00.000Z").save({"step": 1})
+    _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-01T00.00.00.000Z").save(
+        stored_checkpoint(step=1)
+    )
 
     class Unpicklable:
         def __reduce__(self):
@@ -62,9 +61,9 @@ def test_a_failed_write_leaves_the_previous_version_intact(tmp_path):
 
     with pytest.raises(Exception, match="disk full"):
         _versioned(TorchCheckpointDataset, tmp_path / "c.pt", save="2026-01-02T00.00.00.000Z").save(
-            {"step": Unpicklable()}
+            stored_checkpoint(step=Unpicklable())
         )
-    assert _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load()["step"] == 1
+    assert _versioned(TorchCheckpointDataset, tmp_path / "c.pt").load().step == 1
     assert not list(tmp_path.rglob("*.partial"))
 
 
@@ -96,10 +95,8 @@ def test_encoded_arrays_load_memory_mapped(tmp_path):
 
 def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_path):
 
-    encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
-    )
-    days = EncodedDays(encoder, [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]])
+    encoder = FeatureEncoder.from_metadata(tiny_features["metadata"], tiny_features["vocabularies"].arrays)
+    days = EncodedDays(encoder, [d.parquet for d in tiny_features["metadata"].source_days.train])
     assert len(days) == 3000
     dataset = EncodedArraysDataset(path=str(tmp_path / "features"))
     dataset.save(days)
@@ -111,10 +108,8 @@ def test_encoded_days_are_encoded_straight_into_the_dataset(tiny_features, tmp_p
 
 def _stored_training_days(tiny_features, folder):
     """(encoder, Parquet days, lineage, dataset) of the sample's training days, encoded into ``folder``."""
-    encoder = FeatureEncoder.from_metadata(
-        FeatureMetadata.from_dict(tiny_features["metadata"]), tiny_features["vocabularies"].arrays
-    )
-    paths = [d["parquet"] for d in tiny_features["metadata"]["source_days"]["train"]]
+    encoder = FeatureEncoder.from_metadata(tiny_features["metadata"], tiny_features["vocabularies"].arrays)
+    paths = [d.parquet for d in tiny_features["metadata"].source_days.train]
     lineage = tiny_features["train"].lineage
     dataset = EncodedArraysDataset(path=str(folder))
     dataset.save(EncodedDays(encoder, paths, lineage))
@@ -256,3 +251,24 @@ def test_feature_metadata_without_its_digest_is_refused(tmp_path):
     file.write_text(json.dumps({"label": {"ctr": 0.03}}))
     Path(f"{file}.sha256").unlink()
     assert "has no digest" in refused(JSONDataset(str(path), version=Version(None, None)).load, file)
+
+
+def test_a_json_dataset_of_a_record_gives_the_record_and_stores_its_stored_form(tmp_path):
+    """Issue 60 item 4: nodes turned what the catalog held into records (``from_dict``) and back (``to_dict``);
+    a dataset with ``record`` does it, so a node gets and gives the record."""
+    from criteo_dlrm.datasets import JSONDataset
+    from criteo_dlrm.engine.trained.reports import ScoringReport
+
+    path, version = tmp_path / "scoring_report.json", "2026-01-01T00.00.00.000Z"
+    record = ScoringReport(rows=3, checkpoint_version="c1", source_days=[SourceDay(day="day_0", parquet="d.parquet")])
+    dataset = JSONDataset(
+        str(path), version=Version(None, version), record="criteo_dlrm.engine.trained.reports.ScoringReport"
+    )
+    dataset.save(record)
+    stored = json.loads((path / version / "scoring_report.json").read_text())
+    assert stored == record.to_dict() and stored["source_days"] == [{"day": "day_0", "parquet": "d.parquet"}]
+    loaded = JSONDataset(
+        str(path), version=Version(version, None), record="criteo_dlrm.engine.trained.reports.ScoringReport"
+    ).load()
+    assert loaded == record and isinstance(loaded.source_days[0], SourceDay)
+    assert JSONDataset(str(path), version=Version(version, None)).load() == stored, "without a record: the JSON"

@@ -239,8 +239,9 @@ def test_the_time_to_a_reached_target_auc_is_logged_at_its_step(tmp_path):
     from criteo_dlrm.engine.trained.reports import TrainingSummary
     from criteo_dlrm.tracking.hooks import _log
 
-    validation = {"auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}
-    summary = {"history": [{"step": 20, **validation}], "best_validation": validation, "best_step": 20, "steps": 20,
+    validation = {"rows": 100, "ctr": 0.25, "auc": 0.76, "log_loss": 0.5, "normalized_entropy": 0.9,
+                  "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
+    summary = {"history": [{"step": 20, "epoch": 0, **validation}], "best_validation": validation, "best_step": 20, "steps": 20,
                "samples_per_second": 10.0, "processes": 1, "device": "cpu", "stopped_early": False,
                "target": {"auc": 0.75, "reached": True, "step": 20, "epoch": 0, "validation_auc": 0.76,
                           "train_seconds": 12.5, "wall_seconds": 15.0}}  # fmt: skip

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from criteo_dlrm.common.records import typed
 from criteo_dlrm.common.schema import DENSE_COLUMNS, SPARSE_COLUMNS
+from criteo_dlrm.data.source_days import SourceDays
 
 # Table rows of each categorical feature: a value the vocabulary does not hold, a missing value (a row of
 # its own: in click logs a missing value has an effect of its own, while rare values average out), then the
@@ -28,6 +30,8 @@ RESERVED_ROWS = 2
 METADATA_FORMAT = 2
 # Written by the catalog's JSON dataset beside the content (its digest), not part of the record.
 _DATASET_KEYS = ("content_sha256",)
+# The fields the stored form keeps in its ``label``, by their names there.
+_LABEL_KEYS = {"rows": "rows", "positives": "positives", "click_rate": "ctr"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class FeatureMetadata:
     format: int = METADATA_FORMAT
     positives: int | None = None  # clicks among the rows (None: stored before it was)
     min_frequency: int | None = None  # the threshold applied, after the small-data rule (None: stored before)
-    source_days: dict | None = None
+    source_days: SourceDays | None = None
     parameters: dict | None = None
     counted_in: str | None = None
     counted_because: str | None = None
@@ -60,25 +64,16 @@ class FeatureMetadata:
 
     @classmethod
     def from_dict(cls, stored: Mapping) -> FeatureMetadata:
-        """The record of the catalog's stored form (format 1 when it names none)."""
+        """The record of the catalog's stored form (format 1 when it names none); a record is returned as it is."""
+        if isinstance(stored, FeatureMetadata):
+            return stored
         values = {key: value for key, value in stored.items() if key not in _DATASET_KEYS}
         label = values.pop("label")
-        return cls(
-            encoding=values.pop("encoding"),
-            rows=label["rows"],
-            positives=label.get("positives"),
-            click_rate=label["ctr"],
-            min_frequency=values.pop("min_frequency", None),
-            dense=values.pop("dense"),
-            sparse=values.pop("sparse"),
-            vocabulary_sha256=values.pop("vocabulary_sha256"),
-            format=values.pop("format", 1),
-            source_days=values.pop("source_days", None),
-            parameters=values.pop("parameters", None),
-            counted_in=values.pop("counted_in", None),
-            counted_because=values.pop("counted_because", None),
-            other=values,
-        )
+        names = {f.name for f in fields(cls)} - {"other", *_LABEL_KEYS}
+        known = {"format": 1, **{name: value for name, value in values.items() if name in names}}  # 1: named none
+        counts = {name: label[key] for name, key in _LABEL_KEYS.items() if key in label}
+        others = {key: value for key, value in values.items() if key not in names}
+        return cls(**typed(cls, known), **counts, other=others)
 
     def to_dict(self) -> dict:
         """The stored form: what ``from_dict`` reads (the optional keys only when set)."""
@@ -93,7 +88,8 @@ class FeatureMetadata:
             "vocabulary_sha256": self.vocabulary_sha256,
             **self.other,
         }
-        optional = {"source_days": self.source_days, "parameters": self.parameters, "counted_in": self.counted_in,
+        days = self.source_days.to_dict() if self.source_days is not None else None
+        optional = {"source_days": days, "parameters": self.parameters, "counted_in": self.counted_in,
                     "counted_because": self.counted_because}  # fmt: skip
         stored = {**stored, **optional}
         return {key: value for key, value in stored.items() if value is not None or key in self.other}

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from criteo_dlrm.common.errors import WHOLE_JOB, DataError, Fix
 from criteo_dlrm.common.storage import identity_path
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.data.source_days import RawSource, SourceDay
 
 _FOOTER_TAIL = 8  # 4-byte little-endian footer length, then b"PAR1"
 # Stored in a day's Parquet metadata: 2 = page checksums and a fingerprint sidecar (``data.parquet``). Days
@@ -74,22 +75,23 @@ def source_metadata(source: Path) -> dict[str, str]:
     }
 
 
-def raw_source(parquet: str | Path) -> dict | None:
-    """The raw file a Parquet day was converted from, as ingestion recorded it (None for other Parquet)."""
+# RawSource's fields as a day's Parquet metadata names them (``source_metadata``; ``rows_per_day``: written by
+# ``data.raw`` for one of the days a big file was split into), and how each is read.
+_STORED_SOURCE = {"path": ("criteo_dlrm.source", str), "size": ("criteo_dlrm.source_size", int),
+                  "mtime_ns": ("criteo_dlrm.source_mtime_ns", int), "sample": ("criteo_dlrm.source_sample", str),
+                  "rows_per_day": ("criteo_dlrm.rows_per_day", int)}  # fmt: skip
+
+
+def raw_source(parquet: str | Path) -> RawSource | None:
+    """The raw file a Parquet day was converted from, as ingestion recorded it (None for other Parquet; no
+    ``sample`` for days converted before it was kept: converted again)."""
     metadata = pq.read_schema(parquet).metadata or {}
     stored = {key.decode(): value.decode() for key, value in metadata.items() if key.startswith(b"criteo_dlrm.")}
     if "criteo_dlrm.source" not in stored:
         return None
-    source = {
-        "path": stored["criteo_dlrm.source"],
-        "size": int(stored["criteo_dlrm.source_size"]),
-        "mtime_ns": int(stored["criteo_dlrm.source_mtime_ns"]),
-    }
-    if "criteo_dlrm.source_sample" in stored:  # days converted before the sample have none: converted again
-        source["sample"] = stored["criteo_dlrm.source_sample"]
-    if "criteo_dlrm.rows_per_day" in stored:  # one of the days a big file was split into
-        source["rows_per_day"] = int(stored["criteo_dlrm.rows_per_day"])
-    return source
+    return RawSource(**{
+        name: read(stored[key]) for name, (key, read) in _STORED_SOURCE.items() if key in stored
+    })  # fmt: skip
 
 
 def made_from(parquet: Path, source: Path) -> bool:
@@ -106,37 +108,40 @@ def not_made_from(parquet: Path, source: Path) -> str | None:
         return "its Parquet cannot be read"
     if recorded is None:
         return "its Parquet names no raw file"
-    if recorded["path"] != identity_path(source):
-        return f"converted from {recorded['path']}"
+    if recorded.path != identity_path(source):
+        return f"converted from {recorded.path}"
     stat = source.stat()
     changed = [
         what
-        for what, then, now in (("size", recorded["size"], stat.st_size),
-                                ("modification time", recorded["mtime_ns"], stat.st_mtime_ns))
+        for what, then, now in (("size", recorded.size, stat.st_size),
+                                ("modification time", recorded.mtime_ns, stat.st_mtime_ns))
         if then != now
     ]  # fmt: skip
     if changed:
         return f"the raw file's {' and '.join(changed)} changed"
-    if "sample" not in recorded:
+    if recorded.sample is None:
         return "converted before days recorded a sample of their raw file"
-    if recorded["sample"] != content_sample(source):
+    if recorded.sample != content_sample(source):
         return "the raw file's content changed"
     return None
 
 
-def day_lineage(day: str, parquet: str | Path) -> dict:
-    """``{day, parquet, rows, fingerprint, source}`` of one Parquet day as it is on disk now."""
-    return {
-        "day": day,
-        "parquet": str(parquet),
-        "rows": pq.ParquetFile(parquet).metadata.num_rows,
-        "fingerprint": parquet_fingerprint(parquet),
-        "source": raw_source(parquet),
-    }
+def day_lineage(day: str, parquet: str | Path) -> SourceDay:
+    """One Parquet day as it is on disk now."""
+    return SourceDay(
+        day=day,
+        parquet=str(parquet),
+        rows=pq.ParquetFile(parquet).metadata.num_rows,
+        fingerprint=parquet_fingerprint(parquet),
+        source=raw_source(parquet),
+    )
 
 
 def encoded_lineage(
-    metadata: FeatureMetadata, metadata_version: str | None, days: list[dict], dense_transform: str = "standardised"
+    metadata: FeatureMetadata,
+    metadata_version: str | None,
+    days: list[SourceDay],
+    dense_transform: str = "standardised",
 ) -> dict:
     """What encoded model-input rows depend on: the vocabularies (and their version), each day's data and the dense
     features' transform (named only when it is not the standardised one, which rows encoded before it had)."""
@@ -147,49 +152,48 @@ def encoded_lineage(
         "metadata_format": metadata.format,
         "vocabulary_sha256": metadata.vocabulary_sha256,
         # row_range: the validation or test part of a day (None: all of it).
-        "days": [{key: day.get(key) for key in ("day", "rows", "fingerprint", "row_range")} for day in days],
+        "days": [{key: getattr(day, key) for key in ("day", "rows", "fingerprint", "row_range")} for day in days],
     }
 
 
-def _raw_state(source: dict | None) -> str:
+def _raw_state(source: RawSource | None) -> str:
     """'' when the raw file is there as recorded, else what happened to it."""
     if source is None:
         return " Its raw file is unknown (the Parquet was not made by ingestion)."
-    path = Path(source["path"])
+    path = Path(source.path)
     if not path.exists():
         return f" Its raw file {path} is gone too."
     stat = path.stat()
-    if (stat.st_size, stat.st_mtime_ns) != (source["size"], source["mtime_ns"]):
-        return f" Its raw file {path} has changed too (size {source['size']:,} -> {stat.st_size:,} bytes)."
-    if "sample" in source and content_sample(path) != source["sample"]:
+    if (stat.st_size, stat.st_mtime_ns) != (source.size, source.mtime_ns):
+        return f" Its raw file {path} has changed too (size {source.size:,} -> {stat.st_size:,} bytes)."
+    if source.sample is not None and content_sample(path) != source.sample:
         return f" Its raw file {path} has changed too (the same size and modification time, other content)."
     return ""
 
 
-def _only_time_changed(source: dict) -> bool:
-    path = Path(source.get("path", ""))
-    if not source or not path.exists():
+def _only_time_changed(source: RawSource | None) -> bool:
+    if source is None or not Path(source.path).exists():
         return False
-    stat = path.stat()
-    return stat.st_size == source["size"] and stat.st_mtime_ns != source["mtime_ns"]
+    stat = Path(source.path).stat()
+    return stat.st_size == source.size and stat.st_mtime_ns != source.mtime_ns
 
 
 # Training on the data as it is now: the whole job, none of the user's pinned versions.
 CURRENT_DATA = Fix(pipelines=WHOLE_JOB)
 
 
-def _split_setting(day: dict, days: list[dict]) -> dict:
+def _split_setting(day: SourceDay, days: list[SourceDay]) -> dict:
     """``{"ingestion.rows_per_day": R}`` when ``day`` is one of the days a big raw file was split into (recorded
     in its lineage, or, for lineage recorded before that, the largest of the recorded days of the same file),
     so that the restore command splits the file as it was split; else nothing."""
-    source = day.get("source") or {}
-    if source.get("rows_per_day"):
-        return {"ingestion.rows_per_day": source["rows_per_day"]}
-    siblings = [other["rows"] for other in days if (other.get("source") or {}).get("path") == source.get("path")]
+    if day.source is not None and day.source.rows_per_day:
+        return {"ingestion.rows_per_day": day.source.rows_per_day}
+    path = day.source.path if day.source else None
+    siblings = [other.rows for other in days if (other.source.path if other.source else None) == path]
     return {"ingestion.rows_per_day": max(siblings)} if len(siblings) > 1 else {}
 
 
-def check_days(days: list[dict], artifact: str) -> None:
+def check_days(days: list[SourceDay], artifact: str) -> None:
     """Raise ``LineageError`` unless every recorded day is on disk exactly as ``artifact`` recorded it.
 
     Args:
@@ -199,23 +203,23 @@ def check_days(days: list[dict], artifact: str) -> None:
     """
     problems, fixes = [], []
     for day in days:
-        parquet = Path(day["parquet"])
+        parquet = Path(day.parquet)
         if not parquet.exists():
             change = f"{parquet} no longer exists"
-        elif "fingerprint" in day and parquet_fingerprint(parquet) != day["fingerprint"]:
+        elif day.fingerprint is not None and parquet_fingerprint(parquet) != day.fingerprint:
             rows = pq.ParquetFile(parquet).metadata.num_rows
-            change = f"{parquet} has changed since ({day['rows']:,} rows then, {rows:,} now)"
+            change = f"{parquet} has changed since ({day.rows:,} rows then, {rows:,} now)"
         else:
             continue
-        raw = _raw_state(day.get("source"))
-        source = day.get("source") or {}
+        source = day.source
+        raw = _raw_state(source)
         if raw and _only_time_changed(source):
-            restore = Fix(pipelines="ingestion", params={"ingestion.raw_dir": Path(source["path"]).parent})
-            seconds, nanoseconds = divmod(source["mtime_ns"], 10**9)
+            restore = Fix(pipelines="ingestion", params={"ingestion.raw_dir": Path(source.path).parent})
+            seconds, nanoseconds = divmod(source.mtime_ns, 10**9)
             fix = (
-                f" Its raw file {source['path']} has the same size, but another modification time. If only its "
+                f" Its raw file {source.path} has the same size, but another modification time. If only its "
                 f"time changed (touch, a copy), give it back (`touch -d @{seconds}.{nanoseconds:09d} "
-                f"'{source['path']}'`) and restore the day with `{restore}`; otherwise train on the current data "
+                f"'{source.path}'`) and restore the day with `{restore}`; otherwise train on the current data "
                 f"with `{CURRENT_DATA}`."
             )
             fixes += [restore, CURRENT_DATA]
@@ -223,11 +227,11 @@ def check_days(days: list[dict], artifact: str) -> None:
             fix = f"{raw} The data it recorded cannot be restored: train on the current data with `{CURRENT_DATA}`."
             fixes.append(CURRENT_DATA)
         else:
-            folder = Path(day["source"]["path"]).parent
+            folder = Path(source.path).parent
             restore = Fix(pipelines="ingestion", params={"ingestion.raw_dir": folder, **_split_setting(day, days)})
             fix = f" Restore it from its unchanged raw file with `{restore}`."
             fixes.append(restore)
-        problems.append(f"{day['day']}: {change}.{fix}")
+        problems.append(f"{day.day}: {change}.{fix}")
     if problems:
         raise LineageError(
             f"{artifact} was made from data that is not on disk any more:\n  " + "\n  ".join(problems), fix=fixes

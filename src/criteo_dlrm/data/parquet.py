@@ -22,6 +22,7 @@ from criteo_dlrm.common.errors import DataError, Fix, Remedy
 from criteo_dlrm.common.schema import COLUMNS, LABEL_COLUMN, PREDECESSOR_SPARSE_MISSING, check_parquet_schema
 from criteo_dlrm.common.storage import write_bytes_atomically
 from criteo_dlrm.data.lineage import FORMAT_KEY, PARQUET_FORMAT, parquet_fingerprint
+from criteo_dlrm.data.source_days import SourceDay
 
 BATCH_ROWS = 1 << 18
 # How ingestion writes a day: a checksum in every page, so damage is found on read.
@@ -201,9 +202,9 @@ def count_rows(paths: Sequence[Day]) -> int:
     )
 
 
-def recorded_rows(day: dict) -> Day:
+def recorded_rows(day: SourceDay) -> Day:
     """The rows a lineage record (``lineage.day_lineage``) stands for: its ``row_range`` of the day, or all of it."""
-    if day.get("row_range"):
-        start, stop = day["row_range"]
-        return DayRows(str(day["parquet"]), int(start), int(stop))
-    return str(day["parquet"])
+    if day.row_range:
+        start, stop = day.row_range
+        return DayRows(str(day.parquet), int(start), int(stop))
+    return str(day.parquet)

@@ -6,6 +6,8 @@ import hashlib
 import json
 from typing import Any
 
+from kedro.utils import load_obj
+
 from criteo_dlrm.common.storage import DamagedFileError
 
 from .previews import JSONPreview
@@ -32,11 +34,14 @@ class JSONDataset(VersionedFileDataset):
           versioned: true
     """
 
-    def __init__(self, *args, content_digest: bool = False, **kwargs):
+    def __init__(self, *args, content_digest: bool = False, record: str | None = None, **kwargs):
         """``content_digest``: a mapping is stored with the sha256 of its content inside (``content_sha256``),
-        checked when it is loaded, so an edit is found even when the file's ``.sha256`` was written again."""
+        checked when it is loaded, so an edit is found even when the file's ``.sha256`` was written again.
+        ``record``: the class (``module.Class``) whose ``from_dict`` reads what is loaded and whose ``to_dict``
+        writes what is saved (e.g. ``criteo_dlrm.engine.trained.reports.EvaluationReport``): nodes get and give
+        the record. Imported when the dataset is first loaded or saved, not when the catalog is built."""
         super().__init__(*args, **kwargs)
-        self._content_digest = content_digest
+        self._content_digest, self._record = content_digest, record
 
     def load(self) -> Any:
         data = self._read(lambda handle: json.loads(handle.read()))
@@ -47,9 +52,14 @@ class JSONDataset(VersionedFileDataset):
                     f"{self._load_path()} is damaged: its content is not what was written (an edit with a new file "
                     f"digest beside it is still found: the content digest inside no longer matches). {self._fix()}"
                 )
-        return data
+        return self._record_class().from_dict(data) if self._record else data
+
+    def _record_class(self) -> type:
+        return load_obj(self._record)
 
     def save(self, data: Any) -> None:
+        if self._record and isinstance(data, self._record_class()):
+            data = data.to_dict()
         if self._content_digest and isinstance(data, dict):
             data = {**{k: v for k, v in data.items() if k != CONTENT_KEY}, CONTENT_KEY: content_sha256(data)}
         text = json.dumps(data, indent=1, allow_nan=True) + "\n"
@@ -57,4 +67,5 @@ class JSONDataset(VersionedFileDataset):
 
     def preview(self) -> JSONPreview:
         """What kedro viz shows: the whole document."""
-        return JSONPreview(json.dumps(self.load()))
+        data = self.load()
+        return JSONPreview(json.dumps(data.to_dict() if self._record else data))

@@ -3,14 +3,18 @@ a sharded run's checkpoint is a folder: the file and the state folder it names, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kedro.io.core import DatasetError, get_filepath_str
 
 from criteo_dlrm.common.storage import DamagedFileError, atomic_folder, link_or_copy, reading
 
 from .versioned_file import VersionedFileDataset
+
+if TYPE_CHECKING:
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint, StateFolder
 
 # Checkpoints of this format on carry a digest inside (format 2 and older: the file digest beside it only).
 FIRST_FORMAT_WITH_DIGEST = 3
@@ -31,7 +35,8 @@ class TorchCheckpointDataset(VersionedFileDataset):
     sha256 is written; the model is read from it when it is used (``engine.trained.checkpoint.model_from_checkpoint``,
     every file checked first). Local filesystems only.
 
-    The loaded dict gets ``catalog_version``: the version it was loaded from, so a report can name it.
+    Nodes get and give the record (``engine.trained.checkpoint.Checkpoint``); the one loaded knows the version it
+    was loaded from (``version``), so a report can name it.
 
     Example ``catalog.yml`` entry::
 
@@ -44,10 +49,10 @@ class TorchCheckpointDataset(VersionedFileDataset):
     # torch and the engine are imported as a checkpoint is loaded or saved: kedro-mlflow builds every dataset of the
     # catalog at a run's start, so an import here would put torch in every run (ingestion, encoding) for nothing.
 
-    def load(self) -> dict[str, Any]:
+    def load(self) -> Checkpoint:
         import torch
 
-        from criteo_dlrm.engine.trained.checkpoint import content_verdict, file_verdict, with_state_path
+        from criteo_dlrm.engine.trained.checkpoint import Checkpoint, content_verdict, file_verdict
 
         path = self._verified_path()
 
@@ -77,34 +82,34 @@ class TorchCheckpointDataset(VersionedFileDataset):
             raise DamagedFileError(f"{path} has lost the content digest it was written with. {self._fix()}")
         if verdict == "damaged":
             raise damaged
-        if "sharded_state" in checkpoint:
+        record = Checkpoint.from_dict(checkpoint, version=self.loaded_version())
+        if record.sharded_state is not None:
             from criteo_dlrm.engine.trained.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
 
             self._local(path)
-            sharded = with_state_path(checkpoint, Path(path).parent)["sharded_state"]
+            sharded = record.sharded_state.beside(Path(path).parent)
             # Every file of the state, as the file itself is checked: a damaged version is refused here, with the
             # version's fix, and a rerun never reuses it (the model is read from them once, not checked again).
-            check_state(Path(sharded["path"]), sharded["digests"], shared=False, fix=self._fix())
-            sharded["checked"] = True
-        checkpoint["catalog_version"] = self.loaded_version()
-        return checkpoint
+            check_state(Path(sharded.path), sharded.digests, shared=False, fix=self._fix())
+            record = replace(record, sharded_state=replace(sharded, checked=True))
+        return record
 
-    def save(self, data: dict[str, Any]) -> None:
+    def save(self, data: Checkpoint) -> None:
         from criteo_dlrm.engine.trained.checkpoint import write_checkpoint
 
-        data = {key: value for key, value in data.items() if key != "catalog_version"}
-        if "sharded_state" in data:
-            data["sharded_state"] = self._store_state(data["sharded_state"])
-        self._write_atomically(lambda handle: write_checkpoint(data, handle))
+        if data.sharded_state is not None:
+            data = replace(data, sharded_state=self._store_state(data.sharded_state))
+        stored = data.to_dict()
+        self._write_atomically(lambda handle: write_checkpoint(stored, handle))
 
-    def _store_state(self, sharded: dict[str, Any]) -> dict[str, Any]:
-        """Link the state folder's files (``sharded["path"]``) into this version, as one folder that appears
-        whole; returns the entry the stored file keeps (the folder's name beside it, not a path)."""
+    def _store_state(self, sharded: StateFolder) -> StateFolder:
+        """Link the state folder's files (``sharded.path``) into this version, as one folder that appears whole;
+        returns what the stored file keeps (the folder's name beside it, not a path)."""
         path = Path(get_filepath_str(self._get_save_path(), self._protocol))
         self._local(str(path))
-        source, folder = Path(sharded["path"]), path.parent / f"{path.stem}{STATE_SUFFIX}"
+        source, folder = Path(sharded.path), path.parent / f"{path.stem}{STATE_SUFFIX}"
         with atomic_folder(folder, what=f"the checkpoint's state {folder}") as staged:
-            for name in sorted(sharded["digests"]):
+            for name in sorted(sharded.digests):
                 if not (source / name).is_file():
                     raise DamagedFileError(
                         f"{source / name} is missing: the state of the run's best model is incomplete, so its "
@@ -112,8 +117,7 @@ class TorchCheckpointDataset(VersionedFileDataset):
                     )
                 (staged / name).parent.mkdir(parents=True, exist_ok=True)
                 link_or_copy(source / name, staged / name)
-        kept = {key: value for key, value in sharded.items() if key not in ("path", "checked")}
-        return kept | {"folder": folder.name}
+        return replace(sharded, folder=folder.name, path=None, checked=None)
 
     def _local(self, path: str) -> None:
         if self._protocol != "file":

@@ -21,14 +21,19 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kedro.framework.hooks import hook_impl
 from loguru import logger
 
 from criteo_dlrm.common.errors import Fix, UserError, user_error
 from criteo_dlrm.common.storage import NotWritableError, check_writable
+from criteo_dlrm.data.source_days import SourceDays, days_tag
 from criteo_dlrm.datasets.versioned_file import VersionedFileDataset
-from criteo_dlrm.engine.trained.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary, days_tag
+from criteo_dlrm.engine.trained.reports import EvaluationReport, ScoringReport, Tracked, TrainingSummary
+
+if TYPE_CHECKING:
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
 
 # The one switch: CRITEO_DLRM_TRACKING=off runs without kedro-mlflow and without this hook (settings.py).
 SWITCH = "CRITEO_DLRM_TRACKING"
@@ -86,10 +91,12 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
         ) from None
 
 
-def _lineage_tags(metadata: dict, checkpoint_version: str | None = None) -> dict[str, str]:
-    days = metadata.get("source_days") or {}
-    tags = {f"{split}_days": days_tag(days.get(split)) for split in ("train", "validation", "test")}
-    tags["metadata_version"] = metadata.get("version") or ""
+def _lineage_tags(
+    days: SourceDays | None, metadata_version: str | None, checkpoint_version: str | None = None
+) -> dict[str, str]:
+    days = days or SourceDays()
+    tags = {f"{split}_days": days_tag(days.split(split)) for split in ("train", "validation", "test")}
+    tags["metadata_version"] = metadata_version or ""
     if checkpoint_version:
         tags["checkpoint_version"] = checkpoint_version
     return {key: value for key, value in tags.items() if value}
@@ -253,23 +260,20 @@ class TrackingHooks:
             return
         self._saved = True
         if dataset_name == "feature_metadata":
-            mlflow.set_tags(_lineage_tags({**data, "version": self._version}))
+            mlflow.set_tags(_lineage_tags(data.source_days, self._version))
         elif dataset_name in REPORTS:
-            _log(REPORTS[dataset_name].from_dict(data).tracked())
+            _log(data.tracked())
         elif dataset_name == "dlrm_checkpoint":
-            mlflow.set_tags(_lineage_tags(data["metadata"], self._version))
+            mlflow.set_tags(_lineage_tags(data.source_days, data.metadata_version, self._version))
             self._log_model(data)
         if dataset_name in ARTIFACTS and (path := self._path(dataset_name)):
             mlflow.log_artifact(path, artifact_path=dataset_name)
 
-    def _log_model(self, checkpoint: dict) -> None:
+    def _log_model(self, checkpoint: Checkpoint) -> None:
         from criteo_dlrm.tracking.model import example_rows, log_checkpoint_model
 
         path = self._path("dlrm_checkpoint")
-        from criteo_dlrm.engine.trained.checkpoint import Checkpoint  # a run that evaluated has torch already
-
-        days = Checkpoint.from_dict(checkpoint).source_days
-        parquet = next((day["parquet"] for day in days.get("validation") or () if day.get("parquet")), None)
+        parquet = next((day.parquet for day in checkpoint.source_days.validation), None)
         if path is None or parquet is None:
             return
         uri = log_checkpoint_model(path, example_rows(parquet))

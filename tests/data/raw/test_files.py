@@ -46,7 +46,7 @@ def test_an_empty_day_to_score_is_refused_before_any_work_naming_it(tmp_path):
         find_scoring_input(raw)
     parquet = tmp_path / "parquet"
     parquet.mkdir()
-    day = Path(ingestion_report(tmp_path / "days", days=1)["days"][0]["parquet"])
+    day = Path(ingestion_report(tmp_path / "days", days=1).days[0].parquet)
     pq.write_table(pq.read_table(day).slice(0, 0), parquet / "day_0.parquet")
     with pytest.raises(IngestionError, match=r"day_0.parquet holds no rows"):
         find_scoring_input(parquet)

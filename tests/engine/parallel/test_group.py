@@ -83,7 +83,7 @@ def test_a_group_of_one_predicts_and_scores_as_one_process():
         direct = torch.sigmoid(model(torch.from_numpy(arrays.dense), torch.from_numpy(arrays.sparse))).numpy()
     np.testing.assert_allclose(gathered, alone)
     np.testing.assert_allclose(alone, direct, rtol=1e-5, atol=1e-6)
-    assert scored == pytest.approx(binary_metrics(arrays.labels, direct))
+    assert scored.to_dict() == pytest.approx(binary_metrics(arrays.labels, direct).to_dict())
 
 
 def _arrays(rng, rows: int):

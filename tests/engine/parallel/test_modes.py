@@ -169,9 +169,9 @@ def test_a_mode_hands_out_its_live_state_and_the_in_progress_checkpoint_alone_wr
     torch.manual_seed(0)
     mode = build_mode(config.model_config(SIZES), config, CPU)
     state = mode.placement.saved_state()
-    assert state.shards is None and set(state.entries) == {"model_state", "optimizer_state"}
+    assert state.shards is None and set(state.weights.to_dict()) == {"model_state", "optimizer_state"}
     live = mode.model.state_dict()
-    assert all(state.entries["model_state"][name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
+    assert all(state.weights.model_state[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
     names = {node.id for node in ast.walk(ast.parse(inspect.getsource(modes))) if isinstance(node, ast.Name)}
     attributes = {n.attr for n in ast.walk(ast.parse(inspect.getsource(modes))) if isinstance(n, ast.Attribute)}
     assert not names & {"ProgressFiles", "save_atomically", "load_checkpoint"}

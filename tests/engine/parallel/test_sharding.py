@@ -2,6 +2,7 @@
 
 import contextlib
 import copy
+import dataclasses
 import pickle
 import re
 import subprocess
@@ -25,8 +26,9 @@ from criteo_dlrm.datasets import PreviousVersionDataset, TorchCheckpointDataset
 from criteo_dlrm.engine.memory import check_replicated_memory, embedding_bytes
 from criteo_dlrm.engine.parallel.modes import build_mode, placement_class
 from criteo_dlrm.engine.parallel.sharding import _dense_state, _grouped, shard_model
-from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, model_from_checkpoint
+from criteo_dlrm.engine.trained.checkpoint import Checkpoint, load_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics
+from criteo_dlrm.engine.trained.reports import Metrics
 from criteo_dlrm.engine.trained.scoring import probabilities
 from criteo_dlrm.engine.trained.sharded_checkpoint import consolidate
 from criteo_dlrm.engine.training.loop import Trainer
@@ -65,7 +67,7 @@ def one_process_group():
 
 
 def _table_sizes(features) -> list[int]:
-    return [features["metadata"]["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    return [features["metadata"].sparse[name]["table_size"] for name in SPARSE_COLUMNS]
 
 
 def _inputs(model_config, rows: int = 50):
@@ -120,7 +122,7 @@ def test_an_interrupted_sharded_run_resumes_to_the_same_weights(tiny_features, t
     resumed = _trainer(tiny_features, config, tmp_path / "resumed", resume_path)
     assert resumed.step == 47
     result = resumed.fit()
-    assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
+    assert [h.log_loss for h in result.history] == [h.log_loss for h in reference_result.history]
     layout = torch_layout(reference.mode.model.config, SPARSE_COLUMNS)
     (reference_model, reference_optimizers), (model, optimizers) = (
         _best(reference_result, layout),
@@ -153,8 +155,8 @@ def torch_layout(config, names: list[str]):
 def _best(result, layout) -> tuple[dict, dict]:
     """A sharded run's best model and optimiser state, read whole, in the torch backend's layout."""
     best = load_best(result)
-    sharded = best["sharded_state"]
-    return layout(consolidate(Path(sharded["path"]), sharded["digests"]), best["dense_param_groups"])
+    sharded = best.sharded_state
+    return layout(consolidate(Path(sharded.path), sharded.digests), best.dense_param_groups)
 
 
 def test_the_torch_backend_refuses_tables_over_the_memory_budget_and_names_torchrec(tiny_features, tmp_path):
@@ -184,29 +186,29 @@ def test_an_optimiser_without_a_fused_cpu_kernel_is_refused_naming_the_ones_that
         build_mode(config.model_config(_table_sizes(tiny_features)), config, torch.device("cpu"))
 
 
-def _run(features, config: TrainingConfig, name: str, metadata: dict | None = None):
+def _run(features, config: TrainingConfig, name: str, metadata: FeatureMetadata | None = None):
     return run_training(
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata.from_dict(metadata or features["metadata"]),
+        metadata or features["metadata"],
         features["vocabularies"].arrays,
         name,
         "v",
     )
 
 
-def _probabilities(checkpoint: dict, features) -> np.ndarray:
+def _probabilities(checkpoint: Checkpoint, features) -> np.ndarray:
     validation = features["validation"]
     predicted = probabilities(
-        model_from_checkpoint(checkpoint),
+        checkpoint.model(),
         torch.from_numpy(validation.dense),
         torch.from_numpy(validation.sparse.astype(np.int64)),
     )
     return predicted.double().numpy()
 
 
-def _evaluate_alone(checkpoint: dict, features) -> dict:
+def _evaluate_alone(checkpoint: Checkpoint, features) -> Metrics:
     return binary_metrics(features["validation"].labels, _probabilities(checkpoint, features))
 
 
@@ -219,32 +221,34 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     )
     config = _config(tmp_path / "rec", sharding={"type": "table_wise"}, distributed={"nproc_per_node": 2})
     checkpoint, summary = _run(tiny_features, config, "rec")
-    assert summary["processes"] == 2 and summary["embeddings"]["backend"] == "torchrec"
-    tables = summary["embeddings"]["tables"]
+    assert summary.processes == 2 and summary.embeddings["backend"] == "torchrec"
+    tables = summary.embeddings["tables"]
     assert {t["sharding_type"] for t in tables} == {"table_wise"} and {r for t in tables for r in t["ranks"]} == {0, 1}
     # Same data, seed and schedule; other initial table values and row-wise (not element-wise) Adagrad:
     # measured 0.6191 vs 0.6067 AUC, 0.5510 vs 0.5493 log loss (before missing values had a row of their own:
     # 0.6182 vs 0.6191, 0.5493 vs 0.5481). The AUC of 1,000 validation rows has a standard error of about 0.02,
     # so the log loss is the tight check. Untrained tables would reach about 0.55 AUC.
-    best, reference = summary["best_validation"], torch_summary["best_validation"]
-    assert best["auc"] > 0.6 and abs(best["auc"] - reference["auc"]) < 0.02
-    assert abs(best["log_loss"] - reference["log_loss"]) < 0.005
+    best, reference = summary.best_validation, torch_summary.best_validation
+    assert best.auc > 0.6 and abs(best.auc - reference.auc) < 0.02
+    assert abs(best.log_loss - reference.log_loss) < 0.005
     # No process read the whole state to make the checkpoint: it names the best model's state folder, which the
     # processes wrote, and holds no tensor. Read alone, it is a model in the torch backend's layout.
-    assert "model_state" not in checkpoint and "optimizer_state" not in checkpoint
-    assert not [value for value in checkpoint.values() if isinstance(value, torch.Tensor)]
-    folder = Path(checkpoint["sharded_state"]["path"])
-    assert sorted(
-        {name.split("_")[2] for name in checkpoint["sharded_state"]["digests"] if name.endswith(".distcp")}
-    ) == ["0", "1"]
-    assert set(model_from_checkpoint(checkpoint).state_dict()) == set(torch_run["model_state"])
+    stored = checkpoint.to_dict()
+    assert "model_state" not in stored and "optimizer_state" not in stored
+    assert not [value for value in stored.values() if isinstance(value, torch.Tensor)]
+    folder = Path(checkpoint.sharded_state.path)
+    assert sorted({name.split("_")[2] for name in checkpoint.sharded_state.digests if name.endswith(".distcp")}) == [
+        "0",
+        "1",
+    ]
+    assert set(checkpoint.model().state_dict()) == set(torch_run.model_state)
     alone = _evaluate_alone(checkpoint, tiny_features)
     for name in ("log_loss", "auc", "calibration"):
-        assert alone[name] == pytest.approx(best[name], abs=1e-6), name
+        assert getattr(alone, name) == pytest.approx(getattr(best, name), abs=1e-6), name
     expected = _probabilities(checkpoint, tiny_features)
     # Calibrated once after training, as any run: the validation rows' click rate on average.
-    assert checkpoint["calibration"]["method"] == "platt" and checkpoint["calibration"]["rows"] == 1000
-    state = checkpoint["calibration"]
+    assert checkpoint.calibration_state["method"] == "platt" and checkpoint.calibration_state["rows"] == 1000
+    state = checkpoint.calibration_state
     validation = tiny_features["validation"]
     logits = np.log(expected) - np.log1p(-expected)
     calibrated = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"])))
@@ -256,12 +260,12 @@ def test_two_process_table_wise_training_matches_the_torch_backend_and_evaluates
     )
     stored.save(checkpoint)
     version = tmp_path / "dlrm_checkpoint.pt" / "2026-01-01T00.00.00.000Z"
-    for name in checkpoint["sharded_state"]["digests"]:
+    for name in checkpoint.sharded_state.digests:
         assert (version / "dlrm_checkpoint.state" / name).samefile(folder / name), name
     loaded = TorchCheckpointDataset(
         str(tmp_path / "dlrm_checkpoint.pt"), version=Version("2026-01-01T00.00.00.000Z", None)
     ).load()
-    assert loaded["sharded_state"]["path"] == str(version / "dlrm_checkpoint.state")
+    assert loaded.sharded_state.path == str(version / "dlrm_checkpoint.state")
     np.testing.assert_array_equal(_probabilities(loaded, tiny_features), expected)
     finish_run(summary)  # the run's own folders go; the stored checkpoint keeps its files
     assert not folder.exists()
@@ -293,24 +297,25 @@ def test_a_table_over_the_per_process_budget_is_sharded_across_processes(tiny_fe
     # SPARSE_0 with 400,000 rows x 8: 12.8 MB of weights + 1.6 MB of row-wise Adagrad state, over a 12 MB
     # budget per process (of which the planner keeps 15% and 2 MB of input buffers). The torch backend
     # refuses; TorchRec's planner splits the table's columns over both processes and the run trains.
-    metadata = copy.deepcopy(tiny_features["metadata"])
-    metadata["sparse"]["SPARSE_0"]["table_size"] = 400_000
+    sparse = copy.deepcopy(dict(tiny_features["metadata"].sparse))
+    sparse["SPARSE_0"]["table_size"] = 400_000
+    metadata = dataclasses.replace(tiny_features["metadata"], sparse=sparse)
     budget = {"memory_per_process_gb": 0.012}
     with pytest.raises(ConfigError, match="Use embedding_backend: torchrec"):
         _run(tiny_features, _config(tmp_path, embedding_backend="torch", embedding_optimizer="adagrad",
                                     sharding=budget), "torch", metadata)  # fmt: skip
     config = _config(tmp_path, num_epochs=1, sharding=budget, distributed={"nproc_per_node": 2})
     checkpoint, summary = _run(tiny_features, config, "rec", metadata)
-    big = summary["embeddings"]["tables"][0]
+    big = summary.embeddings["tables"][0]
     assert big["table"] == "SPARSE_0" and big["ranks"] == [0, 1], big
     assert sum(shard["sizes"][0] * shard["sizes"][1] for shard in big["shards"]) == 400_000 * 8
-    assert max(summary["embeddings"]["bytes_per_rank"]) < 0.012e9
-    assert model_from_checkpoint(checkpoint).state_dict()["embeddings.0.weight.weight"].shape == (
+    assert max(summary.embeddings["bytes_per_rank"]) < 0.012e9
+    assert checkpoint.model().state_dict()["embeddings.0.weight.weight"].shape == (
         sum(_table_sizes({"metadata": metadata})),
         8,
     )
     alone = _evaluate_alone(checkpoint, tiny_features)
-    assert alone["log_loss"] == pytest.approx(summary["best_validation"]["log_loss"], abs=1e-6)
+    assert alone.log_loss == pytest.approx(summary.best_validation.log_loss, abs=1e-6)
 
 
 def _killed_after_a_save(features, config: TrainingConfig, folder: Path) -> None:
@@ -356,9 +361,9 @@ def test_a_killed_sharded_run_resumes_from_its_own_shards_to_the_uninterrupted_r
     written = sorted({path.name.split("_")[2] for path in state.glob("part-*/__*_*.distcp")})
     assert written == [str(rank) for rank in range(processes)], "each process wrote its own shards"
     _, resumed = _run(tiny_features, config, "resumed")
-    assert [h["step"] for h in resumed["history"]] == [h["step"] for h in reference["history"]]
-    for got, expected in zip(resumed["history"], reference["history"], strict=True):
-        assert got["log_loss"] == pytest.approx(expected["log_loss"], rel=1e-5), got["step"]
+    assert [h.step for h in resumed.history] == [h.step for h in reference.history]
+    for got, expected in zip(resumed.history, reference.history, strict=True):
+        assert got.log_loss == pytest.approx(expected.log_loss, rel=1e-5), got.step
     assert not list(progress.glob(".*.partial")), "no staging folder left"
 
 
@@ -400,10 +405,10 @@ def test_a_sharded_run_killed_in_n_processes_resumes_in_m(tiny_features, tmp_pat
     _, reference = _run(tiny_features, _resumable(tmp_path / "reference", before), "reference")
     _killed_after_a_save(tiny_features, _resumable(tmp_path / "run", before), tmp_path)
     _, resumed = _run(tiny_features, _resumable(tmp_path / "run", after), "resumed")
-    assert resumed["processes"] == after
-    assert [h["step"] for h in resumed["history"]] == [h["step"] for h in reference["history"]]
-    for got, expected in zip(resumed["history"], reference["history"], strict=True):
-        assert got["log_loss"] == pytest.approx(expected["log_loss"], rel=1e-5), got["step"]
+    assert resumed.processes == after
+    assert [h.step for h in resumed.history] == [h.step for h in reference.history]
+    for got, expected in zip(resumed.history, reference.history, strict=True):
+        assert got.log_loss == pytest.approx(expected.log_loss, rel=1e-5), got.step
 
 
 def test_a_damaged_shard_of_the_in_progress_state_is_named_and_the_run_starts_afresh(

@@ -13,13 +13,14 @@ from kedro.io.core import Version
 
 from criteo_dlrm.common.storage import DamagedFileError
 from criteo_dlrm.data.encoding import FeatureEncoder
+from criteo_dlrm.data.source_days import SourceDays
 from criteo_dlrm.datasets import TorchCheckpointDataset
 from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, model_from_checkpoint, save_atomically
 from criteo_dlrm.engine.trained.export import serving_encoder
 from criteo_dlrm.engine.trained.scoring import probabilities
 from criteo_dlrm.models import DLRM, DLRMConfig
 from criteo_dlrm.models.torchrec_embeddings import grouped_tables, split_tables
-from tests.conftest import tiny_model_config, with_altered_vocabulary
+from tests.conftest import stored_checkpoint, tiny_model_config, with_altered_vocabulary
 from tests.faults import refused
 
 
@@ -184,40 +185,44 @@ def test_a_checkpoint_is_read_through_one_object_that_checks_its_encoder(tiny_ch
     from criteo_dlrm.engine.trained.checkpoint import Checkpoint
     from criteo_dlrm.engine.trained.scoring import VocabularyMismatchError
 
-    checkpoint = Checkpoint.from_dict(tiny_checkpoint)
+    stored = tiny_checkpoint.to_dict()
+    checkpoint = Checkpoint.from_dict(stored, version="2026-11-30T01.00.00.000Z")
     assert checkpoint.source == "dlrm_checkpoint version 2026-11-30T01.00.00.000Z"
-    assert checkpoint.step == tiny_checkpoint["step"] and checkpoint.calibration_method == "platt"
-    assert checkpoint.source_days == tiny_checkpoint["metadata"]["source_days"]
+    assert checkpoint.step == stored["step"] and checkpoint.calibration_method == "platt"
+    assert checkpoint.source_days == SourceDays.from_dict(stored["metadata"]["source_days"])
     assert checkpoint.encoder().table_sizes == checkpoint.model().config.table_sizes
-    uncalibrated = Checkpoint.from_dict(
-        {k: v for k, v in tiny_checkpoint.items() if k != "calibration"}, named="old.pt"
-    )
+    uncalibrated = Checkpoint.from_dict({k: v for k, v in stored.items() if k != "calibration"}, named="old.pt")
     assert not uncalibrated.calibrated and uncalibrated.calibration_method == "none"
     assert uncalibrated.calibration().method == "none"
-    damaged = Checkpoint.from_dict(with_altered_vocabulary(tiny_checkpoint, 0), named="x.pt")
+    damaged = dataclasses.replace(with_altered_vocabulary(tiny_checkpoint, 0), named="x.pt")
     with pytest.raises(VocabularyMismatchError, match="x.pt: its vocabularies"):
         damaged.encoder()
 
 
 def test_a_checkpoint_is_a_record_whose_stored_form_round_trips_and_keeps_what_it_does_not_know(tiny_checkpoint):
-    from criteo_dlrm.engine.trained.checkpoint import CHECKPOINT_FORMAT, Checkpoint
+    from criteo_dlrm.engine.trained.checkpoint import CHECKPOINT_FORMAT, Checkpoint, TrainedWith
+    from criteo_dlrm.engine.trained.reports import Metrics, Validation
 
-    stored = {key: value for key, value in tiny_checkpoint.items() if key != "catalog_version"}
-    checkpoint = Checkpoint.from_dict({**stored, "written_by_a_later_version": 7, "catalog_version": "v9"})
+    stored = tiny_checkpoint.to_dict()
+    checkpoint = Checkpoint.from_dict({**stored, "written_by_a_later_version": 7}, version="v9")
     assert checkpoint.version == "v9" and checkpoint.others == {"written_by_a_later_version": 7}
-    assert checkpoint.trained_with is stored["metadata"] and checkpoint.encoder_state is stored["encoder"]
+    assert isinstance(checkpoint.trained_with, TrainedWith) and checkpoint.encoder_state is stored["encoder"]
+    assert isinstance(checkpoint.best_validation, Metrics) and all(
+        isinstance(v, Validation) for v in checkpoint.history
+    )
     assert checkpoint.calibration_state is stored["calibration"] and checkpoint.format == CHECKPOINT_FORMAT
     again = checkpoint.to_dict()
-    assert "catalog_version" not in again and again.pop("written_by_a_later_version") == 7
-    assert again.keys() == stored.keys() and again["model_config"] == stored["model_config"]
-    assert all(again[key] is stored[key] for key in stored if key != "model_config")
+    assert "version" not in again and again.pop("written_by_a_later_version") == 7
+    records = ("model_config", "metadata", "best_validation", "history")
+    assert again.keys() == stored.keys() and all(again[key] == stored[key] for key in records), "records written back"
+    assert all(again[key] is stored[key] for key in stored if key not in records), "the rest kept as it was read"
     with pytest.raises(dataclasses.FrozenInstanceError):
         checkpoint.step = 1
 
 
 def test_a_checkpoint_with_overwritten_bytes_is_refused_naming_it(tmp_path):
     path = tmp_path / "dlrm_checkpoint.pt"
-    TorchCheckpointDataset(str(path), version=Version(None, None)).save({"weights": torch.randn(50_000)})
+    TorchCheckpointDataset(str(path), version=Version(None, None)).save(stored_checkpoint(weights=torch.randn(50_000)))
     [file] = path.glob("*/dlrm_checkpoint.pt")
     with open(file, "r+b") as handle:
         handle.seek(file.stat().st_size // 2)
@@ -229,7 +234,7 @@ def test_a_checkpoint_with_overwritten_bytes_is_refused_naming_it(tmp_path):
 def _saved_checkpoint(tmp_path: Path) -> tuple[Path, Path]:
     """A versioned checkpoint saved as training saves it: ``(its file, the dataset's path)``."""
     path = tmp_path / "dlrm_checkpoint.pt"
-    state = {"format": 3, "model_state": {"w": torch.arange(6.0)}, "calibration": {"method": "platt", "a": 1.5}}
+    state = stored_checkpoint(format=3, model_state={"w": torch.arange(6.0)}, calibration={"method": "platt", "a": 1.5})
     TorchCheckpointDataset(str(path), version=Version(None, "2026-01-01T00.00.00.000Z")).save(state)
     [file] = path.glob("*/dlrm_checkpoint.pt")
     return file, path
@@ -281,10 +286,10 @@ def test_a_checkpoint_of_format_2_without_a_digest_inside_still_loads_on_its_fil
     path = tmp_path / "dlrm_checkpoint.pt"
     file = path / "2025-01-01T00.00.00.000Z" / "dlrm_checkpoint.pt"
     file.parent.mkdir(parents=True)
-    torch.save({"format": 2, "model_state": {"w": torch.ones(2)}}, file)
+    torch.save(stored_checkpoint(format=2, model_state={"w": torch.ones(2)}).to_dict(), file)
     Path(f"{file}.sha256").write_text(hashlib.sha256(file.read_bytes()).hexdigest())
     loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
-    assert loaded["format"] == 2 and torch.equal(loaded["model_state"]["w"], torch.ones(2))
+    assert loaded.format == 2 and torch.equal(loaded.model_state["w"], torch.ones(2))
 
 
 def test_a_digest_is_compared_whatever_its_case(tmp_path):
@@ -292,4 +297,4 @@ def test_a_digest_is_compared_whatever_its_case(tmp_path):
     sidecar = Path(f"{file}.sha256")
     sidecar.write_text(sidecar.read_text().upper() + "\n")
     loaded = TorchCheckpointDataset(str(path), version=Version(None, None)).load()
-    assert loaded["calibration"]["a"] == 1.5 and "content_sha256" not in loaded
+    assert loaded.calibration_state["a"] == 1.5 and "content_sha256" not in loaded.others

@@ -51,17 +51,17 @@ def test_binary_metrics_by_hand():
     probabilities = np.array([0.6, 0.2, 0.2, 0.4])
     result = binary_metrics(labels, probabilities)
     expected_loss = -(np.log(0.6) + 2 * np.log(0.8) + np.log(0.6)) / 4
-    assert result["log_loss"] == pytest.approx(expected_loss)
-    assert result["normalized_entropy"] == pytest.approx(expected_loss / -(0.25 * np.log(0.25) + 0.75 * np.log(0.75)))
-    assert result["calibration"] == pytest.approx(0.35 / 0.25)
-    assert result["accuracy"] == 1.0 and result["auc"] == 1.0 and result["ctr"] == 0.25
+    assert result.log_loss == pytest.approx(expected_loss)
+    assert result.normalized_entropy == pytest.approx(expected_loss / -(0.25 * np.log(0.25) + 0.75 * np.log(0.75)))
+    assert result.calibration == pytest.approx(0.35 / 0.25)
+    assert result.accuracy == 1.0 and result.auc == 1.0 and result.ctr == 0.25
 
 
 def test_predicting_the_base_rate_has_normalized_entropy_one():
     labels = np.random.default_rng(0).random(10_000) < 0.1
     result = binary_metrics(labels, np.full(len(labels), labels.mean()))
-    assert result["normalized_entropy"] == pytest.approx(1.0, abs=1e-6)
-    assert entropy(labels.mean()) == pytest.approx(result["log_loss"])
+    assert result.normalized_entropy == pytest.approx(1.0, abs=1e-6)
+    assert entropy(labels.mean()) == pytest.approx(result.log_loss)
 
 
 def test_roc_curve_matches_sklearn_points():
@@ -77,9 +77,9 @@ def test_roc_curve_matches_sklearn_points():
 def test_reliability_curve_bins_cover_every_row():
     labels = np.array([0, 0, 1, 1, 0, 1])
     curve = reliability_curve(labels, np.array([0.1, 0.2, 0.3, 0.7, 0.8, 0.9]), bins=3)
-    assert curve["rows"].tolist() == [2, 2, 2]
-    np.testing.assert_allclose(curve["predicted"], [0.15, 0.5, 0.85])
-    np.testing.assert_allclose(curve["observed"], [0.0, 1.0, 0.5])
+    assert curve.rows.tolist() == [2, 2, 2]
+    np.testing.assert_allclose(curve.predicted, [0.15, 0.5, 0.85])
+    np.testing.assert_allclose(curve.observed, [0.0, 1.0, 0.5])
 
 
 def test_calibration_report_bins_equal_rows_and_weights_the_gaps():
@@ -95,12 +95,12 @@ def test_calibration_report_bins_equal_rows_and_weights_the_gaps():
     for index, chunk in enumerate(np.split(order, 4)):
         predicted, observed = probabilities[chunk].mean(), labels[chunk].mean()
         gaps.append(abs(predicted - observed))
-        assert report["bins"][index]["rows"] == 5
-        assert report["bins"][index]["mean_prediction"] == pytest.approx(predicted)
-        assert report["bins"][index]["calibration"] == (pytest.approx(predicted / observed) if observed else None)
-    assert report["expected_calibration_error"] == pytest.approx(np.mean(gaps))
+        assert report.bins[index]["rows"] == 5
+        assert report.bins[index]["mean_prediction"] == pytest.approx(predicted)
+        assert report.bins[index]["calibration"] == (pytest.approx(predicted / observed) if observed else None)
+    assert report.expected_calibration_error == pytest.approx(np.mean(gaps))
     perfect = calibration_report(np.array([0, 1] * 50), np.full(100, 0.5), bins=10)
-    assert perfect["expected_calibration_error"] == pytest.approx(0.0)
+    assert perfect.expected_calibration_error == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("clicks", [0.03, 0.25])
@@ -130,9 +130,9 @@ def test_binary_metrics_of_float32_probabilities_match_sklearn_across_its_pieces
     scores = np.clip(rng.random(rows, dtype=np.float32) * 0.3 + labels * 0.1, 0, 1).astype(np.float32)
     scores[::7] = np.round(scores[::7], 3)
     result = binary_metrics(labels, scores)
-    assert result["auc"] == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
-    assert result["log_loss"] == pytest.approx(sk.log_loss(labels, np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)))
-    assert result["accuracy"] == pytest.approx(sk.accuracy_score(labels, scores >= 0.5))
+    assert result.auc == pytest.approx(sk.roc_auc_score(labels, scores), abs=1e-12)
+    assert result.log_loss == pytest.approx(sk.log_loss(labels, np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7)))
+    assert result.accuracy == pytest.approx(sk.accuracy_score(labels, scores >= 0.5))
 
 
 @pytest.mark.parametrize("device", ["numpy", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -148,9 +148,9 @@ def test_float32_log_loss_clips_certain_scores_as_float64_s_and_warns_of_nothing
     scores = np.concatenate([rng.random(50_000) * 0.2, edges, edges]).astype(np.float32)
     expected = sk.log_loss(labels, np.clip(scores.astype(np.float64), 1e-7, 1 - 1e-7))
     if device == "numpy":
-        got = binary_metrics(labels, scores)["log_loss"]
+        got = binary_metrics(labels, scores).log_loss
     else:
-        got = binary_metrics(torch.from_numpy(labels).to(device), torch.from_numpy(scores).to(device))["log_loss"]
+        got = binary_metrics(torch.from_numpy(labels).to(device), torch.from_numpy(scores).to(device)).log_loss
     assert got == pytest.approx(expected, rel=1e-6)
     assert log_loss(labels, scores) == pytest.approx(expected, rel=1e-6)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in recwarn]
@@ -170,8 +170,8 @@ def test_metrics_of_tensors_are_computed_where_they_are_and_equal_numpy_s(device
     scores = np.clip(rng.random(100_000, dtype=np.float32) * 0.2 + labels * 0.05, 0, 1).astype(np.float32)
     expected = binary_metrics(labels, scores)
     got = binary_metrics(labels, torch.from_numpy(scores).to(device))
-    assert got.keys() == expected.keys()
-    for name, value in expected.items():
+    assert type(got) is type(expected)
+    for name, value in expected.to_dict().items():
         # Each row's logarithm in float32, by torch's library and numpy's: within float32 rounding of each other.
         rel = 1e-6 if name in ("log_loss", "normalized_entropy") else 1e-12
-        assert got[name] == pytest.approx(value, rel=rel, abs=1e-12), name
+        assert getattr(got, name) == pytest.approx(value, rel=rel, abs=1e-12), name

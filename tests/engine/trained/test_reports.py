@@ -2,12 +2,14 @@
 
 from criteo_dlrm.engine.trained.reports import EvaluationReport, ExportReport, ScoringReport, TrainingSummary
 
-VALIDATION = {"auc": 0.7512, "log_loss": 0.48123, "normalized_entropy": 0.9012, "calibration": 1.0134}
+VALIDATION = {"rows": 1000, "ctr": 0.25, "auc": 0.7512, "log_loss": 0.48123, "normalized_entropy": 0.9012,
+              "calibration": 1.0134, "accuracy": 0.75}  # fmt: skip
+PRIOR = {**VALIDATION, "auc": 0.5, "log_loss": 0.55, "normalized_entropy": 1.0, "calibration": 1.0}
 
 
 def _summary(**changes) -> dict:
     return {"steps": 300, "best_step": 200, "samples_per_second": 41234.5, "stopped_early": True,
-            "best_validation": VALIDATION, "history": [{"step": 100, **VALIDATION}, {"step": 200, **VALIDATION}],
+            "best_validation": VALIDATION, "history": [{"step": 100, "epoch": 0, **VALIDATION}, {"step": 200, "epoch": 0, **VALIDATION}],
             "device": "cpu", "processes": 1, "run_version": "v", "in_progress_checkpoint": None, **changes}  # fmt: skip
 
 
@@ -38,7 +40,7 @@ def test_a_training_summary_logs_each_validation_at_its_step_and_the_kept_model_
 
 def test_an_evaluation_names_its_figures_by_the_rows_they_are_of():
     report = EvaluationReport.from_dict({
-        "model": {**VALIDATION, "rows": 1000}, "model_raw": VALIDATION, "prior_baseline": {"log_loss": 0.55},
+        "model": VALIDATION, "model_raw": VALIDATION, "prior_baseline": PRIOR,
         "calibration_by_decile": {"calibrated": {"expected_calibration_error": 0.0123}}, "oracle": None,
         "days": ["day_2"], "rows_evaluated": "test", "calibration_method": "platt", "checkpoint_version": "c1",
         "metadata_version": "m1", "source_days": [{"day": "day_2", "row_range": [500, 1000]}],
@@ -67,7 +69,15 @@ def test_scoring_and_export_say_where_their_files_went():
 def test_each_report_writes_every_field_and_reads_back_equal():
     records = [
         TrainingSummary.from_dict(_summary(best_checkpoint="b.pt", source_days={"train": []})),
-        EvaluationReport(model=VALIDATION, prior_baseline={"log_loss": 0.5}, days=["day_2"], trained_step=7),
+        EvaluationReport.from_dict(
+            {
+                "model": VALIDATION,
+                "model_raw": VALIDATION,
+                "prior_baseline": PRIOR,
+                "days": ["day_2"],
+                "trained_step": 7,
+            }
+        ),
         ScoringReport(rows=3, labelled=True, input_dir="in"),
         ExportReport(onnx_bytes=1, exported_program_bytes=2, onnx_check={}, encoder_format="f", others={"x": 1}),
     ]

@@ -6,7 +6,6 @@ import torch
 
 from criteo_dlrm.common.schema import LABEL_COLUMN
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.engine.trained.calibration import Identity, Platt
 from criteo_dlrm.engine.trained.scoring import PREDICTIONS_SCHEMA, score_days, write_predictions
 from criteo_dlrm.models import DLRM
@@ -17,14 +16,14 @@ from tests.conftest import tiny_model_config
 def scorer(tiny_features):
     torch.manual_seed(0)
     metadata = tiny_features["metadata"]
-    encoder = FeatureEncoder.from_metadata(FeatureMetadata.from_dict(metadata), tiny_features["vocabularies"].arrays)
+    encoder = FeatureEncoder.from_metadata(metadata, tiny_features["vocabularies"].arrays)
     config = tiny_model_config(encoder.table_sizes, prediction_hidden_sizes=[128, 64])
-    return DLRM(config).eval(), encoder, metadata["source_days"]
+    return DLRM(config).eval(), encoder, metadata.source_days
 
 
 def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_path):
     model, encoder, days = scorer
-    paths = [day["parquet"] for day in days["train"] + days["validation"]]
+    paths = [day.parquet for day in days.train + days.validation]
     labels, logits = score_days(model, encoder, paths)
     scores, written_labels, _ = write_predictions(
         model,
@@ -45,7 +44,7 @@ def test_streamed_predictions_are_the_evaluation_scores_row_for_row(scorer, tmp_
 
 def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
     model, encoder, days = scorer
-    path = days["validation"][0]["parquet"]
+    path = days.validation[0].parquet
     unlabelled = tmp_path / "unlabelled.parquet"
     pq.write_table(pq.read_table(path).drop_columns([LABEL_COLUMN]), unlabelled)
     _, logits = score_days(model, encoder, [path])
@@ -57,7 +56,7 @@ def test_unlabelled_days_score_the_same_with_null_labels(scorer, tmp_path):
 
 def test_written_probabilities_are_the_calibration_of_the_written_logits(scorer, tmp_path):
     model, encoder, days = scorer
-    path = days["validation"][0]["parquet"]
+    path = days.validation[0].parquet
     calibration = Platt(0.5, -1.25, rows=10).eval()
     write_predictions(model, calibration, encoder, [("d", path)], tmp_path / "p.parquet")
     table = pq.read_table(tmp_path / "p.parquet")

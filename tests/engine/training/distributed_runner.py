@@ -8,7 +8,6 @@ import sys
 
 from criteo_dlrm.common.errors import UserError
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.engine.training.recipe import run_training
 
 if __name__ == "__main__":
@@ -19,7 +18,7 @@ if __name__ == "__main__":
             TrainingConfig.from_dict(config),
             features["train"],
             features["validation"],
-            FeatureMetadata.from_dict(features["metadata"]),
+            features["metadata"],
             features["vocabularies"].arrays,
             "killed",
             "v",

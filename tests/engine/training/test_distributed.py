@@ -13,8 +13,6 @@ import pytest
 import torch
 
 from criteo_dlrm.config.training import TrainingConfig
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
-from criteo_dlrm.engine.trained.checkpoint import model_from_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics
 from criteo_dlrm.engine.trained.scoring import probabilities
 from criteo_dlrm.engine.training.recipe import run_training
@@ -41,13 +39,13 @@ def _config(tmp_path: Path, processes: int, **overrides) -> TrainingConfig:
     return TrainingConfig.from_dict(values)
 
 
-def _run(features, config: TrainingConfig, name: str) -> tuple[dict, dict]:
+def _run(features, config: TrainingConfig, name: str):
     vocabularies = features["vocabularies"]
     return run_training(
         config,
         features["train"],
         features["validation"],
-        FeatureMetadata.from_dict(features["metadata"]),
+        features["metadata"],
         vocabularies.arrays,
         name,
         "v",
@@ -60,20 +58,20 @@ def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tin
     # Adam's and SparseAdam's updates agree to float rounding.
     one, one_summary = _run(tiny_features, _config(tmp_path / "one", 1), "one")
     two, two_summary = _run(tiny_features, _config(tmp_path / "two", 2), "two")
-    assert one_summary["processes"] == 1 and two_summary["processes"] == 2
-    assert one["step"] == two["step"] == 12
-    for name, weights in one["model_state"].items():
-        torch.testing.assert_close(two["model_state"][name], weights, rtol=1e-4, atol=2e-5, msg=name)
-    assert abs(one["best_validation"]["log_loss"] - two["best_validation"]["log_loss"]) < 1e-5
-    assert abs(one["best_validation"]["auc"] - two["best_validation"]["auc"]) < 1e-4
+    assert one_summary.processes == 1 and two_summary.processes == 2
+    assert one.step == two.step == 12
+    for name, weights in one.model_state.items():
+        torch.testing.assert_close(two.model_state[name], weights, rtol=1e-4, atol=2e-5, msg=name)
+    assert abs(one.best_validation.log_loss - two.best_validation.log_loss) < 1e-5
+    assert abs(one.best_validation.auc - two.best_validation.auc) < 1e-4
     # A different data order would not pass: the same run with another seed moves the weights far more.
     other, _ = _run(tiny_features, _config(tmp_path / "other", 1, seed=1), "other")
-    moved = max((other["model_state"][n] - w).abs().max().item() for n, w in one["model_state"].items())
+    moved = max((other.model_state[n] - w).abs().max().item() for n, w in one.model_state.items())
     assert moved > 1e-2
     # Calibrated once, after training, by the launching process: the same as one process's.
-    assert two["calibration"]["method"] == "platt" and two["calibration"]["rows"] == 1000
+    assert two.calibration_state["method"] == "platt" and two.calibration_state["rows"] == 1000
     for name in ("slope", "intercept"):
-        assert two["calibration"][name] == pytest.approx(one["calibration"][name], abs=1e-3), name
+        assert two.calibration_state[name] == pytest.approx(one.calibration_state[name], abs=1e-3), name
 
 
 def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(
@@ -84,15 +82,15 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(
         _config(tmp_path, 2, validate_every_steps=5, num_epochs=2),
         "run",
     )
-    assert [h["step"] for h in summary["history"]] == [5, 10, 12, 15, 20, 24]
+    assert [h.step for h in summary.history] == [5, 10, 12, 15, 20, 24]
     assert any(line.startswith("starting 2 training processes") for line in logged), "no silent start-up"
     assert list((tmp_path / "tb" / "run").glob("events.out.tfevents.*")), "rank 0 writes TensorBoard"
     # No job, outcome or stored rows left behind; the in-progress checkpoint and the best model beside it wait for
     # the checkpoint to be stored.
-    name = Path(summary["in_progress_checkpoint"]).name
+    name = Path(summary.in_progress_checkpoint).name
     assert sorted(p.name for p in (tmp_path / "progress").iterdir() if not p.name.startswith(".")) == ["best", name]
     assert [p.name for p in (tmp_path / "progress" / "best").iterdir() if not p.name.startswith(".")] == [name]
-    model = model_from_checkpoint(checkpoint)
+    model = checkpoint.model()
     validation = tiny_features["validation"]
     predicted = probabilities(
         model,
@@ -101,17 +99,14 @@ def test_a_two_process_checkpoint_reproduces_its_metrics_in_one_process(
     )
     metrics = binary_metrics(validation.labels, predicted.double().numpy())
     for name in ("log_loss", "auc", "calibration"):
-        assert metrics[name] == pytest.approx(checkpoint["best_validation"][name], abs=1e-6), name
+        assert getattr(metrics, name) == pytest.approx(getattr(checkpoint.best_validation, name), abs=1e-6), name
     # The calibration is the maximum-likelihood Platt fit on the kept model's validation logits: both
     # gradients of the log loss (intercept and slope) vanish there.
     logits = np.log(predicted.double().numpy() / (1 - predicted.double().numpy()))
-    state = checkpoint["calibration"]
+    state = checkpoint.calibration_state
     residual = 1 / (1 + np.exp(-(state["slope"] * logits + state["intercept"]))) - validation.labels
     assert abs(residual.mean()) < 1e-4 and abs((residual * logits).mean()) < 1e-4
-    assert (
-        summary["calibration"]["validation_log_loss"]["calibrated"]
-        <= summary["calibration"]["validation_log_loss"]["raw"]
-    )
+    assert summary.calibration["validation_log_loss"]["calibrated"] <= summary.calibration["validation_log_loss"]["raw"]
 
 
 def _workers(launcher: psutil.Process) -> list[psutil.Process]:
@@ -160,10 +155,12 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
 
     checkpoint, summary = _run(tiny_features, config, "rerun")
     steps_per_epoch = -(-3000 // 16)
-    assert checkpoint["step"] > 0 and summary["steps"] == 3 * steps_per_epoch
-    assert summary["history"][0]["step"] >= steps_per_epoch, "the validations before the kill came from the file"
-    assert checkpoint["calibration"]["method"] == "platt" and checkpoint["calibration"]["rows"] == 1000, "resumed too"
-    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary["in_progress_checkpoint"]]
+    assert checkpoint.step > 0 and summary.steps == 3 * steps_per_epoch
+    assert summary.history[0].step >= steps_per_epoch, "the validations before the kill came from the file"
+    assert checkpoint.calibration_state["method"] == "platt" and checkpoint.calibration_state["rows"] == 1000, (
+        "resumed too"
+    )
+    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary.in_progress_checkpoint]
 
 
 def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path):
@@ -195,7 +192,7 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
         assert node.returncode == 0, errors[-3000:]
     waiting.join(timeout=60)
     checkpoint, summary = outcome["result"]
-    assert summary["processes"] == 2 and checkpoint["step"] == 12
+    assert summary.processes == 2 and checkpoint.step == 12
     assert not jobs[0].exists() and not outcome_path.exists()
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.engine.parallel import group as parallel_group
 from criteo_dlrm.engine.parallel.optimizers import build_optimizers
+from criteo_dlrm.engine.trained.reports import Metrics, Target
 from criteo_dlrm.engine.training.loop import Trainer, TrainingDivergedError
 from criteo_dlrm.engine.training.profiling import TOP_OPS_REPORT
 from criteo_dlrm.engine.training.run_state import load_best
@@ -21,8 +23,8 @@ from tests.conftest import TINY_MODEL, tiny_model_config, tiny_trainer
 
 def _model(features, seed=0, sparse=True) -> DLRM:
     torch.manual_seed(seed)
-    sizes = [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
-    ctr = features["metadata"]["label"]["ctr"]  # the output starts at the prior, as a run's model does
+    sizes = [features["metadata"].sparse[f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    ctr = features["metadata"].click_rate  # the output starts at the prior, as a run's model does
     return DLRM(TrainingConfig.from_dict(TINY_MODEL).model_config(sizes, ctr), sparse_gradients=sparse)
 
 
@@ -68,18 +70,18 @@ def test_default_optimisers_are_adam_and_sparse_adam(tiny_features):
 def test_training_learns_the_planted_signal_and_validates_on_every_row(tiny_features, tmp_path):
     result = _trainer(tiny_features, tmp_path, _config(num_epochs=3)).fit()
     assert result.steps == 3 * 15
-    assert [h["step"] for h in result.history] == [15, 30, 45]
-    assert all(h["rows"] == 1000 for h in result.history), "validation covers the whole validation set"
-    assert result.best_metrics["auc"] > 0.6
-    assert result.best_metrics["log_loss"] == min(h["log_loss"] for h in result.history)
+    assert [h.step for h in result.history] == [15, 30, 45]
+    assert all(h.rows == 1000 for h in result.history), "validation covers the whole validation set"
+    assert result.best_metrics.auc > 0.6
+    assert result.best_metrics.log_loss == min(h.log_loss for h in result.history)
 
 
 def test_same_seed_gives_the_same_metrics_twice(tiny_features, tmp_path):
     first = _trainer(tiny_features, tmp_path / "a", _config()).fit()
     second = _trainer(tiny_features, tmp_path / "b", _config()).fit()
-    assert [h["log_loss"] for h in first.history] == [h["log_loss"] for h in second.history]
+    assert [h.log_loss for h in first.history] == [h.log_loss for h in second.history]
     other = _trainer(tiny_features, tmp_path / "c", _config(seed=1)).fit()
-    assert [h["log_loss"] for h in other.history] != [h["log_loss"] for h in first.history]
+    assert [h.log_loss for h in other.history] != [h.log_loss for h in first.history]
 
 
 class _Crash(Exception):
@@ -115,7 +117,7 @@ def test_an_interrupted_run_resumes_to_the_same_weights(tiny_features, tmp_path,
     result = resumed.fit()
     for name, tensor in reference.mode.model.state_dict().items():
         torch.testing.assert_close(resumed.mode.model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
-    assert [h["log_loss"] for h in result.history] == [h["log_loss"] for h in reference_result.history]
+    assert [h.log_loss for h in result.history] == [h.log_loss for h in reference_result.history]
     for name, state in reference.mode.optimizers["embeddings"].state_dict()["state"].items():
         torch.testing.assert_close(
             resumed.mode.optimizers["embeddings"].state_dict()["state"][name]["exp_avg"], state["exp_avg"]
@@ -133,23 +135,23 @@ def test_early_stopping_keeps_the_best_validation(tiny_features, tmp_path, monke
     losses = iter([0.5, 0.4, 0.45, 0.46, 0.3])
 
     def scripted(labels, probabilities):
-        return {
-            "rows": len(labels),
-            "ctr": 0.25,
-            "auc": 0.7,
-            "log_loss": next(losses),
-            "normalized_entropy": 0.9,
-            "calibration": 1.0,
-            "accuracy": 0.7,
-        }
+        return Metrics(
+            rows=len(labels),
+            ctr=0.25,
+            auc=0.7,
+            log_loss=next(losses),
+            normalized_entropy=0.9,
+            calibration=1.0,
+            accuracy=0.7,
+        )
 
     monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
     result = _trainer(
         tiny_features, tmp_path, _config(num_epochs=5, validate_every_steps=5, early_stopping_patience=2)
     ).fit()
     assert result.stopped_early
-    assert [h["log_loss"] for h in result.history] == [0.5, 0.4, 0.45, 0.46]
-    assert result.best_step == 10 and result.best_metrics["log_loss"] == 0.4
+    assert [h.log_loss for h in result.history] == [0.5, 0.4, 0.45, 0.46]
+    assert result.best_step == 10 and result.best_metrics.log_loss == 0.4
 
 
 def _scripted_aucs(monkeypatch, aucs: list[float]) -> None:
@@ -158,8 +160,8 @@ def _scripted_aucs(monkeypatch, aucs: list[float]) -> None:
 
     def scripted(labels, probabilities):
         index, auc = next(values)
-        return {"rows": len(labels), "ctr": 0.25, "auc": auc, "log_loss": 0.5 - 0.01 * index,
-                "normalized_entropy": 0.9, "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
+        return Metrics(rows=len(labels), ctr=0.25, auc=auc, log_loss=0.5 - 0.01 * index,
+                       normalized_entropy=0.9, calibration=1.0, accuracy=0.7)  # fmt: skip
 
     monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
 
@@ -170,20 +172,20 @@ def test_target_auc_stops_at_the_first_validation_that_reaches_it_and_says_when(
     run = _trainer(tiny_features, tmp_path, _config(num_epochs=3, validate_every_steps=5, target_auc=0.75),
                    tensorboard=True)  # fmt: skip
     result = run.fit()
-    assert [h["step"] for h in result.history] == [5, 10, 15] and result.steps == 15
+    assert [h.step for h in result.history] == [5, 10, 15] and result.steps == 15
     assert not result.stopped_early, "stopped at its target, not by early stopping"
     target = result.target
-    assert target["reached"] and target["auc"] == 0.75 and target["step"] == 15 and target["validation_auc"] == 0.7503
-    assert 0 < target["train_seconds"] <= target["wall_seconds"]
-    assert target["train_seconds"] == result.history[-1]["train_seconds"]
+    assert target.reached and target.auc == 0.75 and target.step == 15 and target.validation_auc == 0.7503
+    assert 0 < target.train_seconds <= target.wall_seconds
+    assert target.train_seconds == result.history[-1].train_seconds
     scalars = EventAccumulator(str(run.run_dir)).Reload().Scalars("target/wall_seconds")
-    assert [(e.step, round(e.value, 3)) for e in scalars] == [(15, round(target["wall_seconds"], 3))]
+    assert [(e.step, round(e.value, 3)) for e in scalars] == [(15, round(target.wall_seconds, 3))]
 
 
 def test_a_target_auc_never_reached_runs_every_step_and_says_so(tiny_features, tmp_path, monkeypatch):
     _scripted_aucs(monkeypatch, [0.70, 0.71, 0.72, 0.73])  # the last for the run without a target
     result = _trainer(tiny_features, tmp_path, _config(num_epochs=1, validate_every_steps=5, target_auc=0.8)).fit()
-    assert result.steps == 15 and result.target == {"auc": 0.8, "reached": False}
+    assert result.steps == 15 and result.target == Target(auc=0.8, reached=False)
     assert _trainer(tiny_features, tmp_path / "none", _config(num_epochs=1)).fit().target is None
 
 
@@ -192,7 +194,7 @@ def test_a_run_that_reached_its_target_resumes_to_no_further_step(tiny_features,
     config = _config(num_epochs=3, validate_every_steps=5, target_auc=0.75)
     resume_path = tmp_path / "progress.pt"
     first = _trainer(tiny_features, tmp_path / "a", config, resume_path=resume_path, fingerprint="x").fit()
-    assert first.steps == 10 and first.target["step"] == 10
+    assert first.steps == 10 and first.target.step == 10
     again = _trainer(tiny_features, tmp_path / "b", config, resume_path=resume_path, fingerprint="x").fit()
     assert again.steps == 10 and again.target == first.target
 
@@ -277,7 +279,7 @@ def test_cuda_training_with_bf16_and_the_profiler(tiny_features, tmp_path):
     config = _config(num_epochs=1, precision="bf16", profiler=ProfilerConfig(enabled=True, wait=1, warmup=1, active=2))
     trainer = _trainer(tiny_features, tmp_path, config, device=torch.device("cuda"))
     result = trainer.fit()
-    assert result.best_metrics["auc"] > 0.55
+    assert result.best_metrics.auc > 0.55
     assert "CUDA" in (tmp_path / "run" / TOP_OPS_REPORT).read_text()
 
 
@@ -313,7 +315,7 @@ def test_a_non_finite_loss_between_log_lines_is_never_validated(tiny_features, t
     _poison_after_step(trainer, 11)
     with pytest.raises(TrainingDivergedError, match=r"at step 12\b"):
         trainer.fit()
-    assert [h["step"] for h in trainer.state.history] == [3, 6, 9]
+    assert [h.step for h in trainer.state.history] == [3, 6, 9]
 
 
 def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tmp_path, monkeypatch):
@@ -321,7 +323,9 @@ def test_early_stopping_says_where_it_stopped_and_what_it_kept(tiny_features, tm
 
     losses = iter([0.5, 0.4, 0.45, 0.46])
     real = parallel_group.binary_metrics
-    monkeypatch.setattr(parallel_group, "binary_metrics", lambda y, p: {**real(y, p), "log_loss": next(losses)})
+    monkeypatch.setattr(
+        parallel_group, "binary_metrics", lambda y, p: dataclasses.replace(real(y, p), log_loss=next(losses))
+    )
     lines: list[str] = []
     sink = logger.add(lines.append, format="{message}")
     try:
@@ -373,12 +377,12 @@ def test_a_killed_run_leaves_no_debris_and_resumes_into_its_own_tensorboard_fold
 
 
 def test_a_dcn_v2_model_learns_the_planted_signal(tiny_features, tmp_path):
-    sizes = [tiny_features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    sizes = [tiny_features["metadata"].sparse[f"SPARSE_{i}"]["table_size"] for i in range(26)]
     model_config = tiny_model_config(
         sizes, sparse_embedding_sizes=[4] * 13 + [8] * 13, interaction="dcn", dcn={"num_layers": 2, "low_rank": 16}
     )
     trainer = _trainer(tiny_features, tmp_path, _config(num_epochs=3), model_config=model_config)
-    assert trainer.fit().best_metrics["auc"] > 0.6
+    assert trainer.fit().best_metrics.auc > 0.6
 
 
 def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_epoch(
@@ -388,16 +392,14 @@ def test_validations_per_epoch_are_evenly_spaced_and_early_stopping_can_end_mid_
     result = _trainer(
         tiny_features, tmp_path, _config(num_epochs=2, validations_per_epoch=4, early_stopping_patience=9)
     ).fit()
-    assert [h["step"] for h in result.history] == [4, 8, 12, 15, 19, 23, 27, 30]
-    assert all(
-        b["train_seconds"] > a["train_seconds"] > 0 for a, b in zip(result.history, result.history[1:], strict=False)
-    )
+    assert [h.step for h in result.history] == [4, 8, 12, 15, 19, 23, 27, 30]
+    assert all(b.train_seconds > a.train_seconds > 0 for a, b in zip(result.history, result.history[1:], strict=False))
 
     losses = iter([0.5, 0.4, 0.45, 0.46, 0.3])
 
     def scripted(labels, probabilities):
-        return {"rows": len(labels), "ctr": 0.25, "auc": 0.7, "log_loss": next(losses), "normalized_entropy": 0.9,
-                "calibration": 1.0, "accuracy": 0.7}  # fmt: skip
+        return Metrics(rows=len(labels), ctr=0.25, auc=0.7, log_loss=next(losses), normalized_entropy=0.9,
+                       calibration=1.0, accuracy=0.7)  # fmt: skip
 
     monkeypatch.setattr(parallel_group, "binary_metrics", scripted)
     stopped = _trainer(
@@ -430,8 +432,8 @@ def test_prefetching_trains_on_the_same_batches_to_the_same_weights(tiny_feature
     ahead = _trainer(tiny_features, tmp_path / "ahead", _config(num_epochs=2, prefetch_batches=2)).fit()
     torch.manual_seed(0)
     inline = _trainer(tiny_features, tmp_path / "inline", _config(num_epochs=2, prefetch_batches=0)).fit()
-    assert [h["step"] for h in ahead.history] == [h["step"] for h in inline.history]
-    ahead_state, inline_state = load_best(ahead)["model_state"], load_best(inline)["model_state"]
+    assert [h.step for h in ahead.history] == [h.step for h in inline.history]
+    ahead_state, inline_state = load_best(ahead).model_state, load_best(inline).model_state
     for name, tensor in inline_state.items():
         assert torch.equal(ahead_state[name], tensor), name
 

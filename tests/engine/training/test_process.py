@@ -20,7 +20,7 @@ def _job(features, tmp_path, **values) -> TrainingJob:
          "device": "cpu", "resume": False, "tensorboard_dir": str(tmp_path / "tb"),
          "in_progress_dir": str(tmp_path / "in_progress"), **values}
     )  # fmt: skip
-    sizes = [features["metadata"]["sparse"][name]["table_size"] for name in SPARSE_COLUMNS]
+    sizes = [features["metadata"].sparse[name]["table_size"] for name in SPARSE_COLUMNS]
     return TrainingJob(config, features["train"], features["validation"], sizes, "f", "v1", 0.25)
 
 

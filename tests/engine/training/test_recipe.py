@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from criteo_dlrm.data.source_days import SourceDay, SourceDays
+from criteo_dlrm.engine.trained.reports import Metrics, TrainingSummary
 from criteo_dlrm.engine.training.recipe import calibration_warning, click_rate_warning
 from criteo_dlrm.summary import RunRecord, render
 
-DAYS = {"train": [{"day": "day_0"}, {"day": "day_1"}], "validation": [{"day": "terabyte_0"}]}
+DAYS = SourceDays(train=[SourceDay(day="day_0"), SourceDay(day="day_1")], validation=[SourceDay(day="terabyte_0")])
 
 
 def _labels(rows: int, ctr: float, seed: int = 0) -> np.ndarray:
@@ -39,8 +42,10 @@ def test_an_extreme_calibration_is_named_and_a_usual_one_is_not():
 
 def test_the_run_summary_shows_the_warnings_in_short_lines():
     warning = click_rate_warning(0.234, 40_000, _labels(20_000, 0.027), DAYS)
-    summary = {"steps": 10, "stopped_early": False, "best_step": 10, "samples_per_second": 1.0, "warnings": [warning]}
-    summary["best_validation"] = {"auc": 0.7, "log_loss": 0.5, "normalized_entropy": 0.9, "calibration": 1.0}
+    validation = Metrics(rows=10, ctr=0.25, auc=0.7, log_loss=0.5, normalized_entropy=0.9, calibration=1.0,
+                         accuracy=0.75)  # fmt: skip
+    summary = TrainingSummary(steps=10, stopped_early=False, best_step=10, samples_per_second=1.0,
+                              best_validation=validation, warnings=[warning])  # fmt: skip
     text = render(RunRecord(version="v", saved={"training_summary": summary}))
     assert "warning: the training days (day_0, day_1" in text
     assert max(len(line) for line in text.splitlines()) <= 100
@@ -92,7 +97,7 @@ def _finished_run(tmp_path, **settings):
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
     parquet = convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
-    metadata = dataclasses.replace(metadata, source_days={"train": [], "validation": []})
+    metadata = dataclasses.replace(metadata, source_days=SourceDays())
     rows = FeatureEncoder.from_metadata(metadata, vocabularies).encode_days([parquet])
 
     def config(**changed):
@@ -101,7 +106,7 @@ def _finished_run(tmp_path, **settings):
         return TrainingConfig.from_dict(values)
 
     checkpoint, summary = run_training(config(), rows, rows, metadata, vocabularies, "first")
-    finished = FinishedRun("first", summary, lambda: {**checkpoint, "catalog_version": "first"})
+    finished = FinishedRun("first", summary, lambda: dataclasses.replace(checkpoint, version="first"))
     return config, (rows, metadata, vocabularies), finished
 
 
@@ -117,25 +122,25 @@ def test_a_finished_run_is_reused_only_as_its_checkpoint_s_own_fingerprint_says_
 
     config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
     stored = finished.checkpoint()
-    assert stored["fingerprint"] == finished.summary["fingerprint"] and stored["code"] == checkpoints.code_identity()
+    assert stored.fingerprint == finished.summary.fingerprint and stored.code == checkpoints.code_identity()
 
     _, summary = run_training(config(), rows, rows, metadata, vocabularies, "second", previous=finished)
-    assert summary["reused_version"] == "first" and summary["reused_differences"] == []
+    assert summary.reused_version == "first" and summary.reused_differences == []
 
     # Another run's checkpoint under this summary (its fingerprint inside is another's): trained again.
-    other = FinishedRun("first", finished.summary, lambda: {**stored, "fingerprint": "0123456789abcdef"})
+    other = FinishedRun("first", finished.summary, lambda: dataclasses.replace(stored, fingerprint="0123456789abcdef"))
     _, summary = run_training(config(), rows, rows, metadata, vocabularies, "third", previous=other)
-    assert summary["reused_version"] is None and summary["fingerprint"] == finished.summary["fingerprint"]
-    assert summary["trained_because"] == "version first's checkpoint is not the run its summary names"
+    assert summary.reused_version is None and summary.fingerprint == finished.summary.fingerprint
+    assert summary.trained_because == "version first's checkpoint is not the run its summary names"
     assert any("but its checkpoint was trained with other ones" in line for line in logged), logged
 
     # The same settings and rows, other code (an upgrade): trained again, and said why.
     changed = {**checkpoints.code_identity(), "source_sha256": "f" * 64}
     monkeypatch.setattr(recipe, "code_identity", lambda: changed)
     _, summary = run_training(config(), rows, rows, metadata, vocabularies, "fourth", previous=finished)
-    assert summary["reused_version"] is None and summary["code"] == changed
-    assert summary["fingerprint"] != finished.summary["fingerprint"]
-    assert summary["trained_because"].startswith("version first was trained by other code (criteo_dlrm ")
+    assert summary.reused_version is None and summary.code == changed
+    assert summary.fingerprint != finished.summary.fingerprint
+    assert summary.trained_because.startswith("version first was trained by other code (criteo_dlrm ")
     assert any("not reused: version first was trained by other code" in line for line in logged)
 
 
@@ -148,8 +153,8 @@ def test_a_reused_run_whose_settings_left_out_of_its_identity_differ_says_so_and
     config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
     changed = config(distributed={"nproc_per_node": 2}, log_every_steps=5)
     _, summary = run_training(changed, rows, rows, metadata, vocabularies, "second", previous=finished)
-    assert summary["reused_version"] == "first" and summary["processes"] == 1
-    assert summary["reused_differences"] == [
+    assert summary.reused_version == "first" and summary.processes == 1
+    assert summary.reused_differences == [
         "training.log_every_steps 20 there, 5 here",
         "training.distributed.nproc_per_node 1 there, 2 here",
     ]
@@ -169,14 +174,14 @@ def test_a_run_that_does_not_reuse_the_finished_one_says_why_in_its_summary(tmp_
     from criteo_dlrm.summary import RunRecord, render
 
     config, (rows, metadata, vocabularies), finished = _finished_run(tmp_path)
-    assert finished.summary["trained_because"] is None, "nothing to compare: the first run"
+    assert finished.summary.trained_because is None, "nothing to compare: the first run"
     _, summary = run_training(config(learning_rate=0.01, batch_size={"train": 128}), rows, rows, metadata,
                               vocabularies, "second", previous=finished)  # fmt: skip
-    assert summary["trained_because"] == (
+    assert summary.trained_because == (
         "version first trained with other training.batch_size.train, training.learning_rate"
     )
     text = render(RunRecord(version="second", saved={"training_summary": summary}))
     assert "  not reused: version first trained with other training.batch_size.train," in text, text
 
     _, reused = run_training(config(), rows, rows, metadata, vocabularies, "fourth", previous=finished)
-    assert reused["reused_version"] == "first" and reused["trained_because"] is None
+    assert reused.reused_version == "first" and reused.trained_because is None

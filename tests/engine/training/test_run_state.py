@@ -148,7 +148,7 @@ def test_with_resume_off_only_the_best_model_is_written_in_a_folder_that_lives_w
     assert not files.best.exists()
     files.save(_values(4), improved=True)
     result = TrainingResult(str(files.best), 4, 0, {}, [], 4, False, 1.0)
-    model_state = load_best(result)["model_state"]
+    model_state = load_best(result).model_state
     assert torch.equal(model_state["w"], torch.full((4,), 4.0))
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from kedro.io import DataCatalog, MemoryDataset
@@ -53,20 +55,20 @@ def test_the_calibration_plot_uses_the_report_s_bins_with_intervals_and_names_it
     from matplotlib.container import ErrorbarContainer
 
     metrics, roc, calibration, histogram = evaluate_checkpoint(
-        {**checkpoint, "catalog_version": "2026-01-01T00.00.00.000Z"}, PARAMS
+        dataclasses.replace(checkpoint, version="2026-01-01T00.00.00.000Z"), PARAMS
     )
     for figure in (roc, calibration, histogram):  # the ROC curve and the histogram said neither (issue 45 item 6)
         title = figure.axes[0].get_title()
-        assert "checkpoint 2026-01-01T00.00.00.000Z" in title and f"{metrics['model']['rows']:,} " in title, title
+        assert "checkpoint 2026-01-01T00.00.00.000Z" in title and f"{metrics.model.rows:,} " in title, title
     [axes] = calibration.axes
     curves = [c for c in axes.containers if isinstance(c, ErrorbarContainer)]
     assert len(curves) == 2, "the raw output and the calibrated probabilities"
     for curve, name in zip(curves, ("raw", "calibrated"), strict=True):
-        report = metrics["calibration_by_decile"][name]
+        report = metrics.calibration_by_decile[name]
         x, y = curve.lines[0].get_data()
-        assert len(x) == len(report["bins"]) == 10, "the JSON's and the ECE's bins"
-        np.testing.assert_allclose(y, [b["observed_ctr"] for b in report["bins"]])
-        assert f"ECE {report['expected_calibration_error']:.4f}" in curve.get_label()
+        assert len(x) == len(report.bins) == 10, "the JSON's and the ECE's bins"
+        np.testing.assert_allclose(y, [b["observed_ctr"] for b in report.bins])
+        assert f"ECE {report.expected_calibration_error:.4f}" in curve.get_label()
     assert axes.get_legend()._loc == 4, "lower right, clear of the top points"
 
 
@@ -78,7 +80,7 @@ def test_each_bin_s_interval_is_the_wilson_interval_of_its_clicks():
     rng = np.random.default_rng(0)
     probabilities = rng.random(1500) * 0.06
     labels = (rng.random(1500) < probabilities).astype(np.int8)  # 3% CTR, about 45 clicks
-    for entry in calibration_report(labels, probabilities)["bins"]:
+    for entry in calibration_report(labels, probabilities).bins:
         clicks = round(entry["observed_ctr"] * entry["rows"])
         reference = binomtest(clicks, entry["rows"]).proportion_ci(method="wilson")
         assert entry["observed_ctr_interval"] == pytest.approx([reference.low, reference.high], abs=1e-12)
@@ -92,5 +94,5 @@ def test_a_bin_without_a_click_has_an_interval_from_zero_and_plots():
     labels = np.zeros(210, np.int8)
     labels[-3:] = 1  # every bin but the last without a click; bins of 21 rows (where rounding went below 0)
     report = calibration_report(labels, probabilities)
-    assert report["bins"][0]["observed_ctr_interval"][0] == 0.0
+    assert report.bins[0]["observed_ctr_interval"][0] == 0.0
     calibration_figure(labels, {"raw model output": probabilities}, "Calibration")

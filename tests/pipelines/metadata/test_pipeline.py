@@ -46,13 +46,13 @@ def test_pipeline_trains_on_all_but_the_last_day_and_round_trips_vocabularies(tm
     )
     SequentialRunner().run(create_pipeline(), catalog)
     metadata = catalog.load("feature_metadata")
-    assert [d["day"] for d in metadata["source_days"]["train"]] == ["day_0", "day_1"]
-    assert [d["day"] for d in metadata["source_days"]["validation"]] == ["day_2"]
-    assert metadata["label"]["rows"] == 4000 and metadata["parameters"]["min_frequency"] == 2
-    json.dumps(metadata)  # must be JSON-ready
+    assert [d.day for d in metadata.source_days.train] == ["day_0", "day_1"]
+    assert [d.day for d in metadata.source_days.validation] == ["day_2"]
+    assert metadata.rows == 4000 and metadata.parameters["min_frequency"] == 2
+    json.dumps(metadata.to_dict())  # its stored form must be JSON-ready
     loaded = catalog.load("feature_vocabularies")
-    assert set(loaded.arrays) == set(metadata["sparse"])
-    assert all(len(loaded.arrays[n]) == metadata["sparse"][n]["vocabulary_size"] for n in loaded.arrays)
+    assert set(loaded.arrays) == set(metadata.sparse)
+    assert all(len(loaded.arrays[n]) == metadata.sparse[n]["vocabulary_size"] for n in loaded.arrays)
     assert loaded.arrays["SPARSE_0"].dtype == np.int64
 
 

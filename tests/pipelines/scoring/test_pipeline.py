@@ -23,9 +23,10 @@ from criteo_dlrm.config.metadata import MetadataConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.metadata import compute_feature_metadata
 from criteo_dlrm.data.raw import convert_day
+from criteo_dlrm.data.source_days import SourceDays
 from criteo_dlrm.data.synthetic import ClickModel, write_day
 from criteo_dlrm.engine.trained.calibration import from_state
-from criteo_dlrm.engine.trained.checkpoint import model_from_checkpoint
+from criteo_dlrm.engine.trained.checkpoint import Checkpoint, model_from_checkpoint
 from criteo_dlrm.engine.trained.metrics import binary_metrics
 from criteo_dlrm.engine.trained.reports import EvaluationReport, ExportReport, ScoringReport
 from criteo_dlrm.engine.trained.scoring import calibrated, score_days
@@ -86,9 +87,8 @@ def test_scoring_the_validation_day_reproduces_the_evaluation_exactly(trained, t
     tested = predictions.iloc[10_000:]
     # Evaluation scored the second half alone, scoring the whole day: other batches, so equal within float32
     # rounding (the kernels, and so the last bits, depend on the batch shape and the CPU).
-    assert binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy()) == pytest.approx(
-        evaluation["model"], rel=FLOAT32_ROUNDING["rtol"]
-    )
+    metrics = binary_metrics(tested["label"].to_numpy(), tested["click_probability"].to_numpy())
+    assert metrics.to_dict() == pytest.approx(evaluation["model"], rel=FLOAT32_ROUNDING["rtol"])
 
     checkpoint = torch.load(_newest(trained, "data/06_models/dlrm_checkpoint.pt"), weights_only=True)
     _, logits = score_days(
@@ -202,13 +202,13 @@ def test_a_checkpoint_made_before_calibration_scores_its_raw_output_and_says_so(
 
     monkeypatch.chdir(trained)
     checkpoint = torch.load(_newest(trained, "data/06_models/dlrm_checkpoint.pt"), weights_only=True)
-    old = {key: value for key, value in checkpoint.items() if key != "calibration"}
+    old = Checkpoint.from_dict({key: value for key, value in checkpoint.items() if key != "calibration"})
     folder = tmp_path / "days"
     folder.mkdir()
     shutil.copy(trained / "data/01_raw/day_2.gz", folder / "day_2.gz")
     params = {"input_dir": str(folder), "parquet_dir": str(tmp_path / "parquet"), "device": "cpu"}
     staged, report = score_new_days(old, params)
-    assert report["calibration_method"] == "none"
+    assert report.calibration_method == "none"
     predictions = pd.read_parquet(staged)
     raw = 1 / (1 + np.exp(-predictions["logit"].to_numpy().astype(np.float64)))
     np.testing.assert_allclose(predictions["click_probability"].to_numpy(), raw, rtol=1e-6)
@@ -239,7 +239,7 @@ def test_export_refuses_a_checkpoint_whose_vocabularies_were_altered(tiny_checkp
         export_model(damaged, {})
 
 
-def _checkpoint(tmp_path: Path) -> dict:
+def _checkpoint(tmp_path: Path):
     """A small trained checkpoint and a raw folder of 400 rows to score."""
     from criteo_dlrm.config.training import TrainingConfig
     from criteo_dlrm.engine.training.recipe import run_training
@@ -248,14 +248,14 @@ def _checkpoint(tmp_path: Path) -> dict:
     write_day(tmp_path / "train" / "day_0", 2000, day=0, model=ClickModel(seed=3))
     parquet = Path(convert_day(tmp_path / "train" / "day_0", tmp_path / "train.parquet").parquet)
     metadata, vocabularies = compute_feature_metadata([parquet], MetadataConfig(min_expected_clicks=0), progress=False)
-    metadata = dataclasses.replace(metadata, source_days={"train": [], "validation": []})
+    metadata = dataclasses.replace(metadata, source_days=SourceDays())
     encoder = FeatureEncoder.from_metadata(metadata, vocabularies)
     rows = encoder.encode_days([parquet])
     config = TrainingConfig.from_dict(
         {"num_epochs": 1, "resume": False, "tensorboard_dir": str(tmp_path / "tb"), "validations_per_epoch": 1}
     )
     checkpoint, _ = run_training(config, rows, rows, metadata, vocabularies, "r")
-    return {**checkpoint, "catalog_version": "v"}
+    return dataclasses.replace(checkpoint, version="v")
 
 
 def test_scoring_leaves_nothing_behind_and_removes_what_a_killed_scoring_left(tmp_path):
@@ -268,4 +268,4 @@ def test_scoring_leaves_nothing_behind_and_removes_what_a_killed_scoring_left(tm
     checkpoint = _checkpoint(tmp_path)
     staged, report = score_new_days(checkpoint, {"input_dir": str(tmp_path / "raw"), "parquet_dir": str(parquet_dir)})
     assert not stale.exists() and staged.parent == parquet_dir and staged.name.endswith(".partial")
-    assert report["rows"] == 400
+    assert report.rows == 400

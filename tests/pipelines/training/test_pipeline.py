@@ -12,7 +12,6 @@ from kedro.runner import SequentialRunner
 
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.encoding import FeatureEncoder
-from criteo_dlrm.data.feature_metadata import FeatureMetadata
 from criteo_dlrm.datasets import EncodedArraysDataset, TorchCheckpointDataset
 from criteo_dlrm.engine.trained.reports import TrainingSummary
 from criteo_dlrm.engine.training.recipe import finish_run
@@ -74,6 +73,7 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
     checkpoint = TorchCheckpointDataset(filepath=str(tmp_path / "ckpt.pt"), version=Version(None, None)).load()
+    stored = checkpoint.to_dict()
     for key in (
         "model_state",
         "optimizer_state",
@@ -85,25 +85,25 @@ def test_training_pipeline_writes_a_complete_checkpoint(tiny_features, tmp_path)
         "best_validation",
         "library_versions",
     ):
-        assert key in checkpoint, key
-    assert checkpoint["metadata"]["version"] == "2026-01-01T00.00.00.000Z"
-    assert checkpoint["metadata"]["vocabulary_sha256"] == tiny_features["metadata"]["vocabulary_sha256"]
-    assert checkpoint["training_parameters"] == params
-    assert set(checkpoint["optimizer_state"]) == {"dense", "embeddings"}
+        assert key in stored, key
+    assert checkpoint.metadata_version == "2026-01-01T00.00.00.000Z"
+    assert checkpoint.vocabulary_sha256 == tiny_features["metadata"].vocabulary_sha256
+    assert checkpoint.training_parameters == params
+    assert set(checkpoint.optimizer_state) == {"dense", "embeddings"}
 
-    model = DLRM(DLRMConfig.from_dict(checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model_state"])
-    encoder = FeatureEncoder.from_state_dict(checkpoint["encoder"])
+    model = DLRM(DLRMConfig.from_dict(stored["model_config"]))
+    model.load_state_dict(checkpoint.model_state)
+    encoder = FeatureEncoder.from_state_dict(checkpoint.encoder_state)
     assert encoder.table_sizes == model.config.table_sizes
 
     summary = catalog.load("training_summary")
-    assert TrainingSummary.from_dict(summary).others == {}, "the summary is its record: every key a field"
-    assert Path(summary["tensorboard_run"]) == tmp_path / "tb" / "2026-11-30T00.00.00.000Z"
-    assert list(Path(summary["tensorboard_run"]).glob("events.out.tfevents.*"))
-    assert summary["best_validation"] == checkpoint["best_validation"]
+    assert isinstance(summary, TrainingSummary) and summary.others == {}, "the summary is its record: every key a field"
+    assert Path(summary.tensorboard_run) == tmp_path / "tb" / "2026-11-30T00.00.00.000Z"
+    assert list(Path(summary.tensorboard_run).glob("events.out.tfevents.*"))
+    assert summary.best_validation == checkpoint.best_validation
     # The in-progress checkpoint stays until the run's checkpoint is stored (the project hook then removes it):
     # a failure to store it loses nothing, the rerun resumes.
-    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary["in_progress_checkpoint"]]
+    assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary.in_progress_checkpoint]
     finish_run(summary)
     assert not list((tmp_path / "progress").glob("*.pt")), "a finished, stored run leaves nothing to resume"
     stored = catalog.load("train_features")
@@ -131,14 +131,14 @@ def test_per_feature_embedding_sizes_with_cat(tiny_features, tmp_path):
 
 
 def _table_sizes(features) -> list[int]:
-    return [features["metadata"]["sparse"][f"SPARSE_{i}"]["table_size"] for i in range(26)]
+    return [features["metadata"].sparse[f"SPARSE_{i}"]["table_size"] for i in range(26)]
 
 
 def test_bf16_training_runs_on_cpu(tiny_features, tmp_path):
     params = training_params(tmp_path, precision="bf16", max_steps=5)
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
-    assert catalog.load("training_summary")["steps"] == 5
+    assert catalog.load("training_summary").steps == 5
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
     catalog = _catalog(tiny_features, params, tmp_path / "ckpt.pt")
     SequentialRunner().run(create_pipeline(), catalog)
     summary = catalog.load("training_summary")
-    precision = summary["precision"]
+    precision = summary.precision
     assert precision["precision"] == chosen and f"{bf16_rate / 150:.2f}x its fp32" in precision["precision_auto"]
     assert precision.get("precision_bf16_step_speedup") == step_speedup
     if step_speedup:
@@ -172,7 +172,7 @@ def test_precision_auto_trains_in_what_the_probe_chose_and_the_summary_says_why(
     # TensorBoard's hparams say it too (issue 62 item 15: the docs said so, they did not).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(summary["tensorboard_run"])
+    events = EventAccumulator(summary.tensorboard_run)
     events.Reload()
     started = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     assert b"precision_auto" in started and precision["precision_auto"].encode() in started
@@ -201,7 +201,6 @@ class _Killed(Exception):
 
 
 def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_path, monkeypatch):
-    import copy
     import dataclasses
 
     from criteo_dlrm.data.lineage import encoded_lineage
@@ -226,25 +225,24 @@ def test_the_resume_fingerprint_covers_the_validation_days(tiny_features, tmp_pa
     monkeypatch.setattr(TrainStep, "__call__", original_step)
 
     # Other validation days (metadata.validation_days changed): another run, never resumed into.
-    other = copy.deepcopy(tiny_features["metadata"])
-    other["source_days"]["validation"][0].update(day="day_7", fingerprint="f" * 16)
+    metadata = tiny_features["metadata"]
+    day_7 = dataclasses.replace(metadata.source_days.validation[0], day="day_7", fingerprint="f" * 16)
+    other = dataclasses.replace(metadata, source_days=dataclasses.replace(metadata.source_days, validation=[day_7]))
     validation = dataclasses.replace(
         tiny_features["validation"],
-        lineage=encoded_lineage(
-            FeatureMetadata.from_dict(other), vocabularies.version, other["source_days"]["validation"]
-        ),
+        lineage=encoded_lineage(other, vocabularies.version, other.source_days.validation),
     )
     _, summary = train_dlrm(tiny_features["train"], validation, other, vocabularies, params, "r2")
-    assert summary["history"][0]["step"] == 5 and summary["tensorboard_run"].endswith("r2"), "started afresh"
+    assert summary.history[0].step == 5 and summary.tensorboard_run.endswith("r2"), "started afresh"
     assert in_progress.exists(), "the interrupted run's state is kept for its own rerun"
 
     _, summary = train_dlrm(
         tiny_features["train"], tiny_features["validation"], tiny_features["metadata"], vocabularies, params, "r3"
     )
-    assert summary["history"][0]["step"] == 5 and summary["in_progress_checkpoint"] == str(in_progress), (
+    assert summary.history[0].step == 5 and summary.in_progress_checkpoint == str(in_progress), (
         "the same run resumed and finished"
     )
-    assert summary["tensorboard_run"].endswith("r1"), "in the folder it started in"
+    assert summary.tensorboard_run.endswith("r1"), "in the folder it started in"
 
 
 def test_a_resumed_run_keeps_the_precision_its_in_progress_state_was_trained_in(tiny_features, tmp_path, monkeypatch):
@@ -281,11 +279,11 @@ def test_a_resumed_run_keeps_the_precision_its_in_progress_state_was_trained_in(
     monkeypatch.setattr(TrainStep, "__call__", lambda self, *a: precisions.append(self.mode.runtime.precision)
                         or original_step(self, *a))  # fmt: skip
     _, summary = train_dlrm(*inputs, tiny_features["vocabularies"], params, "r2")
-    assert summary["resumed_from_step"] in (5, 8) and set(precisions) == {"bf16"}, "the rest trained in bf16 too"
-    assert summary["precision"]["precision"] == "bf16"
+    assert summary.resumed_from_step in (5, 8) and set(precisions) == {"bf16"}, "the rest trained in bf16 too"
+    assert summary.precision["precision"] == "bf16"
     assert (
         "kept from the in-progress checkpoint, trained in bf16 (auto would choose fp32 now"
-        in (summary["precision"]["precision_auto"])
+        in (summary.precision["precision_auto"])
     )
 
 
@@ -343,6 +341,6 @@ def test_training_pipeline_on_two_processes_reads_the_stored_rows_by_folder(tiny
     SequentialRunner().run(create_pipeline(), catalog)
     assert sent == [str(tmp_path / "train_features"), str(tmp_path / "validation_features")], "folders, not bytes"
     summary = catalog.load("training_summary")
-    assert summary["processes"] == 2 and summary["steps"] == 2 * 15
+    assert summary.processes == 2 and summary.steps == 2 * 15
     checkpoint = TorchCheckpointDataset(filepath=str(tmp_path / "ckpt.pt"), version=Version(None, None)).load()
-    assert checkpoint["training_parameters"]["distributed"]["nproc_per_node"] == 2
+    assert checkpoint.training_parameters["distributed"]["nproc_per_node"] == 2

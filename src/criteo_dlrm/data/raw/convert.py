@@ -13,7 +13,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +59,6 @@ class DayReport:
     reused: bool = False  # an intact conversion of the same raw file was there: nothing converted
     # Converted although a conversion was there: why it was not reused (in a few words, said in the summary).
     converted_because: str | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

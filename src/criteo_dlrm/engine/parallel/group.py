@@ -12,6 +12,7 @@ import torch.distributed as dist
 from criteo_dlrm.data.batches import BatchLoader, rank_order
 from criteo_dlrm.engine.device import Runtime
 from criteo_dlrm.engine.trained.metrics import MetricError, binary_metrics
+from criteo_dlrm.engine.trained.reports import Metrics
 from criteo_dlrm.engine.trained.scoring import predict
 from criteo_dlrm.models.dlrm import DLRM
 
@@ -75,7 +76,7 @@ class Group:
             return None
         return rank_order(pieces if on_device else [p.numpy() for p in pieces], len(arrays), batch_size)
 
-    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> dict:
+    def metrics(self, labels: np.ndarray, probabilities: np.ndarray | None) -> Metrics:
         """Computed once (on rank 0) and known to every process.
 
         Raises:

@@ -44,16 +44,18 @@ from criteo_dlrm.engine.parallel.sharding import (
     require_torchrec,
     shard_model,
 )
+from criteo_dlrm.engine.trained.checkpoint import Weights
 from criteo_dlrm.models.dlrm import DLRM, DLRMConfig
 
 
 @dataclass(frozen=True)
 class SavedState:
     """What a placement hands the in-progress checkpoint (``engine.training.run_state``) to write, from its live
-    tensors: ``entries`` for the checkpoint's file, and a sharded placement's ``shards`` (this process's tensors,
-    written by every process into a folder beside the file; None where every process holds every table)."""
+    tensors: ``weights`` for the checkpoint's file (a sharded placement's without its state folder: written with
+    it), and a sharded placement's ``shards`` (this process's tensors, written by every process into a folder beside
+    the file; None where every process holds every table)."""
 
-    entries: dict
+    weights: Weights
     shards: dict[str, torch.Tensor] | None = None
 
 
@@ -152,13 +154,13 @@ class Replicated:
         every replica holds the same weights."""
         if not self.group.is_main:
             return None
-        return SavedState({"model_state": self.model.state_dict(), "optimizer_state": self.optimizers.state_dict()})
+        return SavedState(Weights(model_state=self.model.state_dict(), optimizer_state=self.optimizers.state_dict()))
 
-    def restore_state(self, values: dict, folder: Path | None) -> None:
+    def restore_state(self, weights: Weights, folder: Path | None) -> None:
         """Put a checkpoint's state (as ``saved_state`` handed it out, loaded again) into the model and the
         optimisers."""
-        self.model.load_state_dict(values["model_state"])
-        self.optimizers.load_state_dict(values["optimizer_state"])
+        self.model.load_state_dict(weights.model_state)
+        self.optimizers.load_state_dict(weights.optimizer_state)
 
 
 class ShardedTables:
@@ -229,18 +231,18 @@ class ShardedTables:
         """This process's own shards (every process writes its own: ``engine.trained.sharded_checkpoint``), nothing
         gathered; the dense optimiser's settings in the file."""
         dense = self.optimizers["dense"].state_dict()
-        return SavedState({"dense_param_groups": dense["param_groups"]}, self.sharded.tensors(dense))
+        return SavedState(Weights(dense_param_groups=dense["param_groups"]), self.sharded.tensors(dense))
 
-    def restore_state(self, values: dict, folder: Path | None) -> None:
+    def restore_state(self, weights: Weights, folder: Path | None) -> None:
         """Put a checkpoint's state into the shards and the dense optimiser: from ``folder``, the state folder its
         file names, or from the file itself (written gathered, before the state was sharded on disk)."""
-        if "sharded_state" not in values:  # written gathered, before the state was sharded on disk
-            self.sharded.load_model_state(values["model_state"])
-            self.sharded.load_optimizer_state(values["optimizer_state"]["fused_embeddings"])
-            self.optimizers.load_state_dict(values["optimizer_state"])
+        if not weights.sharded:  # written gathered, before the state was sharded on disk
+            self.sharded.load_model_state(weights.model_state)
+            self.sharded.load_optimizer_state(weights.optimizer_state["fused_embeddings"])
+            self.optimizers.load_state_dict(weights.optimizer_state)
             return
-        dense = self.sharded.read_tensors(folder, values["sharded_state"]["digests"])
-        self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": values["dense_param_groups"]})
+        dense = self.sharded.read_tensors(folder, weights.sharded_state.digests)
+        self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": weights.dense_param_groups})
 
 
 Placement = Replicated | ShardedTables

@@ -9,7 +9,7 @@ import io
 import json
 import platform
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -17,7 +17,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from criteo_dlrm.common.records import Record, stored, typed
 from criteo_dlrm.common.storage import DamagedFileError, atomic_file, reading
+from criteo_dlrm.data.source_days import SourceDays
+from criteo_dlrm.engine.trained.reports import Metrics, Validation
 from criteo_dlrm.engine.trained.result import TrainingResult
 from criteo_dlrm.models.shapes import DLRMConfig
 
@@ -218,43 +221,79 @@ def load_checkpoint(path: str | Path, mmap: bool = False) -> dict[str, Any]:
     return with_state_path(state, Path(path).parent)
 
 
+@dataclass(frozen=True, kw_only=True)
+class StateFolder(Record):
+    """A sharded run's state folder, which its checkpoint's file names: the digest of each of its files, its name
+    beside the file (``folder``), the tables in it (None: the 26 of ``SPARSE_COLUMNS``); once the file that names
+    it is read, where it is (``path``) and whether every file was checked already (``checked``: the catalog's load
+    checks them). Stored without its unset fields."""
+
+    OMIT_NONE = True
+
+    digests: dict[str, str]
+    folder: str | None = None
+    tables: list[str] | None = None
+    path: str | None = None
+    checked: bool | None = None
+    others: dict[str, Any] = field(default_factory=dict)
+
+    def beside(self, parent: Path) -> StateFolder:
+        """With its ``path``: the folder of its name in ``parent`` (the folder of the file that names it)."""
+        return self if self.path is not None else replace(self, path=str(parent / self.folder))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Weights(Record):
+    """A model's and its optimisers' state as a checkpoint's file holds them: the tensors (``model_state``,
+    ``optimizer_state``), or a sharded run's state folder (``sharded_state``) and its dense optimiser's settings
+    (``dense_param_groups``). Read from a file's entries (the others are not its), written as its entries."""
+
+    OMIT_NONE = True
+
+    model_state: dict[str, torch.Tensor] | None = None
+    optimizer_state: dict[str, Any] | None = None
+    sharded_state: StateFolder | None = None
+    dense_param_groups: list[dict[str, Any]] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharded_state is not None
+
+    def beside(self, parent: Path) -> Weights:
+        """A sharded run's, with its state folder's ``path`` (``parent``: the folder of the file); others as they are."""
+        return replace(self, sharded_state=self.sharded_state.beside(parent)) if self.sharded else self
+
+
 def with_state_path(checkpoint: dict[str, Any], parent: Path) -> dict[str, Any]:
-    """A checkpoint that names a state folder (``sharded_state``: its name beside the file, and digests), with the
-    folder's ``path`` added, for ``model_from_checkpoint``; others as they are."""
-    sharded = checkpoint.get("sharded_state")
-    if sharded is not None and "path" not in sharded:
-        checkpoint["sharded_state"] = {**sharded, "path": str(parent / sharded["folder"])}
-    return checkpoint
+    """A checkpoint's entries, its state folder's (a sharded run's) with the folder's ``path`` added, for
+    ``model_from_checkpoint``; others as they are."""
+    weights = Weights.from_dict(checkpoint)
+    return {**checkpoint, **weights.beside(parent).to_dict()} if weights.sharded else checkpoint
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any]) -> torch.nn.Module:
     """The DLRM a stored checkpoint (a dict, of any format) describes, with its weights (on the CPU, in eval mode)."""
-    from criteo_dlrm.models import DLRMConfig
-
-    config = DLRMConfig.from_dict(checkpoint["model_config"])
-    return model_with_weights(config, checkpoint.get("model_state"), checkpoint.get("sharded_state"))
+    return model_with_weights(DLRMConfig.from_dict(checkpoint["model_config"]), Weights.from_dict(checkpoint))
 
 
-def model_with_weights(
-    config: DLRMConfig, model_state: dict[str, torch.Tensor] | None, sharded_state: dict[str, Any] | None = None
-) -> torch.nn.Module:
+def model_with_weights(config: DLRMConfig, weights: Weights) -> torch.nn.Module:
     """The DLRM of ``config`` with its weights (on the CPU, in eval mode): ``model_state`` (former module names
     mapped), or a sharded run's state folder."""
     from criteo_dlrm.models import DLRM
 
     model = DLRM(config)
-    if sharded_state is not None:
-        _read_sharded_model(model, sharded_state)
+    if weights.sharded:
+        _read_sharded_model(model, weights.sharded_state)
         return model.eval()
     state = {}
-    for key, value in model_state.items():
+    for key, value in weights.model_state.items():
         prefix = next((old for old in _FORMER_MODULES if key.startswith(old)), None)
         state[_FORMER_MODULES[prefix] + key.removeprefix(prefix) if prefix else key] = value
     model.load_state_dict(state)
     return model.eval()
 
 
-def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None:
+def _read_sharded_model(model: torch.nn.Module, sharded: StateFolder) -> None:
     """A sharded run's weights (``model/<key>`` in its state folder, one tensor per TorchRec table) read into
     ``model``, each table straight into its rows of the torch backend's concatenated table: nothing but the model
     is allocated, and the optimiser state in the folder is never read."""
@@ -262,9 +301,21 @@ def _read_sharded_model(model: torch.nn.Module, sharded: dict[str, Any]) -> None
     from criteo_dlrm.engine.trained.sharded_checkpoint import read_alone
     from criteo_dlrm.models.torchrec_embeddings import per_table_state
 
-    state = per_table_state(model.state_dict(), model.config, sharded.get("tables", SPARSE_COLUMNS))
+    state = per_table_state(model.state_dict(), model.config, sharded.tables or SPARSE_COLUMNS)
     tensors = {f"model/{key}": tensor for key, tensor in state.items()}
-    read_alone(tensors, Path(sharded["path"]), sharded["digests"], checked=sharded.get("checked", False))
+    read_alone(tensors, Path(sharded.path), sharded.digests, checked=bool(sharded.checked))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainedWith(Record):
+    """The feature metadata a checkpoint was trained with (stored as its ``metadata``): its catalog version, the
+    vocabularies' digest, the training rows' click rate and the days it was trained, validated and tested on."""
+
+    version: str | None = None
+    vocabulary_sha256: str | None = None
+    train_ctr: float | None = None
+    source_days: SourceDays | None = None
+    others: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -295,17 +346,17 @@ class Checkpoint:
 
     step: int
     model_config: DLRMConfig
-    trained_with: dict[str, Any]
+    trained_with: TrainedWith
     encoder_state: dict[str, Any]
     calibration_state: dict[str, Any] | None = None
     model_state: dict[str, torch.Tensor] | None = None
     optimizer_state: dict[str, Any] | None = None
-    sharded_state: dict[str, Any] | None = None
+    sharded_state: StateFolder | None = None
     dense_param_groups: list[dict[str, Any]] | None = None
     epoch: int | None = None
     training_parameters: dict[str, Any] = field(default_factory=dict)
-    best_validation: dict[str, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
+    best_validation: Metrics | None = None
+    history: list[Validation] = field(default_factory=list)
     run_version: str | None = None
     tensorboard_run: str | None = None
     library_versions: dict[str, str] = field(default_factory=dict)
@@ -324,23 +375,20 @@ class Checkpoint:
     _NOT_STORED: ClassVar[tuple[str, ...]] = ("version", "named", "others")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any], named: str | None = None) -> Checkpoint:
-        """A stored checkpoint (the catalog's dict: ``catalog_version`` is its version)."""
+    def from_dict(cls, values: dict[str, Any], named: str | None = None, version: str | None = None) -> Checkpoint:
+        """A stored checkpoint (``version``: the catalog's it was loaded from)."""
         names = {f.name for f in fields(cls)} - set(cls._NOT_STORED)
         stored = {cls._STORED_AS.get(name, name): name for name in names}
         known = {stored[key]: value for key, value in values.items() if key in stored}
-        others = {key: value for key, value in values.items() if key not in stored and key != "catalog_version"}
-        if "model_config" in known:
-            known["model_config"] = DLRMConfig.from_dict(known["model_config"])
-        return cls(**known, version=values.get("catalog_version"), named=named, others=others)
+        others = {key: value for key, value in values.items() if key not in stored}
+        if (model_config := known.pop("model_config", None)) is not None:
+            known["model_config"] = DLRMConfig.from_dict(model_config)
+        return cls(**typed(cls, known), version=version, named=named, others=others)
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: what ``save_atomically`` and the catalog's dataset write (absent entries left out)."""
-        values = {
-            self._STORED_AS.get(f.name, f.name): getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in self._NOT_STORED
-        }
+        names = [f.name for f in fields(self) if f.name not in self._NOT_STORED]
+        values = {self._STORED_AS.get(name, name): value for name, value in stored(self, names).items()}
         values["model_config"] = self.model_config.to_dict()
         optional = ("model_state", "optimizer_state", "sharded_state", "dense_param_groups")
         return {key: value for key, value in values.items() if not (key in optional and value is None)} | self.others
@@ -353,12 +401,22 @@ class Checkpoint:
     @property
     def metadata_version(self) -> str | None:
         """The catalog version of the feature metadata it was trained with."""
-        return self.trained_with["version"]
+        return self.trained_with.version
 
     @property
-    def source_days(self) -> dict[str, list[dict]]:
+    def vocabulary_sha256(self) -> str | None:
+        """The digest of the vocabularies it was trained with."""
+        return self.trained_with.vocabulary_sha256
+
+    @property
+    def train_ctr(self) -> float | None:
+        """The click rate of the rows it was trained on (the prior it is compared with)."""
+        return self.trained_with.train_ctr
+
+    @property
+    def source_days(self) -> SourceDays:
         """The days (and row ranges) it was trained, validated and tested on."""
-        return self.trained_with.get("source_days") or {}
+        return self.trained_with.source_days or SourceDays()
 
     @property
     def calibrated(self) -> bool:
@@ -371,7 +429,13 @@ class Checkpoint:
 
     def model(self) -> torch.nn.Module:
         """Its DLRM with the kept weights, on the CPU, in eval mode."""
-        return model_with_weights(self.model_config, self.model_state, self.sharded_state)
+        return model_with_weights(self.model_config, self.weights)
+
+    @property
+    def weights(self) -> Weights:
+        """Its kept model's and optimisers' state."""
+        return Weights(model_state=self.model_state, optimizer_state=self.optimizer_state,
+                       sharded_state=self.sharded_state, dense_param_groups=self.dense_param_groups)  # fmt: skip
 
     def encoder(self):
         """Its feature encoder, after checking its vocabularies are the ones it was trained with.
@@ -381,7 +445,7 @@ class Checkpoint:
         """
         from criteo_dlrm.engine.trained.scoring import checked_encoder
 
-        return checked_encoder(self.encoder_state, self.trained_with["vocabulary_sha256"], self.source)
+        return checked_encoder(self.encoder_state, self.vocabulary_sha256, self.source)
 
     def calibration(self):
         """Its calibration (an ``engine.trained.calibration.Calibrator``, in eval mode): ``Identity`` when it has
@@ -393,10 +457,10 @@ class Checkpoint:
 
 def training_checkpoint(
     result: TrainingResult,
-    best: dict[str, Any],
+    best: Weights,
     model_config: DLRMConfig,
     parameters: dict,
-    trained_with: dict,
+    trained_with: TrainedWith,
     encoder_state: dict,
     calibration: dict,
     run: dict,
@@ -418,7 +482,10 @@ def training_checkpoint(
         finished: the finished run's fingerprint (``engine.training.recipe``), kept under the content digest.
     """
     return Checkpoint(
-        **best,
+        model_state=best.model_state,
+        optimizer_state=best.optimizer_state,
+        sharded_state=best.sharded_state,
+        dense_param_groups=best.dense_param_groups,
         step=result.best_step,
         epoch=result.best_epoch,
         model_config=model_config,

@@ -6,10 +6,13 @@ any input; log loss is in nats; normalized entropy is log loss over the entropy 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from criteo_dlrm.common.errors import DataError
+from criteo_dlrm.engine.trained.reports import Calibration, Metrics
 
 EPSILON = 1e-7
 
@@ -170,7 +173,7 @@ def entropy(rate: float) -> float:
     return float(-(rate * np.log(rate) + (1 - rate) * np.log1p(-rate)))
 
 
-def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> Metrics:
     """rows, observed CTR, AUC, log loss, normalized entropy, calibration and accuracy at 0.5.
 
     Normalized entropy below 1 means the model beats predicting the observed CTR everywhere;
@@ -183,18 +186,18 @@ def binary_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, f
     ctr = int(np.count_nonzero(labels)) / rows
     keys = np.empty(rows, np.uint32) if _are_probabilities(probabilities) else None
     loss, total, right = _sums(labels, probabilities, keys)
-    return {
-        "rows": rows,
-        "ctr": ctr,
-        "auc": _auc(*_sorted_by_class(keys, labels)) if keys is not None else roc_auc(labels, probabilities),
-        "log_loss": loss / rows,
-        "normalized_entropy": loss / rows / entropy(ctr),
-        "calibration": total / rows / ctr if ctr > 0 else float("inf"),
-        "accuracy": right / rows,
-    }
+    return Metrics(
+        rows=rows,
+        ctr=ctr,
+        auc=_auc(*_sorted_by_class(keys, labels)) if keys is not None else roc_auc(labels, probabilities),
+        log_loss=loss / rows,
+        normalized_entropy=loss / rows / entropy(ctr),
+        calibration=total / rows / ctr if ctr > 0 else float("inf"),
+        accuracy=right / rows,
+    )
 
 
-def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> dict[str, float]:
+def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> Metrics:
     """``binary_metrics`` computed on the tensors' device (a GPU's scores stay there), by the same steps as
     ``_sums`` (logarithms in the scores' dtype, sums in float64): the same figures within the dtype's rounding
     (another library's logarithms, sums in another order)."""
@@ -216,15 +219,15 @@ def binary_metrics_torch(labels: torch.Tensor, probabilities: torch.Tensor) -> d
         sums[2] += ((piece >= 0.5) == clicked).sum()
     loss_sum, total, right = sums.tolist()
     loss = loss_sum / rows
-    return {
-        "rows": rows,
-        "ctr": ctr,
-        "auc": auc,
-        "log_loss": loss,
-        "normalized_entropy": loss / entropy(ctr),
-        "calibration": total / rows / ctr if ctr > 0 else float("inf"),
-        "accuracy": int(right) / rows,
-    }
+    return Metrics(
+        rows=rows,
+        ctr=ctr,
+        auc=auc,
+        log_loss=loss,
+        normalized_entropy=loss / entropy(ctr),
+        calibration=total / rows / ctr if ctr > 0 else float("inf"),
+        accuracy=int(right) / rows,
+    )
 
 
 # Rows per piece of ``binary_metrics_torch``'s sums: 16-32 MB temporaries, long enough for a GPU's kernels.
@@ -263,9 +266,18 @@ def wilson_interval(
     return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)  # 0 / 1 exactly at 0 / all clicks
 
 
-def reliability_curve(
-    labels: np.ndarray, probabilities: np.ndarray, bins: int = CALIBRATION_BINS
-) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class ReliabilityCurve:
+    """Per bin: the mean prediction, the observed CTR, the rows and the observed CTR's 95% interval."""
+
+    predicted: np.ndarray
+    observed: np.ndarray
+    rows: np.ndarray
+    observed_low: np.ndarray
+    observed_high: np.ndarray
+
+
+def reliability_curve(labels: np.ndarray, probabilities: np.ndarray, bins: int = CALIBRATION_BINS) -> ReliabilityCurve:
     """Mean prediction and observed CTR per bin of equal row counts (quantiles of the prediction), with the
     observed CTR's 95% interval (``observed_low``, ``observed_high``)."""
     labels, probabilities = _check(labels, probabilities)
@@ -274,16 +286,16 @@ def reliability_curve(
     rows = np.array([len(c) for c in chunks])
     clicks = np.array([labels[c].sum() for c in chunks])
     low, high = wilson_interval(clicks, rows)
-    return {
-        "predicted": np.array([probabilities[c].mean() for c in chunks]),
-        "observed": clicks / np.maximum(rows, 1),
-        "rows": rows,
-        "observed_low": low,
-        "observed_high": high,
-    }
+    return ReliabilityCurve(
+        predicted=np.array([probabilities[c].mean() for c in chunks]),
+        observed=clicks / np.maximum(rows, 1),
+        rows=rows,
+        observed_low=low,
+        observed_high=high,
+    )
 
 
-def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int = CALIBRATION_BINS) -> dict:
+def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int = CALIBRATION_BINS) -> Calibration:
     """Calibration beyond the overall ratio: per bin of equal row counts (deciles of the prediction by default),
     the mean prediction, the observed CTR and their ratio; and the expected calibration error (ECE), the
     row-weighted mean of |mean prediction - observed CTR| over those bins (in probability, 0 is perfect).
@@ -292,11 +304,11 @@ def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int 
     first tenth of [0, 1], where equal-width bins would see one bin.
     """
     curve = reliability_curve(labels, probabilities, bins)
-    rows = curve["rows"]
-    gaps = np.abs(curve["predicted"] - curve["observed"])
-    return {
-        "expected_calibration_error": float(np.sum(gaps * rows) / rows.sum()),
-        "bins": [
+    rows = curve.rows
+    gaps = np.abs(curve.predicted - curve.observed)
+    return Calibration(
+        expected_calibration_error=float(np.sum(gaps * rows) / rows.sum()),
+        bins=[
             {
                 "rows": int(n),
                 "mean_prediction": float(p),
@@ -305,7 +317,7 @@ def calibration_report(labels: np.ndarray, probabilities: np.ndarray, bins: int 
                 "calibration": float(p / o) if o > 0 else None,
             }
             for n, p, o, lo, hi in zip(
-                rows, curve["predicted"], curve["observed"], curve["observed_low"], curve["observed_high"], strict=True
+                rows, curve.predicted, curve.observed, curve.observed_low, curve.observed_high, strict=True
             )
         ],
-    }
+    )

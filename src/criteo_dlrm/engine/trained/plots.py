@@ -48,15 +48,15 @@ def calibration_figure(labels: np.ndarray, curves: dict[str, np.ndarray], title:
     points = {name: reliability_curve(labels, probabilities) for name, probabilities in curves.items()}
     figure = _figure((6.5, 6.5))
     axes = figure.subplots()
-    top = max(max(c["predicted"].max(), c["observed_high"].max()) for c in points.values()) * 1.05
+    top = max(max(c.predicted.max(), c.observed_high.max()) for c in points.values()) * 1.05
     axes.plot([0, top], [0, top], linestyle="--", color="grey", label="perfect calibration")
     for name, curve in points.items():
         ratio = curves[name].mean() / max(labels.mean(), 1e-12)
-        ece = calibration_report(labels, curves[name])["expected_calibration_error"]
-        errors = np.vstack([curve["observed"] - curve["observed_low"], curve["observed_high"] - curve["observed"]])
+        ece = calibration_report(labels, curves[name]).expected_calibration_error
+        errors = np.vstack([curve.observed - curve.observed_low, curve.observed_high - curve.observed])
         errors = np.clip(errors, 0.0, None)  # a bin with no click: its low bound is its rate, up to rounding
         axes.errorbar(
-            curve["predicted"], curve["observed"], yerr=errors, marker="o", capsize=3,
+            curve.predicted, curve.observed, yerr=errors, marker="o", capsize=3,
             label=f"{name}: calibration {ratio:.3f}, ECE {ece:.4f}",
         )  # fmt: skip
     axes.set(

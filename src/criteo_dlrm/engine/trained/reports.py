@@ -13,7 +13,9 @@ import textwrap
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from criteo_dlrm.common.records import Record
 from criteo_dlrm.common.schema import NUM_SPARSE
+from criteo_dlrm.data.source_days import SourceDay, SourceDays, days_tag
 
 FIGURES = ("auc", "log_loss", "normalized_entropy", "calibration")  # a validation's or evaluation's, each tracked
 INDENT = " " * 12  # a report's lines after its first, under the block's column of values
@@ -42,55 +44,101 @@ class Tracked:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-class _Record:
-    """``from_dict`` and ``to_dict`` of a report: its fields by name, then the keys it did not know."""
+@dataclass(frozen=True, kw_only=True)
+class Metrics(Record):
+    """A model's figures on labelled rows (``engine.trained.metrics.binary_metrics``): the rows and their click
+    rate (``ctr``), AUC, log loss (nats), normalized entropy (log loss over the click rate's entropy: below 1 beats
+    predicting it everywhere), calibration (mean prediction over the click rate) and accuracy at 0.5."""
+
+    rows: int
+    ctr: float
+    auc: float
+    log_loss: float
+    normalized_entropy: float
+    calibration: float
+    accuracy: float
+    others: dict[str, Any] = field(default_factory=dict)
+
+    def figures(self) -> dict[str, float]:
+        """The figures tracked and logged for it (``FIGURES``)."""
+        return {name: getattr(self, name) for name in FIGURES}
+
+    def line(self) -> str:
+        """``AUC 0.7512, log loss 0.13201, NE 0.8791, calibration 1.004``."""
+        return (
+            f"AUC {self.auc:.4f}, log loss {self.log_loss:.5f}, NE {self.normalized_entropy:.4f}, "
+            f"calibration {self.calibration:.3f}"
+        )
+
+    def below_prior(self) -> str | None:
+        """The warning for a model worse than predicting the average click rate (NE of 1 or more); None otherwise."""
+        if self.normalized_entropy < 1:
+            return None
+        return (
+            "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
+            "and the model (see metadata.min_expected_clicks), or a learning rate too high."
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Validation(Metrics):
+    """A validation during training: its step and epoch, its figures, how long it took (``seconds``) and the
+    training time before it (``train_seconds``: the time to this model)."""
+
+    OMIT_NONE = True  # a history written without the times is written back without them
+
+    step: int
+    epoch: int
+    seconds: float | None = None
+    train_seconds: float | None = None
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]):
-        names = {f.name for f in fields(cls)} - {"others"}
-        known = {key: value for key, value in values.items() if key in names}
-        return cls(**known, others={key: value for key, value in values.items() if key not in names})
+    def of(cls, metrics: Metrics, **values: Any) -> Validation:
+        return cls(**{f.name: getattr(metrics, f.name) for f in fields(Metrics)}, **values)
 
-    def to_dict(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "others"}
-        return {**values, **self.others}
+    @property
+    def metrics(self) -> Metrics:
+        return Metrics(**{f.name: getattr(self, f.name) for f in fields(Metrics)})
 
 
-def days_tag(days: list[dict] | None) -> str:
-    """``day_0, day_2[10000:20000]``: day names, with the row range of a part of a day."""
-    parts = []
-    for day in days or ():
-        rows = day.get("row_range")
-        parts.append(f"{day['day']}[{rows[0]}:{rows[1]}]" if rows else day["day"])
-    return ", ".join(parts)
+@dataclass(frozen=True, kw_only=True)
+class Calibration(Record):
+    """A model's calibration beyond the overall ratio (``metrics.calibration_report``): the expected calibration
+    error (ECE: the row-weighted mean of |mean prediction - observed CTR| over the bins) and each bin's rows, mean
+    prediction, observed CTR with its 95% interval, and their ratio."""
+
+    expected_calibration_error: float
+    bins: list[dict[str, Any]] = field(default_factory=list)
+    others: dict[str, Any] = field(default_factory=dict)
 
 
-def _lineage(checkpoint_version: str | None, metadata_version: str | None, days: list | None, tag: str) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Target(Record):
+    """``training.target_auc`` (``auc``) and whether the run reached it; when it did, the validation that did
+    (``step``, ``epoch``, ``validation_auc``) and the training and wall time to it (MLPerf's time to target)."""
+
+    OMIT_NONE = True
+
+    auc: float | None = None
+    reached: bool = True
+    step: int | None = None
+    epoch: int | None = None
+    validation_auc: float | None = None
+    train_seconds: float | None = None
+    wall_seconds: float | None = None
+
+
+def _lineage(
+    checkpoint_version: str | None, metadata_version: str | None, days: list[SourceDay] | None, tag: str
+) -> dict:
     """Which model and rows a report's figures are of: ``checkpoint_version``, ``metadata_version``, the days."""
     tags = {"checkpoint_version": checkpoint_version or "", "metadata_version": metadata_version or "",
             tag: days_tag(days)}  # fmt: skip
     return {key: str(value) for key, value in tags.items() if value}
 
 
-def metrics_line(metrics: dict) -> str:
-    return (
-        f"AUC {metrics['auc']:.4f}, log loss {metrics['log_loss']:.5f}, NE {metrics['normalized_entropy']:.4f}, "
-        f"calibration {metrics['calibration']:.3f}"
-    )
-
-
-def below_prior(metrics: dict) -> str | None:
-    """The warning for a model worse than predicting the average click rate (NE of 1 or more); None otherwise."""
-    if metrics["normalized_entropy"] < 1:
-        return None
-    return (
-        "NE above 1: worse than predicting the average click rate. Likely too few clicks for the vocabularies "
-        "and the model (see metadata.min_expected_clicks), or a learning rate too high."
-    )
-
-
 @dataclass(frozen=True)
-class TrainingSummary(_Record):
+class TrainingSummary(Record):
     """What training did and measured (``training_summary``, written by ``engine.training.recipe.run_training``).
 
     Attributes:
@@ -115,15 +163,15 @@ class TrainingSummary(_Record):
     best_step: int
     samples_per_second: float
     stopped_early: bool
-    best_validation: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
+    best_validation: Metrics
+    history: list[Validation] = field(default_factory=list)
     processes: int = 1
     device: str = "cpu"
     precision: dict[str, Any] = field(default_factory=dict)
     threads: int | None = None
     embeddings: dict[str, Any] = field(default_factory=dict)
     lookups_per_row: int | None = None
-    target: dict[str, Any] | None = None
+    target: Target | None = None
     resumed_from_step: int | None = None
     reused_version: str | None = None
     reused_differences: list[str] = field(default_factory=list)
@@ -132,7 +180,7 @@ class TrainingSummary(_Record):
     run_version: str | None = None
     tensorboard_run: str | None = None
     metadata_version: str | None = None
-    source_days: dict[str, Any] | None = None
+    source_days: SourceDays | None = None
     fingerprint: str | None = None
     code: dict[str, str] | None = None
     settings: dict[str, Any] | None = None
@@ -146,10 +194,10 @@ class TrainingSummary(_Record):
         validation figures are said here)."""
         target = self.target
         stop = "stopped early" if self.stopped_early else "ran every step"
-        if target and target["reached"]:
+        if target and target.reached:
             stop = (
-                f"target AUC {target['auc']} at step {target['step']:,}: {target['train_seconds']:,.1f} s of training, "
-                f"{target['wall_seconds']:,.1f} s wall"
+                f"target AUC {target.auc} at step {target.step:,}: {target.train_seconds:,.1f} s of training, "
+                f"{target.wall_seconds:,.1f} s wall"
             )
         start = f"resumed at step {self.resumed_from_step:,}, " if self.resumed_from_step else ""
         if self.reused_version:
@@ -173,13 +221,13 @@ class TrainingSummary(_Record):
             lines += wrapped(f"precision auto: {precision['precision']}, {why}")
         if self.lookups_per_row and self.lookups_per_row != NUM_SPARSE:
             lines.append(f"{INDENT}multi-hot: {self.lookups_per_row} lookups a row")
-        if target and not target["reached"]:
-            lines.append(f"{INDENT}target AUC {target['auc']} not reached")
+        if target and not target.reached:
+            lines.append(f"{INDENT}target AUC {target.auc} not reached")
         for warning in self.warnings or ():
             lines += wrapped(f"warning: {warning}")
         if not evaluated:
-            lines.append(f"{INDENT}validation {metrics_line(self.best_validation)}")
-            if warning := below_prior(self.best_validation):
+            lines.append(f"{INDENT}validation {self.best_validation.line()}")
+            if warning := self.best_validation.below_prior():
                 lines.append(INDENT + warning)
         return lines
 
@@ -187,17 +235,18 @@ class TrainingSummary(_Record):
         """Every validation at its step, the kept model's figures at its step, the run's totals, MLPerf's time to
         target, and where it trained."""
         metrics = [
-            ({f"validation_{name}": record[name] for name in FIGURES if record.get(name) is not None}, record["step"])
+            ({f"validation_{name}": value for name, value in record.figures().items()}, record.step)
             for record in self.history
         ]
-        kept = {f"kept_validation_{name}": self.best_validation.get(name) for name in FIGURES}
-        metrics.append(({key: value for key, value in kept.items() if value is not None}, self.best_step))
+        kept = {f"kept_validation_{name}": value for name, value in self.best_validation.figures().items()}
+        metrics.append((kept, self.best_step))
         totals = {"training_steps": self.steps, "kept_step": self.best_step,
                   "samples_per_second": self.samples_per_second, "processes": self.processes}  # fmt: skip
         metrics.append((totals, None))
-        if self.target and self.target["reached"]:  # MLPerf's figure of merit
-            times = {f"time_to_target_{key}": self.target[key] for key in ("train_seconds", "wall_seconds")}
-            metrics.append((times, self.target["step"]))
+        if self.target and self.target.reached:  # MLPerf's figure of merit
+            times = {"time_to_target_train_seconds": self.target.train_seconds,
+                     "time_to_target_wall_seconds": self.target.wall_seconds}  # fmt: skip
+            metrics.append((times, self.target.step))
         tags = {"device": str(self.device), "stopped_early": str(self.stopped_early),
                 **{key: str(value) for key, value in (self.precision or {}).items()},
                 "embedding_backend": str((self.embeddings or {}).get("backend", "torch"))}  # fmt: skip
@@ -205,7 +254,7 @@ class TrainingSummary(_Record):
 
 
 @dataclass(frozen=True)
-class EvaluationReport(_Record):
+class EvaluationReport(Record):
     """A checkpoint's figures on held-out rows (``evaluation_metrics``, written by ``engine.trained.evaluation``).
 
     Attributes:
@@ -218,17 +267,17 @@ class EvaluationReport(_Record):
         gap_to_oracle: how far the model's AUC and log loss are from the oracle's.
     """
 
-    model: dict[str, Any]
-    prior_baseline: dict[str, Any]
+    model: Metrics
+    prior_baseline: Metrics
     days: list[str]
+    model_raw: Metrics
     checkpoint_version: str | None = None
     metadata_version: str | None = None
-    source_days: list[dict] | None = None
+    source_days: list[SourceDay] | None = None
     rows_evaluated: str = "validation"
     calibration_method: str = "none"
-    model_raw: dict[str, Any] = field(default_factory=dict)
-    calibration_by_decile: dict[str, Any] = field(default_factory=dict)
-    oracle: dict[str, Any] | None = None
+    calibration_by_decile: dict[str, Calibration] = field(default_factory=dict)
+    oracle: Metrics | None = None
     gap_to_oracle: dict[str, float] | None = None
     vocabulary_sha256: str | None = None
     run_version: str | None = None
@@ -237,42 +286,45 @@ class EvaluationReport(_Record):
 
     def lines(self) -> list[str]:
         lines = [
-            f"evaluation  checkpoint {self.checkpoint_version}, {self.model['rows']:,} {self.rows_evaluated} rows "
+            f"evaluation  checkpoint {self.checkpoint_version}, {self.model.rows:,} {self.rows_evaluated} rows "
             f"of {', '.join(self.days)}:",
-            INDENT + metrics_line(self.model),
+            INDENT + self.model.line(),
         ]
         if self.calibration_method != "none":
-            raw, ece = self.model_raw, self.calibration_by_decile["calibrated"]["expected_calibration_error"]
+            raw = self.model_raw
             lines.append(
-                f"{INDENT}{self.calibration_method} calibration: ECE {ece:.4f}; raw output: log loss "
-                f"{raw['log_loss']:.5f}, calibration {raw['calibration']:.3f}"
+                f"{INDENT}{self.calibration_method} calibration: ECE {self.calibrated_ece:.4f}; raw output: log loss "
+                f"{raw.log_loss:.5f}, calibration {raw.calibration:.3f}"
             )
-        lines.append(f"{INDENT}prior log loss {self.prior_baseline['log_loss']:.5f}")
+        lines.append(f"{INDENT}prior log loss {self.prior_baseline.log_loss:.5f}")
         if self.oracle:
-            lines[-1] += f"; oracle AUC {self.oracle['auc']:.4f}, log loss {self.oracle['log_loss']:.5f}"
-        if warning := below_prior(self.model):
+            lines[-1] += f"; oracle AUC {self.oracle.auc:.4f}, log loss {self.oracle.log_loss:.5f}"
+        if warning := self.model.below_prior():
             lines.append(INDENT + warning)
         return lines
+
+    @property
+    def calibrated_ece(self) -> float:
+        """The expected calibration error of the probabilities scoring writes (the calibrated ones)."""
+        return self.calibration_by_decile["calibrated"].expected_calibration_error
 
     def tracked(self) -> Tracked:
         """The figures, named by the rows they are of (``test_auc``, ``validation_raw_log_loss``, ...), and which
         model and rows they are of, also when the run evaluated a stored checkpoint only."""
         rows = self.rows_evaluated
-        values = {f"{rows}_{name}": self.model[name] for name in FIGURES}
-        values.update({f"{rows}_raw_{name}": self.model_raw[name] for name in FIGURES})
-        values[f"{rows}_expected_calibration_error"] = self.calibration_by_decile["calibrated"][
-            "expected_calibration_error"
-        ]
-        values[f"{rows}_prior_log_loss"] = self.prior_baseline["log_loss"]
+        values = {f"{rows}_{name}": value for name, value in self.model.figures().items()}
+        values.update({f"{rows}_raw_{name}": value for name, value in self.model_raw.figures().items()})
+        values[f"{rows}_expected_calibration_error"] = self.calibrated_ece
+        values[f"{rows}_prior_log_loss"] = self.prior_baseline.log_loss
         if self.oracle:
-            values.update({f"{rows}_oracle_{name}": self.oracle[name] for name in ("auc", "log_loss")})
+            values.update({f"{rows}_oracle_auc": self.oracle.auc, f"{rows}_oracle_log_loss": self.oracle.log_loss})
         tags = {"evaluated_rows": rows, "calibration_method": self.calibration_method}
         tags |= _lineage(self.checkpoint_version, self.metadata_version, self.source_days, "evaluated_days")
         return Tracked([(values, None)], tags)
 
 
 @dataclass(frozen=True)
-class ScoringReport(_Record):
+class ScoringReport(Record):
     """What scoring read and wrote (``scoring_report``, written by the scoring node).
 
     Attributes:
@@ -285,9 +337,9 @@ class ScoringReport(_Record):
     rows: int
     checkpoint_version: str | None = None
     metadata_version: str | None = None
-    source_days: list[dict] | None = None
+    source_days: list[SourceDay] | None = None
     mean_prediction: float | None = None
-    metrics: dict[str, Any] | None = None
+    metrics: Metrics | None = None
     unseen_share: float | None = None
     input_dir: str | None = None
     calibration_method: str = "none"
@@ -299,7 +351,7 @@ class ScoringReport(_Record):
         line = f"scoring     checkpoint {self.checkpoint_version}: {self.rows:,} rows"
         line += f", mean prediction {self.mean_prediction or 0:.4f}"
         if self.metrics:
-            line += f", AUC {self.metrics['auc']:.4f}"
+            line += f", AUC {self.metrics.auc:.4f}"
         lines = [line]
         if self.unseen_share:
             lines.append(f"{INDENT}{self.unseen_share:.1%} of category values unseen in training")
@@ -312,7 +364,7 @@ class ScoringReport(_Record):
 
 
 @dataclass(frozen=True)
-class ExportReport(_Record):
+class ExportReport(Record):
     """The exported model's files and their check (``export_report``, written by the export node).
 
     Attributes:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from criteo_dlrm.common.records import Record
+from criteo_dlrm.engine.trained.reports import Metrics, Target, Validation
+
 
 @dataclass
-class TrainingResult:
+class TrainingResult(Record):
     """A finished ``Trainer.fit``.
 
     The best model's weights and optimiser state are not in memory: they are in ``best_checkpoint``, a file
@@ -18,12 +21,10 @@ class TrainingResult:
     best_checkpoint: str
     best_step: int
     best_epoch: int
-    best_metrics: dict
-    history: list[dict]
+    best_metrics: Metrics
+    history: list[Validation]
     steps: int
     stopped_early: bool
     samples_per_second: float
     resumed_from_step: int | None = None  # the in-progress checkpoint's step this run continued from
-    # training.target_auc and when the run reached it: {auc, reached, step, epoch, validation_auc, train_seconds,
-    # wall_seconds}; None without a target.
-    target: dict | None = None
+    target: Target | None = None  # training.target_auc and when the run reached it; None without a target

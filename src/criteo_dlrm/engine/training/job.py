@@ -92,14 +92,14 @@ class TrainingOutcome:
 
     def save(self, path: Path) -> None:
         """Rank 0 hands its outcome to the launching process through a file (the best weights stay in theirs)."""
-        save_atomically({**_shallow(self), "result": _shallow(self.result), "pid": os.getpid()}, path)
+        save_atomically({**_shallow(self), "result": self.result.to_dict(), "pid": os.getpid()}, path)
 
     @classmethod
     def load(cls, path: str | Path) -> TrainingOutcome:
         try:
             values = load_checkpoint(path)
             values.pop("pid", None)
-            values["result"] = TrainingResult(**values["result"])
+            values["result"] = TrainingResult.from_dict(values["result"])
             return cls(**values)
         except DamagedFileError:
             raise

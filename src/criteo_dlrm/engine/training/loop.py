@@ -25,6 +25,7 @@ from criteo_dlrm.config.training import ProfilerConfig, TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader, Prefetcher
 from criteo_dlrm.engine.parallel.modes import Mode
 from criteo_dlrm.engine.trained.metrics import MetricError
+from criteo_dlrm.engine.trained.reports import Metrics, Target
 from criteo_dlrm.engine.trained.result import TrainingResult
 from criteo_dlrm.engine.training.divergence import DivergenceCheck, TrainingDivergedError
 from criteo_dlrm.engine.training.profiling import profiler
@@ -121,8 +122,8 @@ class Trainer:
                 stopped_early = stopped_early or self._loop(bar, prof)
             self.metric_logger.log_hparams(
                 flat_hparams(config.to_dict()) | flat_hparams(self.backends),  # resolved: the threads, auto's why
-                self.state.best.get("metrics", {}),
-                self.state.best.get("step", 0),
+                self.state.best.metrics.to_dict() if self.state.best else {},
+                self.state.best.step if self.state.best else 0,
             )
         finally:
             bar.close()
@@ -133,9 +134,9 @@ class Trainer:
             state.log_outcome(config.target_auc, config.early_stopping.patience, stopped_early)
         result = TrainingResult(
             best_checkpoint=str(self.files.best),
-            best_step=state.best["step"],
-            best_epoch=state.best["epoch"],
-            best_metrics=state.best["metrics"],
+            best_step=state.best.step,
+            best_epoch=state.best.epoch,
+            best_metrics=state.best.metrics,
             history=state.history,
             steps=state.step,
             stopped_early=stopped_early and state.target is None,  # stopped at its target: not early stopping
@@ -238,13 +239,14 @@ class Trainer:
             metrics = self.mode.group.metrics(labels, probabilities)  # computed once, known to every process
         except MetricError as error:
             raise MetricError(f"Validation at step {state.step}: {error}") from error
-        self.metric_logger.log_scalars({f"validation/{k}": v for k, v in metrics.items() if k != "rows"}, state.step)
+        scalars = {name: value for name, value in metrics.to_dict().items() if name != "rows"}
+        self.metric_logger.log_scalars({f"validation/{name}": value for name, value in scalars.items()}, state.step)
         improved = state.validated(epoch, metrics, time.perf_counter() - started, self.config.early_stopping.min_delta)
-        if target is not None and state.target is None and metrics["auc"] >= target:
-            state.target = {"step": state.step, "epoch": epoch, "validation_auc": metrics["auc"],
-                            "train_seconds": state.train_seconds, "wall_seconds": state.wall_seconds_now}  # fmt: skip
+        if target is not None and state.target is None and metrics.auc >= target:
+            state.target = Target(step=state.step, epoch=epoch, validation_auc=metrics.auc,
+                                  train_seconds=state.train_seconds, wall_seconds=state.wall_seconds_now)  # fmt: skip
             self.metric_logger.log_scalars(
-                {"target/train_seconds": state.train_seconds, "target/wall_seconds": state.target["wall_seconds"]},
+                {"target/train_seconds": state.train_seconds, "target/wall_seconds": state.target.wall_seconds},
                 state.step,
             )
         if self.is_main:
@@ -252,10 +254,10 @@ class Trainer:
         self._save_progress(improved)
         return state.bad_validations >= self.config.early_stopping.patience or state.target is not None
 
-    def _log_validation(self, metrics: dict, epoch: int, improved: bool) -> None:
+    def _log_validation(self, metrics: Metrics, epoch: int, improved: bool) -> None:
         patience = self.config.early_stopping.patience
         logger.info(
             "step {:,} (epoch {}): validation log loss {:.5f}, AUC {:.4f}, NE {:.4f}, calibration {:.3f}{}",
-            self.state.step, epoch, metrics["log_loss"], metrics["auc"], metrics["normalized_entropy"],
-            metrics["calibration"], " (best)" if improved else f" (no improvement {self.state.bad_validations}/{patience})",
+            self.state.step, epoch, metrics.log_loss, metrics.auc, metrics.normalized_entropy,
+            metrics.calibration, " (best)" if improved else f" (no improvement {self.state.bad_validations}/{patience})",
         )  # fmt: skip

@@ -27,6 +27,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.encoding import FeatureEncoder
 from criteo_dlrm.data.feature_metadata import FeatureMetadata
+from criteo_dlrm.data.source_days import SourceDays
 from criteo_dlrm.data.stored import EncodedArrays, check_index_range
 from criteo_dlrm.engine.device import Runtime, resolve_device
 from criteo_dlrm.engine.memory import check_replicated_memory
@@ -34,6 +35,7 @@ from criteo_dlrm.engine.parallel.modes import placement_class
 from criteo_dlrm.engine.trained.calibration import Identity, calibrator
 from criteo_dlrm.engine.trained.checkpoint import (
     Checkpoint,
+    TrainedWith,
     code_identity,
     fingerprint,
     model_with_weights,
@@ -67,8 +69,8 @@ class FinishedRun:
     checkpoint (None when it cannot be read)."""
 
     version: str
-    summary: dict
-    checkpoint: Callable[[], dict | None]
+    summary: TrainingSummary
+    checkpoint: Callable[[], Checkpoint | None]
 
 
 def run_training(
@@ -80,7 +82,7 @@ def run_training(
     run_version: str,
     metadata_version: str | None = None,
     previous: FinishedRun | None = None,
-) -> tuple[dict, dict]:
+) -> tuple[Checkpoint, TrainingSummary]:
     """Train on ``train``, validate on the whole of ``validation``.
 
     Args:
@@ -175,29 +177,25 @@ class KeptRun:
 
     def checkpoint_and_summary(
         self, vocabularies: dict[str, np.ndarray] | None, validation: EncodedArrays, device: torch.device
-    ) -> tuple[dict, dict]:
+    ) -> tuple[Checkpoint, TrainingSummary]:
         """The run's checkpoint (the best model, read back memory-mapped, calibrated on ``validation``) and its
         summary, whatever ran the training (one process, the launcher's, a resumed run)."""
         outcome, result, config, metadata = self.outcome, self.outcome.result, self.job.config, self.metadata
         # Memory-mapped, read as it is written into the run's checkpoint; a sharded run's folder is not read: the
         # catalog's dataset links its files into the checkpoint's version.
         best = load_best(result)
-        sharded = "sharded_state" in best
+        sharded = best.sharded
         if sharded:
-            best["sharded_state"]["tables"] = list(SPARSE_COLUMNS)
+            best = replace(best, sharded_state=replace(best.sharded_state, tables=list(SPARSE_COLUMNS)))
         elif self.job.resume_path is None:  # nothing resumes from it (the mapping stays valid after the unlink)
             remove_checkpoint(result.best_checkpoint)
         encoder = FeatureEncoder.from_metadata(metadata, vocabularies, config.dense_transform)
-        trained_with = {
-            "version": self.metadata_version,
-            "vocabulary_sha256": metadata.vocabulary_sha256,
-            "train_ctr": metadata.click_rate,
-            "source_days": metadata.source_days,
-        }
+        trained_with = TrainedWith(version=self.metadata_version, vocabulary_sha256=metadata.vocabulary_sha256,
+                                   train_ctr=metadata.click_rate, source_days=metadata.source_days)  # fmt: skip
         run = {"run_version": self.job.run_version, "tensorboard_run": outcome.run_dir}
         in_progress = self.job.resume_path
         # Here, once: the kept model's logits on the validation rows.
-        kept = model_with_weights(self.model_config, best.get("model_state"), best.get("sharded_state"))
+        kept = model_with_weights(self.model_config, best)
         calibration = calibrate(kept, validation, config, Runtime(device, outcome.backends["precision"]))
         del kept
         warnings = [warning for warning in (self.rates, calibration.pop("warning", None)) if warning]
@@ -243,7 +241,7 @@ class KeptRun:
             # Its files are linked into the stored checkpoint, then removed.
             best_checkpoint=str(result.best_checkpoint) if sharded and in_progress is None else None,
         )
-        return checkpoint.to_dict(), summary.to_dict()
+        return checkpoint, summary
 
 
 def finished_fingerprint(job_fingerprint: str, settings: dict, code: dict | None) -> str:
@@ -254,23 +252,22 @@ def finished_fingerprint(job_fingerprint: str, settings: dict, code: dict | None
 
 
 def _reuse(
-    previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: dict | None
-) -> tuple[tuple[dict, dict] | None, str | None]:
+    previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: SourceDays | None
+) -> tuple[tuple[Checkpoint, TrainingSummary] | None, str | None]:
     """The finished run's checkpoint and summary as this run's, when it trained with these settings on these rows
     with this code (``finished_fingerprint``), as its checkpoint's own content says (its summary and the summary's
     checksum can be copied from another run; the checkpoint's fingerprint is under its content digest), and None;
     otherwise None and why not, in a few words (said in the log and the run's summary)."""
     code = code_identity()
     finished = finished_fingerprint(job_fingerprint, settings, code)
-    summary_says = previous.summary.get("fingerprint")
+    summary_says = previous.summary.fingerprint
     if summary_says != finished:
         why = _why_not_the_same(previous, job_fingerprint, settings, source_days)
         logger.info("training: not reused: {}; training again", why)
         return None, why
-    stored = previous.checkpoint()
-    if stored is None:
+    checkpoint = previous.checkpoint()
+    if checkpoint is None:
         return None, f"version {previous.version}'s checkpoint cannot be read"
-    checkpoint = Checkpoint.from_dict(stored)
     if checkpoint.fingerprint != finished:
         logger.warning(
             "training: the summary of version {} names this run's settings, rows and code, but its checkpoint was "
@@ -281,13 +278,13 @@ def _reuse(
         )  # fmt: skip
         return None, f"version {previous.version}'s checkpoint is not the run its summary names"
     differences = _differences(checkpoint.training_parameters, settings, LEFT_OUT_OF_REUSE)
-    summary = replace(TrainingSummary.from_dict(previous.summary), reused_version=previous.version,
+    summary = replace(previous.summary, reused_version=previous.version,
                       reused_differences=differences, in_progress_checkpoint=None, best_checkpoint=None,
                       trained_because=None)  # fmt: skip
     logger.info(
         "training: reused the finished run of version {} (the same settings on the same rows: {:,} steps, kept step "
         "{:,}, validation log loss {:.5f}). To train again, run with training.resume=false.",
-        previous.version, summary.steps, summary.best_step, summary.best_validation["log_loss"],
+        previous.version, summary.steps, summary.best_step, summary.best_validation.log_loss,
     )  # fmt: skip
     if differences:
         again = Fix(params={"training.resume": False})
@@ -296,19 +293,20 @@ def _reuse(
             "figures (the processes, samples/s) are that run's. To train with this run's: `{}`",
             "; ".join(differences), again,
         )  # fmt: skip
-    stored = {key: value for key, value in stored.items() if key != "catalog_version"}
-    return (stored, summary.to_dict()), None
+    return (replace(checkpoint, version=None), summary), None
 
 
-def _why_not_the_same(previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: dict | None) -> str:
+def _why_not_the_same(
+    previous: FinishedRun, job_fingerprint: str, settings: dict, source_days: SourceDays | None
+) -> str:
     """Why the finished run ``previous`` is not this one (its summary's fingerprint differs), in a few words: other
     code, other days, the settings that differ (summaries that record theirs), or other rows."""
-    then = previous.summary.get("code")
-    if previous.summary.get("fingerprint") == finished_fingerprint(job_fingerprint, settings, then):
+    then = previous.summary.code
+    if previous.summary.fingerprint == finished_fingerprint(job_fingerprint, settings, then):
         return f"version {previous.version} was trained by other code ({_code_named(then)}; this is {_code_named(code_identity())})"
-    if previous.summary.get("source_days") != source_days:
+    if previous.summary.source_days != source_days:
         return f"version {previous.version} trained on other days"
-    if (recorded := previous.summary.get("settings")) is not None:
+    if (recorded := previous.summary.settings) is not None:
         keys = tuple(key for key in sorted(recorded.keys() | settings.keys())
                      if key not in NOT_IN_FINGERPRINT or key in FINISHED_SETTINGS)  # fmt: skip
         if changed := _differences(recorded, settings, keys):
@@ -369,7 +367,9 @@ EXTREME_SLOPE = (1 / 3, 3.0)
 EXTREME_RAW_CALIBRATION = 2.0
 
 
-def click_rate_warning(train_ctr: float, train_rows: int, labels: np.ndarray, source_days: dict | None) -> str | None:
+def click_rate_warning(
+    train_ctr: float, train_rows: int, labels: np.ndarray, source_days: SourceDays | None
+) -> str | None:
     """A warning when the validation rows click at a rate the training rows' does not explain: more than
     ``CTR_RATIO_WARNING`` times apart and beyond chance (a two-proportion z of 5)."""
     rows = len(labels)
@@ -381,8 +381,8 @@ def click_rate_warning(train_ctr: float, train_rows: int, labels: np.ndarray, so
     ratio = max(train_ctr, ctr) / max(min(train_ctr, ctr), 1e-12)
     if ratio < CTR_RATIO_WARNING or z < 5:
         return None
-    days = source_days or {}
-    names = {split: ", ".join(day["day"] for day in days.get(split) or ()) or "?" for split in ("train", "validation")}
+    days = source_days or SourceDays()
+    names = {split: ", ".join(day.day for day in days.split(split)) or "?" for split in ("train", "validation")}
     return (
         f"the training days ({names['train']}: CTR {train_ctr:.4f}, {train_rows:,} rows) and the validation days "
         f"({names['validation']}: CTR {ctr:.4f}, {rows:,} rows) click at rates {ratio:.1f}x apart, far beyond chance "
@@ -434,10 +434,9 @@ def calibrate(model: torch.nn.Module, validation: EncodedArrays, config: Trainin
     return state
 
 
-def finish_run(summary: dict) -> None:
+def finish_run(record: TrainingSummary) -> None:
     """Delete a finished run's in-progress checkpoint and its best model: call it once the run's checkpoint is
-    stored (``summary``: the run's ``TrainingSummary`` as stored)."""
-    record = TrainingSummary.from_dict(summary)
+    stored (``record``: the run's summary)."""
     if path := record.in_progress_checkpoint:
         remove_checkpoint(path)
         remove_checkpoint(best_path_for(path))

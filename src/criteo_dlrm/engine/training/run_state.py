@@ -24,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,11 @@ import torch
 import torch.distributed as dist
 from loguru import logger
 
+from criteo_dlrm.common.records import Record, stored, typed
 from criteo_dlrm.common.storage import DamagedFileError, link_or_copy, remove_stale_partials, staging_path
 from criteo_dlrm.engine.parallel.modes import Mode, SavedState
-from criteo_dlrm.engine.trained.checkpoint import load_checkpoint, save_atomically
+from criteo_dlrm.engine.trained.checkpoint import StateFolder, Weights, load_checkpoint, save_atomically
+from criteo_dlrm.engine.trained.reports import Metrics, Target, Validation
 from criteo_dlrm.engine.trained.result import TrainingResult
 
 
@@ -42,61 +44,67 @@ from criteo_dlrm.engine.trained.result import TrainingResult
 class RunState:
     """The loop's position and record, stored in the in-progress checkpoint beside the weights.
 
-    ``best`` is the best validation's ``{step, epoch, metrics}`` (its weights: the best file); ``target`` the first
-    validation at or above ``training.target_auc`` (``{step, epoch, validation_auc, train_seconds,
-    wall_seconds}``); ``wall_seconds`` the run's wall time before this process began (a resumed run's)."""
+    ``best`` is the best validation (its weights: the best file; None before the first); ``target`` the first
+    validation at or above ``training.target_auc``; ``wall_seconds`` the run's wall time before this process began
+    (a resumed run's). Stored in the in-progress checkpoint as plain values (``values``, ``from_values``)."""
 
     run_dir: str
     step: int = 0
     best_loss: float = math.inf
-    best: dict = field(default_factory=dict)
+    best: Validation | None = None
     bad_validations: int = 0
-    history: list[dict] = field(default_factory=list)
+    history: list[Validation] = field(default_factory=list)
     train_seconds: float = 0.0
     samples_seen: int = 0
     wall_seconds: float = 0.0
-    target: dict | None = None
+    target: Target | None = None
     started: float = field(default_factory=time.perf_counter, repr=False, compare=False)  # this process's start
 
     @classmethod
     def from_values(cls, values: dict) -> RunState:
         """From an in-progress checkpoint's values (those written before a field existed get its default)."""
         names = [name for name in cls.__dataclass_fields__ if name != "started"]
-        return cls(**{name: values[name] for name in names if name in values})
+        known = {name: values[name] for name in names if name in values}
+        if best := known.pop("best", None):  # stored as {step, epoch, metrics}
+            known["best"] = Validation.of(Metrics.from_dict(best["metrics"]), step=best["step"], epoch=best["epoch"])
+        return cls(**typed(cls, known))
 
     def values(self) -> dict:
-        """The stored form, the wall time brought up to now."""
-        stored = {name: value for name, value in asdict(self).items() if name != "started"}
-        return {**stored, "wall_seconds": self.wall_seconds_now}
+        """The stored form (plain values: the checkpoint is read with ``weights_only``), the wall time brought up to
+        now."""
+        names = [name for name in self.__dataclass_fields__ if name not in ("started", "best")]
+        best = self.best
+        kept = {} if best is None else {"step": best.step, "epoch": best.epoch, "metrics": best.metrics.to_dict()}
+        return {**stored(self, names), "best": kept, "wall_seconds": self.wall_seconds_now}
 
     @property
     def wall_seconds_now(self) -> float:
         """The run's wall time so far, from its first step's process on (validations and checkpoints included)."""
         return self.wall_seconds + time.perf_counter() - self.started
 
-    def validated(self, epoch: int, metrics: dict, seconds: float, min_delta: float) -> bool:
+    def validated(self, epoch: int, metrics: Metrics, seconds: float, min_delta: float) -> bool:
         """Record a validation at this step; True when its log loss is the best so far by ``min_delta``."""
         # train_seconds: training time so far (validations excluded): the time to this model.
-        record = {"step": self.step, "epoch": epoch, **metrics, "seconds": seconds, "train_seconds": self.train_seconds}
+        record = Validation.of(metrics, step=self.step, epoch=epoch, seconds=seconds, train_seconds=self.train_seconds)
         self.history.append(record)
-        improved = metrics["log_loss"] < self.best_loss - min_delta
+        improved = metrics.log_loss < self.best_loss - min_delta
         if improved:
-            self.best_loss, self.bad_validations = metrics["log_loss"], 0
-            self.best = {"step": self.step, "epoch": epoch, "metrics": metrics}
+            self.best_loss, self.bad_validations = metrics.log_loss, 0
+            self.best = record
         else:
             self.bad_validations += 1
         return improved
 
-    def target_outcome(self, target_auc: float | None) -> dict | None:
+    def target_outcome(self, target_auc: float | None) -> Target | None:
         """``training.target_auc`` and when the run reached it (``reached``: false when it never did)."""
         if target_auc is None:
             return None
-        return {"auc": target_auc, "reached": self.target is not None, **(self.target or {})}
+        return replace(self.target, auc=target_auc) if self.target else Target(auc=target_auc, reached=False)
 
     def log_outcome(self, target_auc: float | None, patience: int, stopped_early: bool) -> None:
         """The run's last line: where it stopped, why, and the model it kept."""
         if target_auc is not None and self.target is None:
-            best_auc = max(record["auc"] for record in self.history)
+            best_auc = max(record.auc for record in self.history)
             logger.warning("target AUC {} not reached in {:,} steps (best validation AUC {:.5f})", target_auc,
                            self.step, best_auc)  # fmt: skip
         if self.target is not None:
@@ -104,22 +112,33 @@ class RunState:
             logger.info(
                 "target AUC {} reached at step {:,} (epoch {}): validation AUC {:.5f} after {:.1f} s of training, "
                 "{:.1f} s wall; {}",
-                target_auc, target["step"], target["epoch"], target["validation_auc"],
-                target["train_seconds"], target["wall_seconds"], self.kept(),
+                target_auc, target.step, target.epoch, target.validation_auc,
+                target.train_seconds, target.wall_seconds, self.kept(),
             )  # fmt: skip
         elif stopped_early:
             last = self.history[-1]
             logger.info("early stopping at step {:,} (epoch {}): no better validation log loss in {} validations; {}",
-                        last["step"], last["epoch"], patience, self.kept())  # fmt: skip
+                        last.step, last.epoch, patience, self.kept())  # fmt: skip
         else:
             logger.info("training finished at step {:,}; {}", self.step, self.kept())
 
     def kept(self) -> str:
         best = self.best
         return (
-            f"kept step {best['step']:,} (epoch {best['epoch']}): validation log loss "
-            f"{best['metrics']['log_loss']:.5f}, AUC {best['metrics']['auc']:.4f}"
+            f"kept step {best.step:,} (epoch {best.epoch}): validation log loss {best.log_loss:.5f}, AUC {best.auc:.4f}"
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stamp(Record):
+    """What an in-progress or best file says of itself beside the run's state and its weights: the settings and
+    data it belongs to (``fingerprint``), the step it holds, the precision it trained in and torch's random state
+    (None: written before it was kept)."""
+
+    fingerprint: str | None = None
+    step: int | None = None
+    precision: str | None = None
+    torch_rng_state: torch.Tensor | None = None
 
 
 def best_path_for(in_progress: str | os.PathLike) -> Path:
@@ -152,9 +171,9 @@ class ProgressFiles:
         """Write what a mode handed out (``state``; None: another process writes it) with ``values`` (the loop's
         bookkeeping): one file, or a sharded mode's folder of every process's shards and the file naming it."""
         if state is not None and state.shards is not None:
-            self.save_sharded({**values, **state.entries}, state.shards, improved)
+            self.save_sharded(values, state.weights, state.shards, improved)
         elif state is not None:
-            self.save({**values, **state.entries}, improved)
+            self.save({**values, **state.weights.to_dict()}, improved)
 
     def save(self, values: dict[str, Any], improved: bool) -> None:
         """Write ``values`` as the in-progress checkpoint, and as the best model when ``improved``."""
@@ -170,9 +189,11 @@ class ProgressFiles:
             link_or_copy(self.latest, staged)
             os.replace(staged, self.best)
 
-    def save_sharded(self, values: dict[str, Any], tensors: dict[str, torch.Tensor], improved: bool) -> None:
+    def save_sharded(
+        self, values: dict[str, Any], weights: Weights, tensors: dict[str, torch.Tensor], improved: bool
+    ) -> None:
         """A sharded run's checkpoint: ``tensors`` written by every process into the folder beside the file,
-        ``values`` (with the folder's name and digests) by rank 0. Every process calls it."""
+        ``values`` and ``weights`` (with the folder's name and digests) by rank 0. Every process calls it."""
         # Imported here: torch.distributed.checkpoint takes half a second of every kedro command's start otherwise.
         from criteo_dlrm.engine.trained.sharded_checkpoint import write_state
 
@@ -181,7 +202,8 @@ class ProgressFiles:
         target.parent.mkdir(parents=True, exist_ok=True)
         digests = write_state(tensors, folder)
         if digests is not None:  # rank 0
-            values = {**values, "sharded_state": {"folder": folder.name, "digests": digests}}
+            named = replace(weights, sharded_state=StateFolder(folder=folder.name, digests=digests))
+            values = {**values, **named.to_dict()}
             if self.latest is None:
                 self.save_best(values)
             else:
@@ -202,9 +224,9 @@ class ProgressFiles:
         shutil.copytree(folder, linked, copy_function=link_or_copy)
         self.save_best(values)
 
-    def state_folder(self, values: dict[str, Any]) -> Path:
-        """The folder of a sharded run's tensors that ``values`` (loaded from the in-progress file) names."""
-        return self.latest.parent / values["sharded_state"]["folder"]
+    def state_folder(self, weights: Weights) -> Path:
+        """The folder of a sharded run's tensors that ``weights`` (loaded from the in-progress file) names."""
+        return Path(weights.beside(self.latest.parent).sharded_state.path)
 
     def save_best(self, values: dict[str, Any]) -> None:
         """Write ``values`` as the best model alone (resume off, or an in-progress checkpoint of an earlier version
@@ -226,8 +248,8 @@ def _state_folders(path: Path) -> list[Path]:
 def _remove_unreferenced_folders(path: Path) -> None:
     """The state folders beside ``path`` that it does not name (earlier steps), and a killed save's staging."""
     keep = None
-    if path.exists():
-        keep = (load_checkpoint(path).get("sharded_state") or {}).get("folder")
+    if path.exists() and (weights := Weights.from_dict(load_checkpoint(path))).sharded:
+        keep = weights.sharded_state.folder
     for folder in [*_state_folders(path), *path.parent.glob(f".{path.stem}.state-*.partial")]:
         if folder.name != keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -241,7 +263,7 @@ def remove_checkpoint(path: str | os.PathLike) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def load_best(result: TrainingResult) -> dict[str, Any]:
+def load_best(result: TrainingResult) -> Weights:
     """The best model's entries of the run's checkpoint (``checkpoint.training_checkpoint``): its
     ``model_state`` and ``optimizer_state``, memory-mapped from ``result.best_checkpoint`` (pages are read as they
     are used and can be dropped again: the file is not copied into memory); or, for a sharded run, its state
@@ -254,14 +276,12 @@ def load_best(result: TrainingResult) -> dict[str, Any]:
     """
     path = Path(result.best_checkpoint)
     values = load_checkpoint(path, mmap=True)
-    if values.get("step") != result.best_step:
+    if (step := Stamp.from_dict(values).step) != result.best_step:
         raise DamagedFileError(
-            f"{path} holds step {values.get('step')}, not the best step {result.best_step:,} of this run: it was "
+            f"{path} holds step {step}, not the best step {result.best_step:,} of this run: it was "
             "replaced while the run trained. Delete it and its in-progress checkpoint; a rerun then starts afresh."
         )
-    if "sharded_state" in values:
-        return {"sharded_state": values["sharded_state"], "dense_param_groups": values["dense_param_groups"]}
-    return {"model_state": values["model_state"], "optimizer_state": values["optimizer_state"]}
+    return Weights.from_dict(values)  # load_checkpoint gave a state folder its path
 
 
 class InProgress:
@@ -282,7 +302,8 @@ class InProgress:
             values = load_checkpoint(self.path, mmap=True)  # copied into the model, never held twice
         except DamagedFileError as error:
             return self._set_aside(error)
-        if values.get("fingerprint") != self.fingerprint:
+        stamp = Stamp.from_dict(values)
+        if stamp.fingerprint != self.fingerprint:
             logger.warning("{} belongs to other settings or data; starting afresh", self.path)
             return None
         best = values["best"]
@@ -296,12 +317,13 @@ class InProgress:
             return None
         if best and (problem := self._damaged_best(best["step"])):  # found now, not once the resumed run has ended
             return self._set_aside(DamagedFileError(f"Its best model cannot be used: {problem}"))
+        weights = Weights.from_dict(values)
         try:
-            folder = self.files.state_folder(values) if "sharded_state" in values else None
-            self.mode.placement.restore_state(values, folder)
+            folder = self.files.state_folder(weights) if weights.sharded else None
+            self.mode.placement.restore_state(weights, folder)
         except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
             return self._set_aside(error)
-        torch.set_rng_state(values["torch_rng_state"])
+        torch.set_rng_state(stamp.torch_rng_state)
         state = RunState.from_values(values)
         logger.info("resumed from {} at step {:,} (best validation log loss {:.5f})", self.path, state.step,
                     state.best_loss)  # fmt: skip
@@ -313,13 +335,13 @@ class InProgress:
         the hashing: every one calls it)."""
         try:
             kept = load_checkpoint(self.files.best, mmap=True)
-            if kept.get("step") != step:
-                return f"{self.files.best} holds step {kept.get('step')}, not the best step {step:,}."
-            if "sharded_state" in kept:
+            if (kept_step := Stamp.from_dict(kept).step) != step:
+                return f"{self.files.best} holds step {kept_step}, not the best step {step:,}."
+            if (weights := Weights.from_dict(kept)).sharded:
                 from criteo_dlrm.engine.trained.sharded_checkpoint import check_state  # torch's DCP: 0.5 s to import
 
-                sharded = kept["sharded_state"]
-                check_state(Path(sharded["path"]), sharded["digests"], fix="(the best model's state)")
+                sharded = weights.sharded_state
+                check_state(Path(sharded.path), sharded.digests, fix="(the best model's state)")
         except DamagedFileError as error:
             return str(error)
         return ""
@@ -357,7 +379,6 @@ def resumed_precision(path: Path | None, fingerprint: str) -> str | None:
         values = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - damaged: the resume sets it aside and says so
         return None
-    if not isinstance(values, dict) or values.get("fingerprint") != fingerprint:
+    if not isinstance(values, dict) or (stamp := Stamp.from_dict(values)).fingerprint != fingerprint:
         return None
-    precision = values.get("precision")
-    return precision if isinstance(precision, str) else None
+    return stamp.precision if isinstance(stamp.precision, str) else None

@@ -5,22 +5,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from criteo_dlrm.config import EvaluationConfig
+from criteo_dlrm.engine.trained.reports import EvaluationReport
 
-if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn: 0.3 s of every kedro command's start
+if TYPE_CHECKING:  # matplotlib and torch are imported where they are used: 0.3 s and more of every kedro command
     from matplotlib.figure import Figure
-else:  # the name the annotation reads at run time (Kedro reads every node's type hints, and warned without it)
-    Figure = Any
+
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+else:  # the names the annotations read at run time (Kedro reads every node's type hints, and warned without them)
+    Figure = Checkpoint = Any
 
 
-def evaluate_checkpoint(dlrm_checkpoint: dict, evaluation: dict) -> tuple[dict, Figure, Figure, Figure]:
+def evaluate_checkpoint(
+    dlrm_checkpoint: Checkpoint, evaluation: dict
+) -> tuple[EvaluationReport, Figure, Figure, Figure]:
     """Score the checkpoint's test rows with its own encoder and calibration.
 
     Returns:
         ``(evaluation_metrics, ROC figure, calibration figure, score histogram figure)``.
     """
-    from criteo_dlrm.engine.trained.checkpoint import Checkpoint  # torch: imported by the run that evaluates
-    from criteo_dlrm.engine.trained.evaluation import evaluation_figures, score_checkpoint
+    from criteo_dlrm.engine.trained.evaluation import evaluation_figures, score_checkpoint  # torch: imported here
 
     config = EvaluationConfig.from_dict(evaluation, "evaluation.")
-    report, labels, predictions, oracle = score_checkpoint(Checkpoint.from_dict(dlrm_checkpoint), config)
-    return (report.to_dict(), *evaluation_figures(report, labels, predictions, oracle))
+    report, labels, predictions, oracle = score_checkpoint(dlrm_checkpoint, config)
+    return (report, *evaluation_figures(report, labels, predictions, oracle))

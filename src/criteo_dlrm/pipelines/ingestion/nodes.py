@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from criteo_dlrm.config import IngestionConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, parquet_folder, scan_raw_folder
+from criteo_dlrm.data.source_days import IngestedDay, IngestionReport
 from criteo_dlrm.data.synthetic import SIDECAR_SUFFIX
 from criteo_dlrm.spark.engines import preprocessing_engine
 
 
-def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
+def convert_raw_days(ingestion: dict, preprocessing: dict) -> IngestionReport:
     """Convert every raw day file of ``ingestion.raw_dir`` to Parquet, in the raw folder's own folder under
     ``ingestion.output_dir``.
 
@@ -41,8 +43,12 @@ def convert_raw_days(ingestion: dict, preprocessing: dict) -> dict:
     days = []
     for report in reports:
         name = Path(report.parquet).stem
-        entry = {**report.as_dict(), **day_lineage(name, report.parquet)}
         sidecar = Path(report.source).with_name(name + SIDECAR_SUFFIX)
-        entry["click_probability"] = str(sidecar) if sidecar.exists() else None
-        days.append(entry)
-    return {"raw_dir": str(raw.folder), "parquet_dir": str(output_dir), "days": days, "not_used": raw.ignored}
+        # The day as it is on disk now (the raw file it came from, as its Parquet records), and its conversion.
+        lineage = replace(
+            day_lineage(name, report.parquet), click_probability=str(sidecar) if sidecar.exists() else None
+        )
+        days.append(IngestedDay(**vars(lineage), rejected=report.rejected, rejects_file=report.rejects_file,
+                                input_bytes=report.input_bytes, seconds=report.seconds, reused=report.reused,
+                                converted_because=report.converted_because))  # fmt: skip
+    return IngestionReport(raw_dir=str(raw.folder), parquet_dir=str(output_dir), days=days, not_used=raw.ignored)

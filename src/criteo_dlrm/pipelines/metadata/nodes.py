@@ -9,18 +9,19 @@ from loguru import logger
 from criteo_dlrm.config import MetadataConfig
 from criteo_dlrm.data.feature_metadata import FeatureMetadata, FeatureVocabularies
 from criteo_dlrm.data.metadata import MismatchedVersionsError, check_vocabularies
+from criteo_dlrm.data.source_days import IngestionReport, SourceDays
 from criteo_dlrm.data.splits import split_days
 from criteo_dlrm.datasets import Previous
 from criteo_dlrm.spark.engines import preprocessing_engine
 
 
 def compute_metadata(
-    ingestion_report: dict,
+    ingestion_report: IngestionReport,
     metadata: dict,
     preprocessing: dict,
     previous_feature_metadata: Previous | None = None,
     previous_feature_vocabularies: Previous | None = None,
-) -> tuple[dict, FeatureVocabularies]:
+) -> tuple[FeatureMetadata, FeatureVocabularies]:
     """Compute ``feature_metadata`` and ``feature_vocabularies`` from the training days (on Spark with
     ``preprocessing.engine: spark``: the same results), unless the latest versions were counted from the same
     days (by content) with the same parameters: those are reused, nothing is counted, and the copy names the
@@ -28,13 +29,12 @@ def compute_metadata(
     and resumed as theirs."""
     config = MetadataConfig.from_dict(metadata, "metadata.")
     engine = preprocessing_engine(preprocessing)
-    train, validation, test = split_days(ingestion_report["days"], config)
     # test: what evaluation reports on, never used to choose or calibrate the model (empty: the validation rows).
-    source_days = {"train": train, "validation": validation, "test": test}
+    source_days = split_days(ingestion_report.days, config)
     reused, why = _reusable(previous_feature_metadata, previous_feature_vocabularies, source_days, config)
     if reused is not None:
         return reused
-    counted, vocabularies = engine.count_metadata([day["parquet"] for day in train], config)
+    counted, vocabularies = engine.count_metadata([day.parquet for day in source_days.train], config)
     counted = replace(counted, source_days=source_days, parameters=config.to_dict(), counted_because=why)
     tables = counted.table_sizes
     logger.info(
@@ -45,40 +45,40 @@ def compute_metadata(
         sum(tables),
         max(tables),
     )
-    return counted.to_dict(), FeatureVocabularies(vocabularies)
+    return counted, FeatureVocabularies(vocabularies)
 
 
 def _reusable(
-    metadata: Previous | None, vocabularies: Previous | None, source_days: dict, config: MetadataConfig
-) -> tuple[tuple[dict, FeatureVocabularies] | None, str | None]:
+    metadata: Previous | None, vocabularies: Previous | None, source_days: SourceDays, config: MetadataConfig
+) -> tuple[tuple[FeatureMetadata, FeatureVocabularies] | None, str | None]:
     """The latest metadata and vocabularies, when they belong together and were counted from ``source_days``
     with ``config``'s parameters (and None); else None and why not, in a few words (None when there was no
     version to compare; said in the log and the run's summary)."""
     if metadata is None or vocabularies is None:
         return None, None
-    stored = metadata.value
+    stored: FeatureMetadata = metadata.value
+    parameters, then = config.to_dict(), stored.parameters or {}
     why = None
-    if stored.get("source_days") != source_days:
+    if stored.source_days != source_days:
         why = f"version {metadata.version} was counted from other days"
-    elif stored.get("parameters") != config.to_dict():
+    elif stored.parameters != parameters:
         changed = sorted(
-            f"metadata.{key}" for key in config.to_dict().keys() | (stored.get("parameters") or {}).keys()
-            if (stored.get("parameters") or {}).get(key) != config.to_dict().get(key)
+            f"metadata.{key}" for key in parameters.keys() | then.keys() if then.get(key) != parameters.get(key)
         )  # fmt: skip
         why = f"version {metadata.version} was counted with other {', '.join(changed)}"
     else:
         try:
-            check_vocabularies(FeatureMetadata.from_dict(stored), vocabularies.value)
+            check_vocabularies(stored, vocabularies.value)
         except MismatchedVersionsError:
             why = f"version {metadata.version}'s vocabularies are not its own"
     if why:
         logger.info("feature metadata: counting afresh ({})", why)
         return None, why
-    counted_in = stored.get("counted_in") or metadata.version
+    counted_in = stored.counted_in or metadata.version
     logger.info(
         "feature metadata: reused version {} (counted in {} from the same days and parameters); nothing counted",
         metadata.version,
         counted_in,
     )
-    kept = {key: value for key, value in stored.items() if key != "counted_because"}
-    return ({**kept, "counted_in": counted_in}, FeatureVocabularies(vocabularies.value.arrays)), None
+    kept = replace(stored, counted_in=counted_in, counted_because=None)
+    return (kept, FeatureVocabularies(vocabularies.value.arrays)), None

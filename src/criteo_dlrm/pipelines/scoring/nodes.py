@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from loguru import logger
@@ -12,13 +13,18 @@ from criteo_dlrm.common.storage import remove_stale_partials, staging_path
 from criteo_dlrm.config import ScoringConfig
 from criteo_dlrm.data.lineage import day_lineage
 from criteo_dlrm.data.raw import convert_days, day_name, find_scoring_input, is_labelled, parquet_folder
+from criteo_dlrm.data.source_days import SourceDay
 from criteo_dlrm.engine.trained.reports import ExportReport, ScoringReport
 
 # The engine (torch) is imported by the node that scores or exports: every ``kedro`` command that builds the
 # pipelines (``kedro catalog``, ``kedro viz``, an ingestion run) imports this module.
+if TYPE_CHECKING:
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+else:  # the name the annotations read at run time (Kedro reads every node's type hints)
+    Checkpoint = Any
 
 
-def input_days(config: ScoringConfig) -> list[dict]:
+def input_days(config: ScoringConfig) -> list[SourceDay]:
     """The days of ``scoring.input_dir`` as Parquet with lineage: raw day files (labelled or not) are
     converted with ingestion's rules, keeping line numbers, into their own folder under
     ``scoring.parquet_dir``; a folder of ``*.parquet`` days is used as it is."""
@@ -42,7 +48,7 @@ def input_days(config: ScoringConfig) -> list[dict]:
 UNSEEN_WARNING = 0.5
 
 
-def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
+def score_new_days(dlrm_checkpoint: Checkpoint, scoring: dict) -> tuple[Path, ScoringReport]:
     """Click probabilities for every row of ``scoring.input_dir``, with the checkpoint's own encoder.
 
     Returns:
@@ -51,12 +57,11 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         and a report (rows, mean prediction, metrics when every row is labelled, checkpoint, lineage).
     """
     from criteo_dlrm.engine.device import Runtime, resolve_device
-    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
     from criteo_dlrm.engine.trained.metrics import binary_metrics
     from criteo_dlrm.engine.trained.scoring import write_predictions
 
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint.from_dict(dlrm_checkpoint)
+    checkpoint = dlrm_checkpoint
     source, encoder = checkpoint.source, checkpoint.encoder()
     days = input_days(config)
     # Staged beside the scoring input (the catalog copies it into its versioned place and deletes it); what a
@@ -69,7 +74,7 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         checkpoint.model(),
         checkpoint.calibration(),
         encoder,
-        [(day["day"], day["parquet"]) for day in days],
+        [(day.day, day.parquet) for day in days],
         staged,
         Runtime(resolve_device(config.device, "scoring.device"), config.precision),
     )
@@ -93,19 +98,18 @@ def score_new_days(dlrm_checkpoint: dict, scoring: dict) -> tuple[Path, dict]:
         )  # fmt: skip
     logger.info(
         "{}: scored {:,} rows of {} (mean prediction {:.4f}){}",
-        source, report.rows, [day["day"] for day in days], report.mean_prediction or 0.0,
-        f"; AUC {report.metrics['auc']:.4f}, log loss {report.metrics['log_loss']:.5f}" if report.metrics else "",
+        source, report.rows, [day.day for day in days], report.mean_prediction or 0.0,
+        f"; AUC {report.metrics.auc:.4f}, log loss {report.metrics.log_loss:.5f}" if report.metrics else "",
     )  # fmt: skip
-    return staged, report.to_dict()
+    return staged, report
 
 
-def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | None, bytes, dict]:
+def export_model(dlrm_checkpoint: Checkpoint, scoring: dict) -> tuple[bytes, bytes | None, bytes, ExportReport]:
     """ONNX (checked against PyTorch with onnxruntime), ``torch.export`` and the serving encoder.
 
     Returns:
         ``(dlrm_onnx, dlrm_exported_program, serving_encoder, export_report)``.
     """
-    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
     from criteo_dlrm.engine.trained.export import (
         ENCODER_FORMAT,
         ScoringModel,
@@ -116,7 +120,7 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
     )
 
     config = ScoringConfig.from_dict(scoring, "scoring.")
-    checkpoint = Checkpoint.from_dict(dlrm_checkpoint)
+    checkpoint = dlrm_checkpoint
     # The encoder is checked as scoring and evaluation check it: a served model with other vocabularies would
     # mis-encode every request.
     encoder = checkpoint.encoder()
@@ -140,4 +144,4 @@ def export_model(dlrm_checkpoint: dict, scoring: dict) -> tuple[bytes, bytes | N
         exported_program_bytes=len(program),
         encoder_format=ENCODER_FORMAT,
     )
-    return onnx_model, program, serving_encoder(encoder), report.to_dict()
+    return onnx_model, program, serving_encoder(encoder), report

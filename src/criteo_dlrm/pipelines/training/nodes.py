@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from loguru import logger
 
 from criteo_dlrm.common.errors import Fix
@@ -13,11 +15,17 @@ from criteo_dlrm.data.metadata import check_vocabularies
 from criteo_dlrm.data.parquet import recorded_rows
 from criteo_dlrm.data.stored import EncodedArrays
 from criteo_dlrm.datasets import Previous
+from criteo_dlrm.engine.trained.reports import TrainingSummary
 from criteo_dlrm.spark.engines import preprocessing_engine
+
+if TYPE_CHECKING:  # torch: imported by the run that trains
+    from criteo_dlrm.engine.trained.checkpoint import Checkpoint
+else:  # the name the annotation reads at run time (Kedro reads every node's type hints)
+    Checkpoint = Any
 
 
 def encode_features(
-    feature_metadata: dict, feature_vocabularies: FeatureVocabularies, training: dict, preprocessing: dict
+    feature_metadata: FeatureMetadata, feature_vocabularies: FeatureVocabularies, training: dict, preprocessing: dict
 ) -> tuple[EncodedDays, EncodedDays]:
     """The training and validation days, to be encoded with this metadata version's vocabularies (in
     ``training.encoding_workers`` processes, or with ``preprocessing.engine: spark`` one Spark task per day).
@@ -32,17 +40,20 @@ def encode_features(
     """
     config = TrainingConfig.from_dict(training, "training.")
     engine = preprocessing_engine(preprocessing)
-    metadata = FeatureMetadata.from_dict(feature_metadata)
+    metadata = feature_metadata
     days = metadata.source_days
-    check_days(days["train"] + days["validation"], f"feature_metadata version {feature_vocabularies.version}")
+    check_days(days.train + days.validation, f"feature_metadata version {feature_vocabularies.version}")
     check_vocabularies(metadata, feature_vocabularies)
     encoder = FeatureEncoder.from_metadata(metadata, feature_vocabularies.arrays, config.dense_transform)
     train, validation = (
         EncodedDays(
             encoder,
-            [recorded_rows(day) for day in days[split]],
+            [recorded_rows(day) for day in days.split(split)],
             encoded_lineage(
-                metadata, metadata.counting_version(feature_vocabularies.version), days[split], config.dense_transform
+                metadata,
+                metadata.counting_version(feature_vocabularies.version),
+                days.split(split),
+                config.dense_transform,
             ),
             config.encoding_workers,
             shuffle=split == "train",  # stored shuffled: the training loader reads them in large chunks
@@ -76,13 +87,13 @@ def _check_encoded(features: EncodedArrays, expected: dict, name: str) -> None:
 def train_dlrm(
     train_features: EncodedArrays,
     validation_features: EncodedArrays,
-    feature_metadata: dict,
+    feature_metadata: FeatureMetadata,
     feature_vocabularies: FeatureVocabularies,
     training: dict,
     run_version: str,
     previous_training_summary: Previous | None = None,
     previous_dlrm_checkpoint: Previous | None = None,
-) -> tuple[dict, dict]:
+) -> tuple[Checkpoint, TrainingSummary]:
     """Train on ``train_features``, validate on the whole of ``validation_features`` (``engine.training.recipe``); or,
     when the latest finished run (``previous_*``, one version) trained with the same settings on the same rows, reuse
     it.
@@ -97,11 +108,11 @@ def train_dlrm(
     from criteo_dlrm.engine.training.recipe import FinishedRun, run_training  # torch: imported by the run that trains
 
     config = TrainingConfig.from_dict(training, prefix="training.")
-    metadata = FeatureMetadata.from_dict(feature_metadata)
+    metadata = feature_metadata
     days = metadata.source_days
     for features, split in ((train_features, "train"), (validation_features, "validation")):
         expected = encoded_lineage(
-            metadata, metadata.counting_version(feature_vocabularies.version), days[split], config.dense_transform
+            metadata, metadata.counting_version(feature_vocabularies.version), days.split(split), config.dense_transform
         )
         _check_encoded(features, expected, f"{split}_features")
     previous = None
@@ -109,7 +120,7 @@ def train_dlrm(
         if previous_training_summary.version == previous_dlrm_checkpoint.version:  # one run's outputs
             previous = FinishedRun(
                 previous_training_summary.version, previous_training_summary.value, previous_dlrm_checkpoint.value
-            )
+            )  # the summary a TrainingSummary, the checkpoint a function that reads its Checkpoint
     return run_training(
         config,
         train_features,
