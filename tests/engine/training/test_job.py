@@ -11,6 +11,7 @@ import torch
 
 from criteo_dlrm.common.errors import ConfigError, DataError
 from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.engine.trained.reports import Metrics, Target, Validation
 from criteo_dlrm.engine.trained.result import TrainingResult
 from criteo_dlrm.engine.training.job import TrainingJob, TrainingOutcome
 from tests.conftest import TINY_MODEL
@@ -53,11 +54,14 @@ def test_rows_held_in_memory_are_never_written_into_a_job_file(tmp_path, tiny_fe
 
 
 def test_an_outcome_file_gives_back_the_outcome_and_where_its_best_model_is(tmp_path):
-    result = TrainingResult("progress/best/dlrm_x.pt", 7, 1, {"auc": 0.7}, [{"step": 7}], 9, False, 12.5)
+    metrics = Metrics(rows=10, ctr=0.3, auc=0.7, log_loss=0.5, normalized_entropy=0.8, calibration=1.0, accuracy=0.7)
+    history = [Validation.of(metrics, step=7, epoch=1, seconds=0.5, train_seconds=12.0)]
+    target = Target(auc=0.65, step=7, epoch=1, validation_auc=0.7, train_seconds=12.0, wall_seconds=14.0)
+    result = TrainingResult("progress/best/dlrm_x.pt", 7, 1, metrics, history, 9, False, 12.5, target=target)
     outcome = TrainingOutcome(result, "runs/v1", "cpu", {"threads": 2}, 1, {"backend": "torch"})
-    outcome.save(tmp_path / "outcome.pt")
+    outcome.save(tmp_path / "outcome.pt")  # read back with weights_only: plain values, no record's class
     loaded = TrainingOutcome.load(tmp_path / "outcome.pt")
-    assert loaded.result == result
+    assert loaded.result == result and isinstance(loaded.result.history[0], Validation)
     assert (loaded.processes, loaded.embeddings) == (1, {"backend": "torch"})
 
 
