@@ -30,7 +30,7 @@ class Record:
             return values
         names = {f.name for f in fields(cls) if f.init} - {"others"}
         known = typed(cls, {key: value for key, value in values.items() if key in names})
-        if "others" in names | {f.name for f in fields(cls)}:
+        if "others" in {f.name for f in fields(cls)}:
             known["others"] = {key: value for key, value in values.items() if key not in names}
         return cls(**known)
 
