@@ -8,7 +8,7 @@ from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
 from criteo_dlrm.pipeline_registry import register_pipelines
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import FLOAT32_ROUNDING, PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -133,10 +133,13 @@ def test_pinned_reruns_on_real_rows_use_exactly_their_data_or_refuse(project, re
     _run(project, runtime_params={"ingestion": {"raw_dir": str(terabyte)}, "training": fast})
     assert _load(project, metrics, _newest(project, metrics))["model"]["rows"] == 2500
 
-    # 3. A pinned: scores A's own validation day and reproduces A's metrics exactly.
+    # 3. A pinned: scores A's own test rows and reproduces A's metrics, within float32 rounding: the scores' last
+    # bits follow PyTorch's thread count, which each run's training chooses by the cores idle at its start and the
+    # evaluations after it keep (in this process: this evaluation-only run, the second run's choice).
     _run(project, pipeline_names=["evaluation"], load_versions={"dlrm_checkpoint": a_checkpoint})
     pinned = _load(project, metrics, _newest(project, metrics))
-    assert pinned["checkpoint_version"] == a_checkpoint and pinned["model"] == a_metrics["model"]
+    assert pinned["checkpoint_version"] == a_checkpoint and pinned["model"]["rows"] == a_metrics["model"]["rows"]
+    assert pinned["model"] == pytest.approx(a_metrics["model"], rel=FLOAT32_ROUNDING["rtol"])
 
     # 4. Training pinned to A's metadata trains on A's rows (the Kaggle days), not on what was ingested last.
     _run(
