@@ -156,7 +156,7 @@ class Replicated:
             return None
         return SavedState(Weights(model_state=self.model.state_dict(), optimizer_state=self.optimizers.state_dict()))
 
-    def restore_state(self, weights: Weights, folder: Path | None) -> None:
+    def restore_state(self, weights: Weights) -> None:
         """Put a checkpoint's state (as ``saved_state`` handed it out, loaded again) into the model and the
         optimisers."""
         self.model.load_state_dict(weights.model_state)
@@ -233,15 +233,17 @@ class ShardedTables:
         dense = self.optimizers["dense"].state_dict()
         return SavedState(Weights(dense_param_groups=dense["param_groups"]), self.sharded.tensors(dense))
 
-    def restore_state(self, weights: Weights, folder: Path | None) -> None:
-        """Put a checkpoint's state into the shards and the dense optimiser: from ``folder``, the state folder its
-        file names, or from the file itself (written gathered, before the state was sharded on disk)."""
+    def restore_state(self, weights: Weights) -> None:
+        """Put a checkpoint's state into the shards and the dense optimiser: from the state folder its file names
+        (``weights.sharded_state.path``, set as the file was read), or from the file itself (written gathered, before
+        the state was sharded on disk)."""
         if not weights.sharded:  # written gathered, before the state was sharded on disk
             self.sharded.load_model_state(weights.model_state)
             self.sharded.load_optimizer_state(weights.optimizer_state["fused_embeddings"])
             self.optimizers.load_state_dict(weights.optimizer_state)
             return
-        dense = self.sharded.read_tensors(folder, weights.sharded_state.digests)
+        folder = weights.sharded_state
+        dense = self.sharded.read_tensors(Path(folder.path), folder.digests)
         self.optimizers["dense"].load_state_dict({"state": dense, "param_groups": weights.dense_param_groups})
 
 

@@ -224,10 +224,6 @@ class ProgressFiles:
         shutil.copytree(folder, linked, copy_function=link_or_copy)
         self.save_best(values)
 
-    def state_folder(self, weights: Weights) -> Path:
-        """The folder of a sharded run's tensors that ``weights`` (loaded from the in-progress file) names."""
-        return Path(weights.beside(self.latest.parent).sharded_state.path)
-
     def save_best(self, values: dict[str, Any]) -> None:
         """Write ``values`` as the best model alone (resume off, or an in-progress checkpoint of an earlier version
         of this project, which carried the best model inside it)."""
@@ -317,10 +313,9 @@ class InProgress:
             return None
         if best and (problem := self._damaged_best(best["step"])):  # found now, not once the resumed run has ended
             return self._set_aside(DamagedFileError(f"Its best model cannot be used: {problem}"))
-        weights = Weights.from_dict(values)
+        weights = Weights.from_dict(values)  # a state folder with its path (``load_checkpoint``)
         try:
-            folder = self.files.state_folder(weights) if weights.sharded else None
-            self.mode.placement.restore_state(weights, folder)
+            self.mode.placement.restore_state(weights)
         except DamagedFileError as error:  # a shard of a sharded state (checked before anything is loaded)
             return self._set_aside(error)
         torch.set_rng_state(stamp.torch_rng_state)
