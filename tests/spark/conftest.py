@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
 import pytest
 
 SETTINGS = {
@@ -24,11 +30,47 @@ def needs_spark() -> None:
         pytest.skip(str(error))
 
 
+# A ``python3`` first on the PATH that refuses to run Spark's Python workers (and runs anything else as the PATH's
+# own would): every Spark test then shows that the workers run this environment's Python, whatever the PATH.
+NOT_THE_PATHS_PYTHON = """#!/bin/sh
+case "$*" in *pyspark.daemon*|*pyspark.worker*)
+  echo "Spark started its Python worker with the PATH's python3, not this environment's Python" >&2; exit 3;;
+esac
+exec {python} "$@"
+"""
+
+
+@contextlib.contextmanager
+def path_python_refusing_spark_workers(folder: Path):
+    """Within: a ``PATH`` whose ``python3`` and ``python`` refuse Spark's workers, and no ``PYSPARK_PYTHON`` (a
+    batch job that runs the environment's ``kedro`` by its path, without activating the environment)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("python3", "python"):
+        script = folder / name
+        script.write_text(NOT_THE_PATHS_PYTHON.format(python=shutil.which(name) or sys.executable))
+        script.chmod(0o755)
+    saved = {key: os.environ.get(key) for key in ("PATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    os.environ["PATH"] = f"{folder}{os.pathsep}{saved['PATH'] or ''}"
+    os.environ.pop("PYSPARK_PYTHON", None)
+    os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
-def spark():
+def spark(tmp_path_factory):
+    """The session, started the way a batch job starts it: Spark's JVM keeps the PATH it started with, so its
+    workers would find the refusing ``python3`` if they were started by name."""
     needs_spark()
     from criteo_dlrm.spark.session import spark_session
 
-    session = spark_session(SETTINGS)
+    with path_python_refusing_spark_workers(tmp_path_factory.mktemp("path")):
+        session = spark_session(SETTINGS)
     yield session
     session.stop()

@@ -62,15 +62,21 @@ def test_a_run_on_spark_without_pyspark_is_refused_before_any_work_and_the_sugge
     assert list((project / "data" / "02_intermediate").rglob("*.parquet"))
 
 
-def test_spark_yml_settings_go_over_the_defaults_as_spark_properties():
+def test_spark_yml_settings_go_over_the_defaults_as_spark_properties(monkeypatch):
     from criteo_dlrm.spark.session import _with_defaults
 
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     local = _with_defaults({"spark.master": "local[4]", "spark.ui.enabled": False, "spark.sql.shuffle.partitions": 8})
     assert local["spark.master"] == "local[4]" and local["spark.app.name"] == "criteo-dlrm"
     assert (local["spark.ui.enabled"], local["spark.sql.shuffle.partitions"]) == ("false", "8")
     assert local["spark.pyspark.python"] == sys.executable  # the executors run this environment's Python
     remote = _with_defaults({"spark.remote": "sc://connect:15002"})
     assert "spark.pyspark.python" not in remote  # a Spark Connect server runs its own
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/executors/bin/python")  # the user's own choice, kept
+    assert _with_defaults({})["spark.pyspark.python"] == "/opt/executors/bin/python"
+    assert _with_defaults({"spark.pyspark.python": "/shared/venv/bin/python"})["spark.pyspark.python"] == (
+        "/shared/venv/bin/python"
+    )
 
 
 def test_spark_s_console_progress_bar_is_off_where_the_output_is_not_a_terminal(monkeypatch):

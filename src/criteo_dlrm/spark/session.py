@@ -44,7 +44,7 @@ def _with_defaults(settings: Mapping | None) -> dict[str, str]:
         # log line. Progress there comes from the project's own lines.
         merged.setdefault("spark.ui.showConsoleProgress", "false")
     if "spark.remote" not in merged:  # a Spark Connect server runs its own Python
-        merged.setdefault("spark.pyspark.python", sys.executable)
+        merged.setdefault("spark.pyspark.python", os.environ.get("PYSPARK_PYTHON") or sys.executable)
         merged.setdefault("spark.pyspark.driver.python", sys.executable)
     return {key: str(value).lower() if isinstance(value, bool) else str(value) for key, value in merged.items()}
 
@@ -196,13 +196,30 @@ def spark_session(settings: Mapping | None = None):
 
     if settings is None and (active := SparkSession.getActiveSession()) is not None:
         return active
+    merged = _with_defaults(settings)
+    _name_the_workers_python(merged)
     builder = SparkSession.builder
-    for key, value in _with_defaults(settings).items():
+    for key, value in merged.items():
         if key == "spark.remote":
             builder = builder.remote(value)
         elif not (key == "spark.master" and "spark.remote" in (settings or {})):
             builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _name_the_workers_python(merged: Mapping[str, str]) -> None:
+    """Make Spark's Python workers run ``spark.pyspark.python`` (this process's Python by default).
+
+    PySpark starts its workers with the ``PYSPARK_PYTHON`` of the process that creates the session, else
+    ``python3`` from the ``PATH``; the ``spark.pyspark.python`` property alone reaches only ``spark-submit``. A
+    job that runs the environment's ``kedro`` by its path, without activating it (a batch script), had its
+    workers start another Python, without criteo_dlrm or pyarrow. A Spark Connect server started here
+    (``spark.remote: local[N]``) inherits the variable too; a remote one (``sc://``) runs its own Python.
+    """
+    if "spark.remote" not in merged:
+        os.environ["PYSPARK_PYTHON"] = merged["spark.pyspark.python"]
+    elif merged["spark.remote"].startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def master(session) -> str:
