@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import time
 import urllib.request
 from pathlib import Path
@@ -20,13 +21,19 @@ pytest_plugins = ["tests.skip_guard", "tests.tiers", "tests.project_guard"]
 
 # Every test starts from the project's defaults, whatever the caller's shell holds: this project's settings
 # (tracking off, progress lines), Kedro's (another configuration environment, another logging file) and MLflow's
-# (another tracking server). Kept: CI's skip guard and what the tests themselves hand their processes.
-USER_SETTINGS = ("CRITEO_DLRM_", "KEDRO_ENV", "KEDRO_LOGGING_CONFIG", "MLFLOW_")
+# (another tracking server) and PySpark's (another Python for Spark's workers). Kept: CI's skip guard and what the
+# tests themselves hand their processes.
+USER_SETTINGS = ("CRITEO_DLRM_", "KEDRO_ENV", "KEDRO_LOGGING_CONFIG", "MLFLOW_", "PYSPARK_")
 KEPT = ("CRITEO_DLRM_FAIL_ON_SKIP", "CRITEO_DLRM_TEST_")
 for _name in [n for n in os.environ if n.startswith(USER_SETTINGS) and not n.startswith(KEPT)]:
     del os.environ[_name]
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The environment's own commands first on the PATH, as activating it puts them: the tests run the user's command
+# lines (`kedro run ...`, `kedro viz`), also where pytest was started as `.venv/bin/pytest` without activating.
+ENVIRONMENT_SCRIPTS = sysconfig.get_path("scripts")
+if os.environ.get("PATH", "").split(os.pathsep)[0] != ENVIRONMENT_SCRIPTS:
+    os.environ["PATH"] = os.pathsep.join([ENVIRONMENT_SCRIPTS, *filter(None, [os.environ.get("PATH")])])
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 REAL_DATA = PROJECT_ROOT.parent / "shared" / "data" / "criteo_real"

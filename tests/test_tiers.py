@@ -40,11 +40,14 @@ def test_the_readme_s_pytest_collects_at_least_400_fast_tests_and_no_kedro_run()
 
 
 def test_a_caller_s_settings_do_not_reach_the_tests(tmp_path):
-    """``CRITEO_DLRM_TRACKING=off pytest`` (or another MLflow server, another Kedro environment in the shell) ran the
-    tests against settings they were not written for: the tests start from the project's defaults."""
+    """``CRITEO_DLRM_TRACKING=off pytest`` (or another MLflow server, another Kedro environment, another Python for
+    Spark's workers in the shell) ran the tests against settings they were not written for: the tests start from the
+    project's defaults. Run as ``.venv/bin/pytest`` without activating the environment, the tests that run ``kedro``
+    by name (kedro-viz's, the MLflow UI's, the suggested command lines) did not find it."""
     import os
     import subprocess
     import sys
+    import sysconfig
 
     from tests.conftest import PROJECT_ROOT
 
@@ -53,12 +56,19 @@ def test_a_caller_s_settings_do_not_reach_the_tests(tmp_path):
         "import os\n\n\ndef test_probe():\n"
         "    assert not [n for n in os.environ if n.startswith(('CRITEO_DLRM_TRACKING', 'KEDRO_ENV', 'MLFLOW_'))]\n"
         "    assert os.environ['CRITEO_DLRM_FAIL_ON_SKIP'] == '1'\n"
+        "    assert 'PYSPARK_PYTHON' not in os.environ\n"
+        "    import shutil, sysconfig\n"
+        "    assert shutil.which('kedro') == os.path.join(sysconfig.get_path('scripts'), 'kedro')\n"
     )
+    scripts = sysconfig.get_path("scripts")  # not activated: the environment's commands are not on the PATH
+    path = os.pathsep.join(folder for folder in os.environ["PATH"].split(os.pathsep) if folder != scripts)
     env = os.environ | {
         "CRITEO_DLRM_TRACKING": "off",
         "KEDRO_ENV": "nowhere",
         "MLFLOW_TRACKING_URI": "http://127.0.0.1:9",
         "CRITEO_DLRM_FAIL_ON_SKIP": "1",
+        "PYSPARK_PYTHON": "/usr/bin/python3",
+        "PATH": path,
     }
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)],
