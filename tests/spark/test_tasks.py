@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,23 @@ def test_a_task_that_fails_every_try_ends_the_job_with_its_own_error(spark):
     assert "Spark job broken (1 tasks on local[2,2]) failed after Spark's retries" in message
     assert "OSError: /shared/data/day_0: Input/output error" in message
     assert "run the same command again, and the days already converted are reused" in message
+
+
+def test_workers_that_cannot_import_the_project_name_the_executors_python_and_no_retry(spark):
+    """An executor whose Python lacks the project (a cluster's default interpreter): the same command again cannot
+    help, the setting that names the executors' Python does."""
+    from criteo_dlrm.spark.tasks import SparkJobError
+
+    def on_an_executor_without_the_project(index):
+        import criteo_dlrm_not_installed_on_this_executor  # noqa: F401 - what a worker without the package raises
+
+    with pytest.raises(SparkJobError) as error:
+        list(run_on_spark(on_an_executor_without_the_project, [(0,)]))
+    message = str(error.value)
+    assert "its Python workers cannot import criteo_dlrm_not_installed_on_this_executor" in message
+    assert f"(here: {sys.executable})" in message and "set spark.pyspark.python in conf/base/spark.yml" in message
+    assert "run the same command again" not in message
+    assert [str(fix) for fix in error.value.fixes] == ["kedro run --params=preprocessing.engine=local"]
 
 
 def test_progress_bars_name_where_the_tasks_run():

@@ -22,7 +22,7 @@ from typing import Any
 from loguru import logger
 
 from criteo_dlrm.common.errors import UserError
-from criteo_dlrm.spark.session import master, spark_session
+from criteo_dlrm.spark.session import BACK, SPARK_YML, master, spark_session
 
 
 class SparkJobError(UserError, RuntimeError):
@@ -35,6 +35,36 @@ def _last_python_error(error: Exception) -> str:
     found = re.findall(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b: .*)$", text, flags=re.MULTILINE)
     python = [line for line in found if not line.startswith(("org.", "java.", "py4j.", "pyspark."))]
     return (python or found or [text.strip().splitlines()[0] if text.strip() else type(error).__name__])[-1]
+
+
+def _workers_python(session) -> str:
+    """The interpreter a session starts its Python workers with (PySpark's ``pythonExec``)."""
+    try:
+        return session.sparkContext.pythonExec
+    except Exception:  # Spark Connect has no SparkContext: a server started here inherited the variable
+        return os.environ.get("PYSPARK_PYTHON", "python3 on the PATH")
+
+
+def _job_error(name: str, tasks: int, where: str, python: str, cause: str) -> SparkJobError:
+    """What a job whose tasks failed every try says: a Python worker that cannot import the project (the executors'
+    interpreter is not the one it is installed in: no retry helps), or the task's own error."""
+    missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", cause)
+    if missing:
+        failed = f"Spark job {name} ({tasks} tasks on {where}) failed: its Python workers cannot import "
+        if where.startswith("sc://"):  # a Spark Connect server's workers run the server's own Python
+            remedy = "They run the Spark Connect server's own Python: install criteo-dlrm and its dependencies there"
+        else:
+            remedy = (
+                f"They run the Python that spark.pyspark.python names (here: {python}): set spark.pyspark.python in "
+                f"{SPARK_YML} to the interpreter where criteo-dlrm and its dependencies are installed on every "
+                "executor (docs/spark.md)"
+            )
+        return SparkJobError(f"{failed}{missing.group(1)} ({cause}). {remedy}, {BACK}.", fix=BACK)
+    return SparkJobError(
+        f"Spark job {name} ({tasks} tasks on {where}) failed after Spark's retries: {cause}. The executors' logs "
+        "(Spark's UI, or the cluster's) hold the whole traceback. Nothing half-written is left (every output is "
+        "staged and renamed): run the same command again, and the days already converted are reused."
+    )
 
 
 def run_on_spark(
@@ -96,12 +126,8 @@ def run_on_spark(
             session.range(len(tasks), numPartitions=len(tasks)).mapInArrow(run, "index long, result binary").collect()
         )
     except Exception as error:  # a task failed every try Spark gave it (spark.task.maxFailures)
-        raise SparkJobError(
-            f"Spark job {name} ({len(tasks)} tasks on {master(session)}) failed after Spark's retries: "
-            f"{_last_python_error(error)}. The executors' logs (Spark's UI, or the cluster's) hold the whole "
-            "traceback. Nothing half-written is left (every output is staged and renamed): run the same command "
-            "again, and the days already converted are reused."
-        ) from error
+        where, python = master(session), _workers_python(session)
+        raise _job_error(name, len(tasks), where, python, _last_python_error(error)) from error
     answers = sorted(((row["index"], pickle.loads(row["result"])) for row in rows), key=lambda answer: answer[0])
     logger.info("{}: {} Spark tasks done in {:.1f}s", name, len(tasks), time.perf_counter() - started)
     for _, (status, value) in answers:
