@@ -103,6 +103,109 @@ def parse_hex(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return parsed, bad
 
 
+_NEWLINE, _TAB, _MINUS = 10, 9, 45
+_ASCII_ZEROS = _U(0x3030303030303030)
+_HIGH_NIBBLES, _PLUS_SIX = _U(0xF0F0F0F0F0F0F0F0), _U(0x0606060606060606)
+
+
+def _decimal_words(words: np.ndarray) -> np.ndarray:
+    """8 ASCII decimal digits in each little-endian uint64 (most significant first) as their value (SWAR)."""
+    value = words - _ASCII_ZEROS
+    value = (value * _U(10) + (value >> _U(8))) & _U(0x00FF00FF00FF00FF)
+    value = (value * _U(100) + (value >> _U(16))) & _U(0x0000FFFF0000FFFF)
+    return (value * _U(10000) + (value >> _U(32))) & _U(0x00000000FFFFFFFF)
+
+
+def _column(values: np.ndarray, valid: np.ndarray) -> pa.Array:
+    """An int64 Arrow array over ``values`` (no copy), null where not ``valid``."""
+    nulls = len(valid) - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(pa.int64(), len(values), [bitmap, pa.py_buffer(values)], null_count=nulls)
+
+
+def parse_block(text: bytes, layout: RawLayout, first_line: int = 0) -> pa.RecordBatch | None:
+    """Type a block of whole lines straight from its bytes when every line is a plain Criteo row (the common case),
+    without splitting it into byte columns first; None when any line is anything else.
+
+    Plain means: each line ends in ``\\n`` and has the layout's fields; the label (labelled layouts) is ``0`` or
+    ``1``; every count is empty or ``-?`` and 1-8 decimal digits; every category is empty or 8 hex digits. A block
+    with anything else (a bad or malformed line, a longer count, a shorter category, ``\\r\\n``) returns None and is
+    parsed by ``parse_batch`` over pyarrow's reader, which types or rejects each line: the same rows either way.
+
+    Args:
+        text: whole lines (ending in ``\\n``).
+        layout: what the lines hold and what the Parquet keeps.
+        first_line: lines of the file before the block (for the line numbers a ``line_numbers`` layout keeps).
+
+    Returns:
+        The rows typed as ``layout.parquet_schema``, or None.
+    """
+    data = np.frombuffer(text, dtype=np.uint8)
+    if not len(data) or data[-1] != _NEWLINE:
+        return None
+    fields = len(layout.raw_columns)
+    ends = np.flatnonzero(data == _NEWLINE)
+    rows = len(ends)
+    tabs = np.flatnonzero(data == _TAB)
+    if len(tabs) != (fields - 1) * rows:
+        return None
+    tabs = tabs.reshape(rows, fields - 1)
+    # As many tabs as the layout's fields need, in order: each line holds exactly its share when each line's last
+    # tab comes before its end and each next line's first after it.
+    if (tabs[:, -1] > ends).any() or (tabs[1:, 0] < ends[:-1]).any():
+        return None
+    # Each field's bounds, a column's contiguous: field j runs from bounds[j] + 1 to bounds[j + 1].
+    bounds = np.empty((fields + 1, rows), dtype=np.int64)
+    bounds[0, 0], bounds[0, 1:] = -1, ends[:-1]
+    bounds[1:fields] = tabs.T
+    bounds[fields] = ends
+    lengths = np.diff(bounds, axis=0) - 1
+    if (ends - bounds[0] == fields).any():
+        return None  # a line of tabs alone: rejected as an empty line (pyarrow reads an empty line as one)
+    # Every 8 bytes as one little-endian word, starting at any byte (8 '0' bytes before and after the block).
+    padded = np.full(len(data) + 16, ord("0"), dtype=np.uint8)
+    padded[8:-8] = data
+    words = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    arrays = []
+    first = 0
+    if layout.labelled:
+        label = data[bounds[1] - 1]
+        if (lengths[0] != 1).any() or ((label != ord("0")) & (label != ord("1"))).any():
+            return None
+        arrays.append(pa.array((label == ord("1")).astype(np.int8)))
+        first = 1
+    dense = slice(first, first + len(DENSE_COLUMNS))
+    counts = lengths[dense]
+    negative = (data[bounds[dense] + 1] == _MINUS) & (counts > 0)  # +1: a field's first byte (its end if empty)
+    digits = counts - negative
+    if (digits > 8).any() or (negative & (digits == 0)).any():
+        return None
+    word = words[bounds[first + 1 : first + 1 + len(DENSE_COLUMNS)]]  # the 8 bytes that end where a count ends
+    unused = (_U(8) - digits.astype(_U)) * _U(8)  # bits of the bytes before the count: set to '0'
+    keep = np.where(digits > 0, ~((_U(1) << np.minimum(unused, _U(56))) - _U(1)), _U(0))
+    keep[digits == 8] = ~_U(0)
+    word = (word & keep) | (_ASCII_ZEROS & ~keep)
+    if ((word & _HIGH_NIBBLES) != _ASCII_ZEROS).any() or (((word + _PLUS_SIX) & _HIGH_NIBBLES) != _ASCII_ZEROS).any():
+        return None  # a byte that is not a digit
+    values = _decimal_words(word).view(np.int64)
+    np.negative(values, out=values, where=negative)
+    arrays += [_column(values[k], counts[k] > 0) for k in range(len(DENSE_COLUMNS))]
+    sparse = slice(dense.stop, dense.stop + len(SPARSE_COLUMNS))
+    present = lengths[sparse] > 0
+    if (lengths[sparse][present] != 8).any():
+        return None
+    hex_words = words[bounds[sparse] + 1 + 8]  # +8: the padding in front
+    hex_words[~present] = _ZEROS
+    parsed, bad = _parse_hex_words(hex_words.ravel())
+    if bad.any():
+        return None
+    parsed = parsed.reshape(len(SPARSE_COLUMNS), rows)
+    arrays += [_column(parsed[k], present[k]) for k in range(len(SPARSE_COLUMNS))]
+    if layout.line_numbers:
+        arrays.append(pa.array(np.arange(first_line + 1, first_line + rows + 1, dtype=np.int64)))
+    return pa.RecordBatch.from_arrays(arrays, schema=layout.parquet_schema)
+
+
 def parse_integers(values: pa.Array) -> tuple[pa.Array, np.ndarray]:
     """Parse decimal integer cells (nulls stay null). Returns ``(int64 array, bad mask)``.
 
