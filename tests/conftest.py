@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sysconfig
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -244,18 +246,39 @@ def logged():
 # ephemeral range (32768 and up here). A port found free and released again could otherwise be given by the
 # kernel to another test's port-0 bind a moment later (an elastic launcher's c10d store, say): a two-node test
 # then joined that store and failed when its test ended. Ports from this range are never handed out that way,
-# and the test processes' ranges do not overlap.
+# and the test processes' ranges do not overlap. Two suites at once (two checkouts, two CI jobs on one machine) have
+# a gw1 each: a port is claimed machine-wide with a lock file, held until the test process ends, so the other
+# suite's gw1 takes the next one (both took the same ports in the same order, and a two-node test joined the other
+# suite's rendezvous store).
 _PORT_BASE, _PORTS_PER_PROCESS = 20_000, 1_000
 _ports = itertools.count()
+_PORT_CLAIMS = Path(tempfile.gettempdir()) / "criteo_dlrm_test_ports"
+_claimed: list = []  # the lock files of the ports this process handed out, open (locked) until it ends
+
+
+def _claim(port: int) -> bool:
+    """Lock ``port`` for this process, machine-wide; False when another test process holds it."""
+    _PORT_CLAIMS.mkdir(exist_ok=True)
+    handle = open(_PORT_CLAIMS / f"{port}.lock", "w")  # noqa: SIM115 - held open: the lock lives as long as it
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _claimed.append(handle)
+    return True
 
 
 def unused_port() -> int:
-    """A loopback port nothing listens on, from this test process's own range (a new one each call)."""
+    """A loopback port nothing listens on, from this test process's own range, claimed for it machine-wide (a new one
+    each call)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     base = _PORT_BASE + _PORTS_PER_PROCESS * (int(worker) if worker.isdigit() else 0)
     assert base + _PORTS_PER_PROCESS <= _ephemeral_start(), "the test ports reach the kernel's ephemeral range"
     for _ in range(_PORTS_PER_PROCESS):
         port = base + next(_ports) % _PORTS_PER_PROCESS
+        if not _claim(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -54,3 +54,18 @@ def test_each_test_process_chooses_ports_of_its_own_below_the_kernel_s_ephemeral
     second = {unused_port() for _ in range(20)}
     assert len(first) == len(second) == 20, "a new port each call"
     assert max(first) < min(second) and max(second) < _ephemeral_start()
+
+
+def test_a_port_one_test_process_chose_is_never_chosen_by_another_suite_s_process_of_the_same_name(monkeypatch):
+    """Two suites at once both have a gw1: its ports are claimed machine-wide, so the other suite's gw1 (a process
+    that starts counting from the same first port) is handed other ports."""
+    import itertools
+
+    import tests.conftest as conftest
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    first = [conftest.unused_port() for _ in range(5)]
+    monkeypatch.setattr(conftest, "_ports", itertools.count())  # another process of that name, counting afresh
+    monkeypatch.setattr(conftest, "_claimed", [], raising=False)  # its own claims (the first stay held: kept)
+    second = [conftest.unused_port() for _ in range(5)]
+    assert not set(first) & set(second)
