@@ -1,8 +1,7 @@
 """Raw Criteo TSV days (plain or gzip) to typed Parquet, streaming, with every bad line kept aside.
 
 - ``files``: which files of a raw folder are days, their names, where their Parquet goes;
-- ``reader`` and ``parsing``: the file in blocks of whole lines, typed straight from their bytes when every line is a
-  plain row, else split by pyarrow's CSV reader and parsed column-wise (no Python per cell either way);
+- ``reader`` and ``parsing``: pyarrow's CSV reader in blocks, cells parsed column-wise (no Python per cell);
 - ``threads``: read-ahead and write-behind, so reading, parsing and writing overlap;
 - ``rejects``: lines that were not converted, and the share a day may have;
 - ``convert``: one file to one day (or to several, splitting Kaggle's ``train.txt``);

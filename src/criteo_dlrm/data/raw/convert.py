@@ -36,8 +36,8 @@ from criteo_dlrm.common.storage import (
 from criteo_dlrm.data.lineage import content_sample, source_metadata
 from criteo_dlrm.data.parquet import WRITE_OPTIONS, fingerprint_path, seal_day
 from criteo_dlrm.data.raw.files import RAW_READ_ERRORS, day_name, open_raw
-from criteo_dlrm.data.raw.parsing import parse_batch, parse_block
-from criteo_dlrm.data.raw.reader import LineTracker, LongLine, csv_reader, text_blocks
+from criteo_dlrm.data.raw.parsing import parse_batch
+from criteo_dlrm.data.raw.reader import LineTracker, csv_reader
 from criteo_dlrm.data.raw.rejects import IngestionError, Reject, check_rejects, write_rejects
 from criteo_dlrm.data.raw.threads import WriteBehind, read_ahead
 
@@ -164,7 +164,7 @@ def _stream_day(
     """Parse ``source`` block by block into ``parts``; returns (rows written, rejects)."""
     tracker = LineTracker()
     rejects: list[Reject] = []
-    rows = rows_seen = pending_rows = lines_seen = 0
+    rows = rows_seen = pending_rows = 0
     pending: list[pa.RecordBatch] = []
     raw, stream = open_raw(source)
     bar = progress_bar(source.stat().st_size, source.name, "B", options.progress)
@@ -172,37 +172,22 @@ def _stream_day(
         with parts(layout.parquet_schema.with_metadata(source_metadata(source))) as parquet:
             writer = WriteBehind(parquet)
             try:
-                for block in read_ahead(text_blocks(stream, options.block_size)):
-                    typed = parse_block(block, layout, lines_seen)
-                    if typed is not None:  # every line a plain row: typed from the bytes
-                        lines_seen += typed.num_rows
-                        rows_seen += typed.num_rows
-                        batches = [typed]
-                    else:  # a line that is not: pyarrow's reader splits the block, parse_batch types or rejects
-                        tracker.first_line = lines_seen
-                        lines_seen += block.count(b"\n")
-                        batches = []
-                        for batch in csv_reader(pa.BufferReader(block), len(block) + 1, tracker, layout.raw_columns):
-                            typed, bad = parse_batch(batch)
-                            bad_rows = np.array([row for row, _, _ in bad], dtype=np.int64)
-                            if bad:
-                                lines = tracker.lines(rows_seen, bad_rows)
-                                rejects += [
-                                    Reject(int(line), why, text)
-                                    for line, (_, why, text) in zip(lines, bad, strict=True)
-                                ]
-                            if layout.line_numbers:
-                                kept = np.setdiff1d(np.arange(batch.num_rows), bad_rows, assume_unique=True)
-                                lines = pa.array(tracker.lines(rows_seen, kept))
-                                typed = pa.RecordBatch.from_arrays(
-                                    [*typed.columns, lines], schema=layout.parquet_schema
-                                )
-                            rows_seen += batch.num_rows
-                            batches.append(typed)
-                    for typed in batches:
-                        rows += typed.num_rows
-                        pending.append(typed)
-                        pending_rows += typed.num_rows
+                for batch in read_ahead(csv_reader(stream, options.block_size, tracker, layout.raw_columns)):
+                    typed, bad = parse_batch(batch)
+                    bad_rows = np.array([row for row, _, _ in bad], dtype=np.int64)
+                    if bad:
+                        lines = tracker.lines(rows_seen, bad_rows)
+                        rejects += [
+                            Reject(int(line), why, text) for line, (_, why, text) in zip(lines, bad, strict=True)
+                        ]
+                    if layout.line_numbers:
+                        kept = np.setdiff1d(np.arange(batch.num_rows), bad_rows, assume_unique=True)
+                        lines = pa.array(tracker.lines(rows_seen, kept))
+                        typed = pa.RecordBatch.from_arrays([*typed.columns, lines], schema=layout.parquet_schema)
+                    rows_seen += batch.num_rows
+                    rows += typed.num_rows
+                    pending.append(typed)
+                    pending_rows += typed.num_rows
                     if pending_rows >= ROW_GROUP_ROWS:
                         writer.write(pa.Table.from_batches(pending))
                         pending, pending_rows = [], 0
@@ -210,8 +195,6 @@ def _stream_day(
                     bar.set_postfix(rows=f"{rows:,}", refresh=False)
                 if pending_rows:
                     writer.write(pa.Table.from_batches(pending))
-                if not lines_seen:
-                    raise IngestionError(f"{source}: no valid Criteo row: the file is empty.")
             finally:
                 writer.close()
     except _WriteFailed as error:
@@ -219,16 +202,19 @@ def _stream_day(
         if is_disk_full(cause):
             raise disk_full_error(parts.parts[-1].parent, f"the Parquet of {source.name}") from cause
         raise IngestionError(f"{source}: writing its Parquet {parts.parts[-1]} failed: {cause}") from cause
-    except LongLine as error:
-        mb = options.block_size / (1 << 20)
-        fix = Fix(params={f"{options.parameters}.block_size_mb": max(64, math.ceil(4 * mb))})
-        raise IngestionError(
-            f"{source}: a line from line {error.line:,} on is longer than one block of text "
-            f"({options.parameters}.block_size_mb={mb:g}). Criteo lines are a few hundred bytes: look at that "
-            f"line, or read larger blocks: `{fix}`.",
-            fix=fix,
-        ) from error
     except pa.ArrowInvalid as error:
+        if "Empty CSV file" in str(error):
+            raise IngestionError(f"{source}: no valid Criteo row: the file is empty.") from error
+        if "straddl" in str(error):
+            line = int(tracker.lines(rows_seen, np.zeros(1, dtype=np.int64))[0])
+            mb = options.block_size / (1 << 20)
+            fix = Fix(params={f"{options.parameters}.block_size_mb": max(64, math.ceil(4 * mb))})
+            raise IngestionError(
+                f"{source}: a line from line {line:,} on is longer than one block of text "
+                f"({options.parameters}.block_size_mb={mb:g}). Criteo lines are a few hundred bytes: look at that "
+                f"line, or read larger blocks: `{fix}`.",
+                fix=fix,
+            ) from error
         raise IngestionError(f"{source}: cannot be read as Criteo TSV: {error}") from error
     except RAW_READ_ERRORS as error:  # a truncated or corrupt .gz, a failing disk
         raise IngestionError(

@@ -1,9 +1,6 @@
-"""A raw file as blocks of whole lines, pyarrow's CSV reader set up for Criteo TSV, and the map from its rows back to
-line numbers."""
+"""pyarrow's streaming CSV reader set up for Criteo TSV, and the map from its rows back to line numbers."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -21,15 +18,10 @@ class LineTracker:
 
     def __init__(self) -> None:
         self.malformed: list[Reject] = []
-        self.first_line = 0  # lines of the file before the text the reader reads now (a block of it)
 
     def handle(self, row: pa_csv.InvalidRow) -> str:
         self.malformed.append(
-            Reject(
-                self.first_line + (row.number or 0),
-                f"{row.actual_columns} fields, expected {row.expected_columns}",
-                row.text,
-            )
+            Reject(row.number or 0, f"{row.actual_columns} fields, expected {row.expected_columns}", row.text)
         )
         return "skip"
 
@@ -52,35 +44,3 @@ def csv_reader(
         ),
         convert_options=pa_csv.ConvertOptions(column_types=column_types, strings_can_be_null=True),
     )
-
-
-class LongLine(Exception):
-    """A line longer than a block of text: ``line`` is its number."""
-
-    def __init__(self, line: int):
-        super().__init__(f"line {line} is longer than a block")
-        self.line = line
-
-
-def text_blocks(stream, block_size: int) -> Iterator[bytes]:
-    """The stream's text in blocks of whole lines, about ``block_size`` bytes each (the last line gets a ``\\n`` if it
-    has none).
-
-    Raises:
-        LongLine: a line does not fit in a block.
-    """
-    rest = b""
-    lines = 0  # before the block being cut
-    while chunk := stream.read(block_size):
-        text = rest + chunk if rest else chunk
-        cut = text.rfind(b"\n") + 1
-        if not cut:
-            if len(text) > block_size:
-                raise LongLine(lines + 1)
-            rest = text
-            continue
-        block, rest = text[:cut], text[cut:]
-        lines += block.count(b"\n")
-        yield block
-    if rest:
-        yield rest + b"\n"

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
-
-T = TypeVar("T")
 
 
 def in_background(work: Callable[[], None]) -> Callable[[], None]:
@@ -34,12 +32,12 @@ def in_background(work: Callable[[], None]) -> Callable[[], None]:
     return join
 
 
-def read_ahead(reader: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """Yield the reader's items (blocks of text, pyarrow's batches) while a background thread reads the next ones.
+def read_ahead(reader: pa_csv.CSVStreamingReader, depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """Yield the reader's batches while a background thread reads the next ones.
 
-    Decompression (ISA-L) and pyarrow's reader release the GIL, so reading overlaps with our parsing and Parquet
-    writing. A reader's error is raised here, in order. If the consumer stops early (an error while parsing), the
-    reader thread is told to stop and joined.
+    pyarrow releases the GIL while it decompresses and splits text, so reading overlaps with our parsing
+    and Parquet writing. The reader itself stays single-threaded: only then does it report line numbers.
+    If the consumer stops early (an error while parsing), the reader thread is told to stop and joined.
     """
     batches: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
