@@ -49,18 +49,11 @@ def path_python_refusing_spark_workers(folder: Path):
         script = folder / name
         script.write_text(NOT_THE_PATHS_PYTHON.format(python=shutil.which(name) or sys.executable))
         script.chmod(0o755)
-    saved = {key: os.environ.get(key) for key in ("PATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    os.environ["PATH"] = f"{folder}{os.pathsep}{saved['PATH'] or ''}"
-    os.environ.pop("PYSPARK_PYTHON", None)
-    os.environ.pop("PYSPARK_DRIVER_PYTHON", None)
-    try:
+    with pytest.MonkeyPatch.context() as environment:  # everything set back on leaving, whatever it was
+        environment.setenv("PATH", str(folder), prepend=os.pathsep)
+        environment.delenv("PYSPARK_PYTHON", raising=False)
+        environment.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
