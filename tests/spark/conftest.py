@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,15 @@ def needs_spark() -> None:
         require_spark()
     except ConfigError as error:
         pytest.skip(str(error))
+
+
+@contextlib.contextmanager
+def local_connect_port():
+    """Hold PySpark's fixed local Spark Connect port (15002) for this test process, machine-wide: a local Connect
+    server listens there, one per machine, so a second suite's test waits for the first instead of failing."""
+    with open(Path(tempfile.gettempdir()) / "criteo_dlrm_spark_connect_15002.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 # A ``python3`` first on the PATH that refuses to run Spark's Python workers (and runs anything else as the PATH's

@@ -4,16 +4,13 @@ way). In its own process: a process holds one kind of Spark session at a time.""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import needs_spark, path_python_refusing_spark_workers
+from tests.spark.conftest import local_connect_port, needs_spark, path_python_refusing_spark_workers
 
 SCRIPT = """
 import numpy as np
@@ -49,10 +46,7 @@ def test_spark_connect_runs_the_same_tasks_and_counts_on_paths_relative_to_the_p
     """Issue 62 item 8: through a local Connect server, ingestion failed on the catalog's relative paths."""
     needs_spark()
     pytest.importorskip("grpc_status", reason="the spark extra's Connect client is not installed")
-    # The local server listens on PySpark's fixed port 15002, one per machine: a second test process (another
-    # suite beside this one) waits for the first instead of failing to bind it.
-    with open(Path(tempfile.gettempdir()) / "criteo_dlrm_spark_connect_15002.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with local_connect_port():
         # Started as a batch job starts it: the server's Python workers must not be the PATH's python3.
         with path_python_refusing_spark_workers(tmp_path / "path"):
             env = dict(os.environ)

@@ -11,7 +11,7 @@ import pytest
 from criteo_dlrm.common.errors import ConfigError
 from criteo_dlrm.spark.session import java_version, require_spark
 from tests.conftest import copy_project
-from tests.spark.conftest import needs_spark
+from tests.spark.conftest import local_connect_port, needs_spark
 from tests.test_cli import _kedro
 
 
@@ -188,3 +188,29 @@ def test_a_spark_yml_that_is_a_list_is_refused_in_a_few_lines_naming_the_file(tm
     assert len(lines) <= 6, lines
     assert "ConfigError: conf/base/spark.yml (or conf/local's, or --env's) is not a mapping of settings" in lines[-2]
     assert "`kedro run --pipelines=ingestion --params=preprocessing.engine=local`" in lines[-2]
+
+
+def test_a_local_spark_connect_server_whose_port_another_holds_is_refused_naming_the_port(monkeypatch):
+    """spark.remote: local[N] starts a Connect server on PySpark's fixed port 15002: with another run's server
+    there, Spark failed after its JVM started, in a long Py4J trace that named neither the port nor spark.yml."""
+    import socket
+
+    from criteo_dlrm.spark.session import LOCAL_CONNECT_PORT, check_spark_settings
+
+    for variable in ("SPARK_LOCAL_REMOTE", "SPARK_TESTING", "SPARK_LOCAL_CONNECT_REUSE"):
+        monkeypatch.delenv(variable, raising=False)
+    with local_connect_port():
+        check_spark_settings({"spark.remote": "local[2]"})  # nothing listens: the server can start
+        with socket.create_server(("127.0.0.1", LOCAL_CONNECT_PORT)):
+            with pytest.raises(ConfigError, match="another process already listens there") as refused:
+                check_spark_settings({"spark.remote": "local[2]"})
+            message = str(refused.value)
+            assert "spark.remote 'local[2]' starts a Spark Connect server" in message
+            assert "conf/base/spark.yml" in message
+            assert "PySpark's fixed port 15002" in message
+            assert "leave spark.remote out to run this one on Spark without Connect (spark.master: local[2])" in message
+            assert [str(fix) for fix in refused.value.fixes] == ["kedro run --params=preprocessing.engine=local"]
+            # This process's own server (PySpark marks it), or PySpark's opt-in to share one: not refused.
+            check_spark_settings({"spark.remote": "local[2]", "spark.local.connect.reuse": "true"})
+            monkeypatch.setenv("SPARK_LOCAL_REMOTE", "1")
+            check_spark_settings({"spark.remote": "local[2]"})

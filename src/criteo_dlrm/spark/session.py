@@ -131,7 +131,8 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
     memory too small or not a size."""
     merged = _with_defaults(settings)
     if "spark.remote" in merged:
-        _check_remote(merged["spark.remote"], timeout)
+        reuse = merged.get("spark.local.connect.reuse", os.environ.get("SPARK_LOCAL_CONNECT_REUSE", ""))
+        _check_remote(merged["spark.remote"], timeout, reuse=reuse.lower() in ("1", "true"))
         return
     master = merged["spark.master"]
     if not _MASTER.fullmatch(master):
@@ -164,12 +165,15 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
             )
 
 
-def _check_remote(remote: str, timeout: float) -> None:
+def _check_remote(remote: str, timeout: float, reuse: bool = False) -> None:
     """A Spark Connect address (``sc://host[:port][/;params]``) that nothing answers at, refused in seconds (Spark
-    Connect's client was still retrying after 90 s)."""
+    Connect's client was still retrying after 90 s); a local one (``local[N]``) whose port another server holds
+    (unless ``reuse``: PySpark's opt-in to share one local server, ``spark.local.connect.reuse``)."""
     if not remote.startswith("sc://"):
         if re.fullmatch(r"local(\[(\*|\d+)\])?", remote):
-            return  # starts a Spark Connect server here
+            if not reuse:
+                _check_local_connect_port(remote, timeout)
+            return
         raise ConfigError(
             f"{SPARK_YML}: spark.remote {remote!r} is not a Spark Connect address (sc://host:15002, or local[*] for "
             f"a server on this machine). Fix the key, {BACK}.",
@@ -185,6 +189,29 @@ def _check_remote(remote: str, timeout: float) -> None:
             f"server there or point spark.remote at one that runs, {BACK}.",
             fix=BACK,
         ) from None
+
+
+# The port PySpark's client reaches a Spark Connect server it started here on (spark.remote: local[N]).
+LOCAL_CONNECT_PORT = 15002
+
+
+def _check_local_connect_port(remote: str, timeout: float) -> None:
+    """``spark.remote: local[N]`` starts a Spark Connect server in this process on PySpark's fixed port: with the
+    port taken (another run's server) Spark failed after its JVM started, in a long Py4J trace naming neither."""
+    if os.environ.get("SPARK_LOCAL_REMOTE") or os.environ.get("SPARK_TESTING"):
+        return  # this process's own server already listens there (or PySpark's test mode, on a port of its own)
+    try:
+        socket.create_connection(("localhost", LOCAL_CONNECT_PORT), timeout=min(timeout, 1.0)).close()
+    except OSError:
+        return  # nothing listens: the server can start
+    raise ConfigError(
+        f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed port "
+        f"{LOCAL_CONNECT_PORT}, and another process already listens there (most likely another run's local Spark "
+        f"Connect server: `ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` names it). Run one such job at a time on a "
+        f"machine, or leave spark.remote out to run this one on Spark without Connect (spark.master: {remote}), "
+        f"{BACK}.",
+        fix=BACK,
+    )
 
 
 def spark_session(settings: Mapping | None = None):
