@@ -4,13 +4,16 @@ Generates N rows of Criteo-format data, converts them both ways in separate proc
 reports its own peak RSS), and prints rows/s, peak memory and the ratio. Ours is also run on 4N rows
 to show that its peak memory does not grow with the file, and its phases are timed alone on that file, each
 against pyarrow's own CSV reader of the same file (the reading limit). ``--gzip``: the days as ``.gz``, as
-Criteo's are.
+Criteo's are. ``--sample FILE``: the days repeat that file's rows (real Criteo rows, e.g. the head of a day)
+instead of generated ones.
 
     python -m benchmarks.ingestion --rows 1000000 --gzip
+    python -m benchmarks.ingestion --rows 1000000 --gzip --sample day_0_head.tsv
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import resource
@@ -53,6 +56,21 @@ def predecessor_convert(source: Path, destination: Path) -> int:
         rows += len(frame)
     writer.close()
     return rows
+
+
+def write_sampled_day(path: Path, rows: int, sample: Path) -> None:
+    """A day of ``rows`` lines that repeat ``sample``'s lines in order (gzip'd when ``path`` ends in ``.gz``): real
+    rows' empty cells, counts and categories, which generated rows only imitate."""
+    lines = sample.read_bytes().splitlines(keepends=True)
+    if not lines:
+        raise SystemExit(f"{sample}: no rows to repeat; --sample takes a Criteo TSV file")
+    lines[-1] = lines[-1].rstrip(b"\r\n") + b"\n"
+    whole, rest = divmod(rows, len(lines))
+    block = b"".join(lines)
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "wb") as handle:
+        for _ in range(whole):
+            handle.write(block)
+        handle.writelines(lines[:rest])
 
 
 def worker(method: str, source: Path, destination: Path) -> None:
@@ -149,6 +167,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path)
     parser.add_argument("--destination", type=Path)
     parser.add_argument("--gzip", action="store_true", help="the generated days as .gz files")
+    parser.add_argument("--sample", type=Path, help="a Criteo TSV file whose rows the days repeat")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.source, args.destination)
@@ -159,18 +178,26 @@ def main() -> None:
         model = ClickModel(seed=0)
         suffix = ".gz" if args.gzip else ""
         large, huge = folder / f"day_0{suffix}", folder / f"day_1{suffix}"
-        write_day(large, args.rows, day=0, model=model)
+
+        def write_source(path: Path, rows: int, day: int) -> None:
+            if args.sample:
+                write_sampled_day(path, rows, args.sample)
+            else:
+                write_day(path, rows, day=day, model=model)
+
+        write_source(large, args.rows, day=0)
         results = {
             f"ours, {args.rows:,} rows": measure("ours", large, folder),
             f"predecessor, {args.rows:,} rows": measure("predecessor", large, folder),
         }
         size_mb = large.stat().st_size / 1e6
         large.unlink()
-        write_day(huge, 4 * args.rows, day=1, model=model)
+        write_source(huge, 4 * args.rows, day=1)
         results[f"ours, {4 * args.rows:,} rows"] = measure("ours", huge, folder)
         describe_machine()
         kind = "gzip'd" if args.gzip else "plain"
-        print(f"\nIngestion of {args.rows:,} rows of {kind} Criteo TSV ({size_mb:,.0f} MB)\n")
+        origin = f"{args.sample.name}'s rows repeated" if args.sample else "generated rows"
+        print(f"\nIngestion of {args.rows:,} rows of {kind} Criteo TSV, {origin} ({size_mb:,.0f} MB)\n")
         table = Table("method", "rows/s", "seconds", "peak RSS (MB)")
         for name, result in results.items():
             table.row(

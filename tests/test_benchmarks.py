@@ -177,3 +177,23 @@ def test_a_smallest_run_measures_the_machine_on_small_products(monkeypatch, caps
     fp32, bf16 = harness.describe_machine()
     assert fp32 > 0 and bf16 > 0
     assert "matmul 256x256 (--smallest: small products, not figures to compare)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["day_0.gz", "day_0"])
+def test_the_ingestion_benchmark_s_day_from_a_sample_repeats_its_lines_in_order(name, tmp_path):
+    """``--sample``: a day of real rows (their empty cells and categories, which generated rows only imitate)."""
+    import gzip
+
+    from benchmarks.ingestion import write_sampled_day
+
+    lines = [b"1\t5\t\t" + b"\t" * 36 + b"68fd1e64\n", b"0\t\t-1\t" + b"\t" * 36 + b"\n", b"0\t7\t3\t" + b"\t" * 37]
+    sample = tmp_path / "sample.tsv"
+    sample.write_bytes(b"".join(lines))  # its last line without a newline, as a file cut by `head -c` may end
+    write_sampled_day(tmp_path / name, 8, sample)
+    text = (gzip.open if name.endswith(".gz") else open)(tmp_path / name, "rb").read()
+    whole = [*lines[:2], lines[2] + b"\n"]
+    assert text == b"".join((whole * 3)[:8])
+
+    (tmp_path / "empty.tsv").write_bytes(b"")
+    with pytest.raises(SystemExit, match="empty.tsv: no rows to repeat"):
+        write_sampled_day(tmp_path / name, 8, tmp_path / "empty.tsv")
