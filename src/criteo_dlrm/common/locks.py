@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -32,13 +33,30 @@ class LockError(UserError, OSError):
     """A lock's path holds something this project did not put there (a symbolic link, a folder)."""
 
 
+@dataclass(frozen=True)
+class Holder:
+    """The process that holds a lock, as its ``.<name>.lock.owner`` record says."""
+
+    pid: int
+    host: str
+    command: str
+    started: float
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        return cls(os.getpid(), socket.gethostname(), " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+                   time.time())  # fmt: skip
+
+    def __str__(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"process {self.pid} on {self.host} (`{self.command}`, started {started})"
+
+
 def _owner(lock_path: Path) -> str:
     try:
-        owner = json.loads(Path(f"{lock_path}.owner").read_text())
-    except (OSError, ValueError):
+        return str(Holder(**json.loads(Path(f"{lock_path}.owner").read_text())))
+    except (OSError, ValueError, TypeError):  # unreadable, not JSON, or not a holder's fields
         return "another process"
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("started", 0)))
-    return f"process {owner.get('pid')} on {owner.get('host')} (`{owner.get('command')}`, started {started})"
 
 
 @contextlib.contextmanager
@@ -72,12 +90,7 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
             what, path, _owner(lock_path),
         )  # fmt: skip
     try:
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
-            "started": time.time(),
-        }
+        record = asdict(Holder.this_process())
         # Staged (created exclusively, never through a link) and renamed over the name: a link planted there
         # since the check above is replaced, not followed.
         with atomic_file(owner, what=f"the lock's owner record {owner}") as handle:

@@ -198,7 +198,7 @@ LOCAL_CONNECT_PORT = 15002
 def _check_local_connect_port(remote: str, timeout: float) -> None:
     """``spark.remote: local[N]`` starts a Spark Connect server in this process on PySpark's fixed port: with the
     port taken (another run's server) Spark failed after its JVM started, in a long Py4J trace naming neither."""
-    if os.environ.get("SPARK_LOCAL_REMOTE") or os.environ.get("SPARK_TESTING"):
+    if "SPARK_LOCAL_REMOTE" in os.environ or "SPARK_TESTING" in os.environ:  # as PySpark tells them
         return  # this process's own server already listens there (or PySpark's test mode, on a port of its own)
     try:
         socket.create_connection(("localhost", LOCAL_CONNECT_PORT), timeout=min(timeout, 1.0)).close()
