@@ -3,8 +3,8 @@ one thread, from torch's profiler.
 
 Phases: the batch cut from the rows (data); the forward pass of the lookups, the dense MLP, the interaction and
 the prediction MLP (each module's own time); the loss; the backward pass of each, by the autograd node it runs
-(``AddmmBackward0`` and ``ReluBackward0`` count to the MLPs, ``EmbeddingBackward0`` to the lookups, ``BmmBackward0``
-and the reshapes around it to the interaction); the embedding and dense optimisers' steps and ``zero_grad``.
+(``AddmmBackward0`` and ``ReluBackward0`` count to the MLPs, ``EmbeddingBackward0`` to the lookups,
+``PairwiseDotsBackward`` and the reshapes around it to the interaction); the embedding and dense optimisers' steps and ``zero_grad``.
 
     python -m benchmarks.step_profile [--steps 20] [--threads 1]
 """
@@ -31,7 +31,18 @@ MODULES = {"embeddings": "lookups", "dense_mlp": "dense MLP", "interaction": "in
 BACKWARD = {
     "lookups": ("Embedding", "EmbeddingBag", "IndexBackward", "AddBackward0"),
     "MLPs": ("Addmm", "Relu", "TBackward", "Mm"),
-    "interaction": ("Bmm", "IndexSelect", "Cat", "Unsqueeze", "Transpose", "View", "Reshape", "Flatten", "Squeeze"),
+    "interaction": (
+        "PairwiseDots",
+        "Bmm",
+        "IndexSelect",
+        "Cat",
+        "Unsqueeze",
+        "Transpose",
+        "View",
+        "Reshape",
+        "Flatten",
+        "Squeeze",
+    ),
     "loss": ("BinaryCrossEntropy", "Mean", "Mul", "Div"),
     "bf16 casts": ("ToCopy",),
 }

@@ -50,6 +50,61 @@ def test_dot_interactions_match_a_naive_double_loop(interaction):
     assert result.shape == (6, 4 + 351 + own_size) == (6, model.config.interaction_size)
 
 
+@pytest.mark.parametrize("precision", ["float64", "bf16 autocast"])
+def test_the_pairwise_dots_backward_is_autograd_s_of_the_plain_products(precision):
+    """``PairwiseDots`` computes the upper triangle's gradient as one product, ``(G + G^T) V``: the same as autograd's
+    through ``bmm`` and ``index_select`` (float64: to its rounding; bf16: within bf16's), in the vectors' dtype."""
+    from criteo_dlrm.models.dlrm import PairwiseDots
+
+    generator = torch.Generator().manual_seed(0)
+    rows, cols = torch.triu_indices(27, 27, offset=1)
+    upper, lower = rows * 27 + cols, cols * 27 + rows
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    vectors = torch.randn(32, 27, 16, generator=generator, dtype=dtype, requires_grad=True)
+    weights = torch.randn(32, 351, generator=generator, dtype=torch.float64)  # the loss: a weighted sum of the dots
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision != "float64"):
+        dots = PairwiseDots.apply(vectors, upper, lower)
+    (dots.double() * weights).sum().backward()
+
+    exact = vectors.detach().double().requires_grad_()
+    reference = torch.bmm(exact, exact.transpose(1, 2)).flatten(1)[:, upper]
+    (reference * weights).sum().backward()
+    assert vectors.grad.dtype == dtype
+    if precision == "float64":
+        torch.testing.assert_close(dots, reference, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(vectors.grad, exact.grad, rtol=1e-12, atol=1e-12)
+    else:  # bf16 keeps 8 bits: each value within a few of its units in the last place of the largest
+        scale = exact.grad.abs().max()
+        assert (vectors.grad.double() - exact.grad).abs().max() < 2**-6 * scale
+        assert (dots.double() - reference).abs().max() < 2**-6 * reference.abs().max()
+
+
+def test_the_dot_interaction_trains_through_pairwise_dots_and_scores_through_plain_operations():
+    """Training takes the one-product backward; without gradients or in evaluation (scoring, exports) the forward is
+    plain ``bmm`` and ``index_select``, which every exporter knows."""
+    torch.manual_seed(0)
+    model = DLRM(_config(interaction="dot"))
+    dense, sparse = _inputs()
+
+    def nodes(output: torch.Tensor) -> set[str]:
+        names, stack = set(), [output.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is not None:
+                names.add(node.name())
+                stack.extend(next_node for next_node, _ in node.next_functions)
+        return names
+
+    trained = model(dense, sparse)
+    assert any(name.startswith("PairwiseDots") for name in nodes(trained))
+    with torch.no_grad():
+        scored = model(dense, sparse)
+    torch.testing.assert_close(scored, trained.detach(), rtol=0, atol=0)
+    exported = model.eval()(dense, sparse)  # as torch.export and the ONNX exporter trace it: gradients on
+    assert not any(name.startswith("PairwiseDots") for name in nodes(exported))
+    torch.testing.assert_close(exported, trained, rtol=0, atol=0)
+
+
 def test_fused_table_rows_belong_to_their_feature():
     model = DLRM(_config())
     dense, sparse = _inputs()
