@@ -31,6 +31,7 @@ from benchmarks.training import synthetic_arrays
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.engine.memory import embedding_bytes
+from criteo_dlrm.engine.parallel.group import destroy_group
 from criteo_dlrm.engine.parallel.modes import build_mode
 from criteo_dlrm.engine.trained.metrics import binary_metrics
 from criteo_dlrm.engine.training.loop import Trainer
@@ -107,8 +108,9 @@ def child(table_gb: float, folder: Path, backend: str = "torch", rank: int = 0, 
     resumed = trainer()
     resume = time.perf_counter() - start
     assert resumed.step == 16
+    del resumed  # its model's DDP before the group it holds (engine.parallel.group.destroy_group)
     if dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_group()
     return {
         "tables": tables,
         "state": state,

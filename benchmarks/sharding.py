@@ -35,6 +35,7 @@ from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.data.batches import BatchLoader
 from criteo_dlrm.data.stored import open_encoded, write_encoded
 from criteo_dlrm.engine.memory import check_replicated_memory
+from criteo_dlrm.engine.parallel.group import destroy_group
 from criteo_dlrm.engine.parallel.modes import build_mode
 from criteo_dlrm.engine.training.distributed import launch_config
 from criteo_dlrm.engine.training.step import TrainStep
@@ -75,7 +76,8 @@ def _measure(folder: str, tables: list[int], backend: str, batch: int, steps: in
     loader = BatchLoader(arrays, batch, shuffle=True, pin_memory=device.type == "cuda", rank=rank, world_size=world)
     batches = (b for epoch in range(1000) for b in loader.batches(epoch=epoch))
     seconds = seconds_per_step(TrainStep(mode, config), batches, steps)
-    dist.destroy_process_group()
+    del mode  # its model's DDP before the group it holds (engine.parallel.group.destroy_group)
+    destroy_group()
     return {
         "samples_per_second": batch / seconds,
         "step_ms": 1000 * seconds,

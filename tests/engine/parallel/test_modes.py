@@ -112,12 +112,39 @@ def test_a_replica_in_a_group_of_more_than_one_is_data_parallel_and_rank_1_write
     monkeypatch.setattr(modes, "DistributedDataParallel", StandInDDP)
     config = _config()
     mode = build_mode(config.model_config(SIZES), config, CPU)
-    assert isinstance(mode.train_model, StandInDDP) and wrapped == [{"device_ids": None, "broadcast_buffers": False}]
+    [options] = wrapped
+    assert isinstance(mode.train_model, StandInDDP) and options.pop("device_ids") is None
+    assert options in ({"forward_sync_buffers": False}, {"broadcast_buffers": False}), "the buffers are constants"
     tables = len(mode.model.embedding_parameters())
     assert len(ignored) == tables > 0 and all(name.startswith("embeddings.") for name in ignored), ignored
     assert not mode.is_main and mode.world_size == 2 and mode.loss_weight(64) == 2 / 64
     assert mode.placement.saved_state() is None
     assert mode.runtime.backend == "gloo"
+
+
+def test_a_data_parallel_replica_is_built_without_warnings_and_syncs_no_buffers_before_a_forward():
+    """Real DDP around the replica, in a gloo group of one: torch 2.13 renamed DDP's ``broadcast_buffers`` and the old
+    name printed a FutureWarning in every training process's log; the model's buffers are constants either way."""
+    import warnings
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from criteo_dlrm.engine.parallel.modes import mode_around
+    from criteo_dlrm.models.dlrm import DLRM
+
+    config = _config()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DLRM(config.model_config(SIZES), sparse_gradients=config.sparse_gradients)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            mode = mode_around(model, config, CPU, data_parallel=True)
+        assert isinstance(mode.train_model, DistributedDataParallel)
+        assert list(mode.train_model.module.buffers()), "the model has buffers to leave alone"
+        assert not mode.train_model.will_sync_module_buffers()
+        del mode  # DDP's reducer before the group it holds (freed after, it can deadlock the group's threads)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_every_mode_is_its_parts():
@@ -155,6 +182,7 @@ def test_a_sharded_mode_s_collectives_take_only_tensors_on_its_device_as_nccl_do
         assert mode.group.mean(torch.ones(2, device=CPU)).tolist() == [1.0, 1.0]
         assert mode.runtime.backend == "nccl", "the package takes its NCCL branches"
         assert len(mode.group.predict(mode.model, BatchLoader(arrays, 8), mode.runtime)) == 64
+        del mode  # its DDP before the group it holds (the group ends with the block)
 
 
 def test_a_mode_hands_out_its_live_state_and_the_in_progress_checkpoint_alone_writes_it():

@@ -1,7 +1,10 @@
 """Data-parallel training on 2 CPU processes over gloo, launched by torch.distributed's elastic launcher."""
 
+import contextlib
+import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +15,7 @@ import psutil
 import pytest
 import torch
 
-from criteo_dlrm.config.training import TrainingConfig
+from criteo_dlrm.config.training import Distributed, TrainingConfig
 from criteo_dlrm.engine.trained.metrics import binary_metrics
 from criteo_dlrm.engine.trained.scoring import probabilities
 from criteo_dlrm.engine.training.recipe import run_training
@@ -163,6 +166,57 @@ def test_a_killed_worker_ends_the_run_naming_its_rank_and_a_rerun_resumes(tiny_f
     assert [str(p) for p in (tmp_path / "progress").glob("*.pt")] == [summary.in_progress_checkpoint]
 
 
+def _wait_or_show_stacks(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Wait for ``processes`` to end; past ``timeout`` seconds, fail with where each was: every process of each
+    still-running tree (started with ``PYTHONFAULTHANDLER``) is sent SIGABRT at once, and prints each thread's
+    Python stack to its log (``logs``, one per process) as it ends."""
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            break
+    else:
+        return
+    hung = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(process.pid)
+            hung += [root, *root.children(recursive=True)]
+    for process in hung:  # all at once: no process sees another end first and moves on
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGABRT)
+    _, alive = psutil.wait_procs(hung, timeout=30)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    stacks = "\n".join(f"== {log.name}\n{log.read_text()[-20000:]}" for log in logs)
+    pytest.fail(f"still running after {timeout:.0f} s; each process's threads when it was ended:\n{stacks}")
+
+
+def test_a_hung_process_tree_is_ended_showing_where_each_of_its_processes_was(tmp_path):
+    # A parent and its child, each waiting in a function of its own name: both names are in the failure.
+    log = tmp_path / "tree.log"
+    script = (
+        "import subprocess, sys, time\n"
+        "def parent_waits():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time\\ndef child_waits(): time.sleep(600)\\n"
+        "print(1, flush=True); child_waits()'], stdout=subprocess.PIPE)\n"
+        "    child.stdout.readline(); print('ready', flush=True); time.sleep(600)\n"
+        "parent_waits()\n"
+    )
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    with log.open("w") as stderr:
+        tree = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr, env=env)
+    assert tree.stdout.readline().strip() == b"ready"
+    with pytest.raises(pytest.fail.Exception) as failure:
+        _wait_or_show_stacks([tree], [log], timeout=1)
+    tree.stdout.close()
+    assert "still running after 1 s" in str(failure.value)
+    assert "parent_waits" in str(failure.value) and "child_waits" in str(failure.value)
+    assert tree.poll() is not None
+
+
 def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path):
     # Two "nodes" on this machine: two torchrun agents with one process each, meeting at a c10d rendezvous.
     import threading
@@ -181,15 +235,20 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
     outcome_path = jobs[0].with_name(jobs[0].name.replace("job_", "outcome_").replace(".json", ".pt"))
     command = torchrun_command(jobs[0], outcome_path, config.distributed, head="localhost").split()
     assert command[0] == "torchrun"
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", *command[1:]], stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    for node in nodes:
-        _, errors = node.communicate(timeout=240)
-        assert node.returncode == 0, errors[-3000:]
+    logs = [tmp_path / f"node_{i}.log" for i in range(2)]
+    with contextlib.ExitStack() as files:
+        nodes = [  # each node's log a file (a pipe read one node at a time can fill and stall the other node)
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", *command[1:]],
+                stderr=files.enter_context(log.open("w")),
+                # A stack of every thread if one is ended as hung; the agents' own steps (rendezvous, exit barrier).
+                env={**os.environ, "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO"},
+            )
+            for log in logs
+        ]
+        _wait_or_show_stacks(nodes, logs, timeout=240)
+    for node, log in zip(nodes, logs, strict=True):
+        assert node.returncode == 0, log.read_text()[-3000:]
     waiting.join(timeout=60)
     checkpoint, summary = outcome["result"]
     assert summary.processes == 2 and checkpoint.step == 12
@@ -251,6 +310,49 @@ def test_a_user_error_in_a_training_process_reaches_the_launcher_with_its_fix(ti
     assert raised.value.fixes == (Fix(pipelines="training"),)
     assert f"`{Fix(pipelines='training')}`" in str(raised.value)
     assert not list((tmp_path / "progress").glob("*.fixes.json")), "the fixes' file is removed with the run"
+
+
+def test_a_training_process_that_fails_frees_its_model_before_it_destroys_its_group(tmp_path, monkeypatch):
+    """A failed step's frames hold the model, whose DDP reducer holds the group: the worker clears them before it
+    destroys the group (a DDP freed after ``destroy_process_group`` can deadlock the group's threads on the
+    interpreter's lock), and the error it raises still shows where it was."""
+    import gc
+    import traceback
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from criteo_dlrm.engine.training import distributed
+
+    def train_process(job, device):
+        model = DistributedDataParallel(torch.nn.Linear(2, 2))  # held by this frame while its error leaves
+        model(torch.ones(1, 2)).sum().backward()
+        raise RuntimeError("a step failed")
+
+    alive: list[int] = []
+    destroy = dist.destroy_process_group
+
+    def counted():
+        alive.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+        destroy()
+
+    job = SimpleNamespace(config=SimpleNamespace(device="cpu", num_threads=1, distributed=Distributed(backend="gloo")))
+    monkeypatch.setattr(distributed.TrainingJob, "load", staticmethod(lambda path: job))
+    monkeypatch.setattr(distributed, "train_process", train_process)
+    monkeypatch.setattr(distributed, "_worker_logging", lambda: None)
+    monkeypatch.setattr(dist, "destroy_process_group", counted)
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": str(unused_port()),
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeError, match="a step failed") as failure:
+        distributed.worker(str(tmp_path / "job.json"))
+    assert alive == [0] and not dist.is_initialized()
+    assert 'raise RuntimeError("a step failed")' in "".join(traceback.format_exception(failure.value))
 
 
 def test_the_failure_named_is_the_rank_that_was_killed_not_the_ones_the_launcher_ended_after_it(tmp_path):

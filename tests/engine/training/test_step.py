@@ -179,6 +179,7 @@ def test_a_data_parallel_step_waits_once_more_for_every_table_group_s_row_counts
     two processes: each group's counts copied from host memory, their largest read, each process's count read)."""
     import torch.distributed as dist
 
+    from criteo_dlrm.engine.parallel.group import destroy_group
     from criteo_dlrm.engine.parallel.modes import mode_around
     from criteo_dlrm.models.dlrm import DLRM
     from tests.host_syncs import HostSyncs
@@ -196,8 +197,9 @@ def test_a_data_parallel_step_waits_once_more_for_every_table_group_s_row_counts
         counts = [state["step"] for name in mode.optimizers for state in mode.optimizers[name].state.values()]
         with HostSyncs(on_the_host=[c for c in counts if isinstance(c, torch.Tensor)]) as syncs:
             step(batch, 1, 10)
+        del mode, step  # the model's DDP before the group it holds
     finally:
-        dist.destroy_process_group()
+        destroy_group()
     # Each group's rows summed before the exchange, and again across the processes by the optimiser.
     assert syncs.counts.pop("coalesce", 0) + syncs.counts.pop("unique", 0) == 2 * 2
     assert dict(syncs.counts) == {"tolist": 1}, "every group's row counts read back together"

@@ -5,6 +5,10 @@ process gets them; and the all-gathers they are built on (rows of any count per 
 
 from __future__ import annotations
 
+import gc
+import sys
+import traceback
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -15,6 +19,19 @@ from criteo_dlrm.engine.trained.metrics import MetricError, binary_metrics
 from criteo_dlrm.engine.trained.reports import Metrics
 from criteo_dlrm.engine.trained.scoring import predict
 from criteo_dlrm.models.dlrm import DLRM
+
+
+def destroy_group() -> None:
+    """Destroy the default process group once nothing else holds it: the frames an error is leaving (a model under DDP,
+    whose reducer holds the group) are cleared and any cycle collected first. The group's last reference dropped with
+    the interpreter's lock held (a DDP freed after ``destroy_process_group``) waits for the group's worker threads,
+    which may need that lock to free a tensor: a deadlock seen in the stack of a hung GPU smoke dry run. Call it in a
+    ``finally``, from a frame that has not itself held the model."""
+    failure = sys.exc_info()[1]
+    if failure is not None:
+        traceback.clear_frames(failure.__traceback__)  # their lines stay for the report; the frames still running stay
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def predict_alone(model: DLRM, loader: BatchLoader, runtime: Runtime) -> np.ndarray:

@@ -22,6 +22,7 @@ the process count chooses nothing but the group.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from criteo_dlrm.common.schema import SPARSE_COLUMNS
 from criteo_dlrm.config.training import TrainingConfig
 from criteo_dlrm.engine.device import Runtime, compile_model
 from criteo_dlrm.engine.memory import embedding_bytes
-from criteo_dlrm.engine.parallel.group import Group, all_gather_row_sets
+from criteo_dlrm.engine.parallel.group import Group, all_gather_row_sets, destroy_group
 from criteo_dlrm.engine.parallel.optimizers import Optimizers, summed_rows
 from criteo_dlrm.engine.parallel.sharding import (
     ShardedDLRM,
@@ -57,6 +58,15 @@ class SavedState:
 
     weights: Weights
     shards: dict[str, torch.Tensor] | None = None
+
+
+# torch 2.13 renamed DDP's broadcast_buffers (the old name a FutureWarning in every process's log); older torch has
+# only the old one. Off, either syncs the buffers at most once, when DDP is built.
+_NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 def built_dlrm(model_config: DLRMConfig, config: TrainingConfig, device: torch.device) -> DLRM:
@@ -93,7 +103,7 @@ class Replicated:
             )
             # The model's buffers are constants (table offsets, columns): nothing to broadcast before every forward.
             self.train_model = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+                model, device_ids=[device.index] if device.type == "cuda" else None, **_NO_BUFFER_SYNC
             )
 
     @staticmethod
@@ -197,7 +207,7 @@ class ShardedTables:
         try:
             yield
         finally:
-            dist.destroy_process_group()
+            destroy_group()
 
     @classmethod
     def build(

@@ -32,6 +32,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from criteo_dlrm.common.errors import Fix, UserError
 from criteo_dlrm.config.training import Distributed
 from criteo_dlrm.data.stored import write_encoded
+from criteo_dlrm.engine.parallel.group import destroy_group
 from criteo_dlrm.engine.training.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.training.process import train_process
 
@@ -253,7 +254,7 @@ def worker(job_path: str, outcome_path: str | None = None) -> None:
         _fixes_path(Path(job_path), dist.get_rank()).write_text(fixes)
         raise
     finally:
-        dist.destroy_process_group()
+        destroy_group()  # after what holds the group (a failed step's model under DDP) is freed
 
 
 def main(argv: list[str] | None = None) -> None:
