@@ -195,13 +195,13 @@ def test_a_local_spark_connect_server_whose_port_another_holds_is_refused_naming
     there, Spark failed after its JVM started, in a long Py4J trace that named neither the port nor spark.yml."""
     import socket
 
-    from criteo_dlrm.spark.session import LOCAL_CONNECT_PORT, check_spark_settings
+    from criteo_dlrm.spark.session import CONNECT_PORT, check_spark_settings
 
     for variable in ("SPARK_LOCAL_REMOTE", "SPARK_TESTING", "SPARK_LOCAL_CONNECT_REUSE"):
         monkeypatch.delenv(variable, raising=False)
     with local_connect_port():
         check_spark_settings({"spark.remote": "local[2]"})  # nothing listens: the server can start
-        with socket.create_server(("127.0.0.1", LOCAL_CONNECT_PORT)):
+        with socket.create_server(("127.0.0.1", CONNECT_PORT)):
             with pytest.raises(ConfigError, match="another process already listens there") as refused:
                 check_spark_settings({"spark.remote": "local[2]"})
             message = str(refused.value)

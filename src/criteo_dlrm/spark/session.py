@@ -165,6 +165,11 @@ def check_spark_settings(settings: Mapping | None, timeout: float = 5.0) -> None
             )
 
 
+# Spark Connect's port: where an sc:// address without one is reached, and where PySpark's client reaches a server it
+# started here (spark.remote: local[N]).
+CONNECT_PORT = 15002
+
+
 def _check_remote(remote: str, timeout: float, reuse: bool = False) -> None:
     """A Spark Connect address (``sc://host[:port][/;params]``) that nothing answers at, refused in seconds (Spark
     Connect's client was still retrying after 90 s); a local one (``local[N]``) whose port another server holds
@@ -175,14 +180,14 @@ def _check_remote(remote: str, timeout: float, reuse: bool = False) -> None:
                 _check_local_connect_port(remote, timeout)
             return
         raise ConfigError(
-            f"{SPARK_YML}: spark.remote {remote!r} is not a Spark Connect address (sc://host:15002, or local[*] for "
+            f"{SPARK_YML}: spark.remote {remote!r} is not a Spark Connect address (sc://host:{CONNECT_PORT}, or local[*] for "
             f"a server on this machine). Fix the key, {BACK}.",
             fix=BACK,
         )
     address = remote.removeprefix("sc://").split("/", 1)[0].split(";", 1)[0]
     host, _, port = address.rpartition(":") if ":" in address else (address, "", "")
     try:
-        socket.create_connection((host, int(port or 15002)), timeout=timeout).close()
+        socket.create_connection((host, int(port or CONNECT_PORT)), timeout=timeout).close()
     except (OSError, ValueError) as error:
         raise ConfigError(
             f"{SPARK_YML}: nothing answers at spark.remote {remote} ({address}: {error}). Start the Spark Connect "
@@ -191,23 +196,19 @@ def _check_remote(remote: str, timeout: float, reuse: bool = False) -> None:
         ) from None
 
 
-# The port PySpark's client reaches a Spark Connect server it started here on (spark.remote: local[N]).
-LOCAL_CONNECT_PORT = 15002
-
-
 def _check_local_connect_port(remote: str, timeout: float) -> None:
     """``spark.remote: local[N]`` starts a Spark Connect server in this process on PySpark's fixed port: with the
     port taken (another run's server) Spark failed after its JVM started, in a long Py4J trace naming neither."""
     if "SPARK_LOCAL_REMOTE" in os.environ or "SPARK_TESTING" in os.environ:  # as PySpark tells them
         return  # this process's own server already listens there (or PySpark's test mode, on a port of its own)
     try:
-        socket.create_connection(("localhost", LOCAL_CONNECT_PORT), timeout=min(timeout, 1.0)).close()
+        socket.create_connection(("localhost", CONNECT_PORT), timeout=min(timeout, 1.0)).close()
     except OSError:
         return  # nothing listens: the server can start
     raise ConfigError(
         f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed port "
-        f"{LOCAL_CONNECT_PORT}, and another process already listens there (most likely another run's local Spark "
-        f"Connect server: `ss -ltnp 'sport = :{LOCAL_CONNECT_PORT}'` names it). Run one such job at a time on a "
+        f"{CONNECT_PORT}, and another process already listens there (most likely another run's local Spark "
+        f"Connect server: `ss -ltnp 'sport = :{CONNECT_PORT}'` names it). Run one such job at a time on a "
         f"machine, or leave spark.remote out to run this one on Spark without Connect (spark.master: {remote}), "
         f"{BACK}.",
         fix=BACK,
