@@ -184,8 +184,33 @@ def test_a_task_that_fails_every_try_ends_the_job_with_its_own_error(spark):
         list(run_on_spark(broken, [(0,)]))
     message = str(error.value)
     assert "Spark job broken (1 tasks on local[2,2]) failed after Spark's retries" in message
-    assert "OSError: /shared/data/day_0: Input/output error" in message
-    assert "run the same command again, and the days already converted are reused" in message
+    assert "OSError: /shared/data/day_0: Input/output error, raised by the task on every try" in message
+    assert "Fix what it names" in message and "then run the same command again" in message
+    assert "the days already converted are reused" in message
+
+
+@pytest.mark.parametrize(
+    ("cause", "by_the_task"),
+    [
+        ("OSError: /shared/data/day_0: Input/output error", True),
+        ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate 8.0 GiB", True),
+        ("org.apache.spark.SparkException: Job aborted due to stage failure: ExecutorLostFailure", False),
+        ("java.lang.OutOfMemoryError: Java heap space", False),
+        ("Job aborted due to stage failure: Task 3 in stage 1.0 failed 4 times", False),
+    ],
+)
+def test_a_failed_job_s_message_tells_the_task_s_own_error_from_a_lost_executor(cause, by_the_task):
+    """A Python exception raised on every try comes back on a rerun of the same input: fix it first; Spark's own
+    (an executor lost or killed) may pass on a rerun as it is."""
+    from criteo_dlrm.spark.tasks import _job_error
+
+    message = str(_job_error("_convert_task", 24, "spark://head:7077", "python3", cause))
+    assert message.startswith(
+        f"Spark job _convert_task (24 tasks on spark://head:7077) failed after Spark's retries: {cause}"
+    )
+    assert ("Fix what it names" in message) is by_the_task
+    assert ("say why; run the same command again" in message) is not by_the_task
+    assert "nothing half-written is left" in message
 
 
 def test_workers_that_cannot_import_the_project_name_the_executors_python_and_no_retry(spark):

@@ -60,10 +60,24 @@ def _job_error(name: str, tasks: int, where: str, python: str, cause: str) -> Sp
                 "executor (docs/spark.md)"
             )
         return SparkJobError(f"{failed}{missing.group(1)} ({cause}). {remedy}, {BACK}.", fix=BACK)
+    if _raised_by_the_task(cause):  # the task's own code, on every try: the same input raises it again
+        what = (
+            f"{cause}, raised by the task on every try. Fix what it names (the executors' logs, in Spark's UI or the "
+            "cluster's, hold the whole traceback), then"
+        )
+    else:  # Spark's or the JVM's (an executor lost, killed for its memory): may pass on a rerun
+        what = f"{cause}. The executors' logs (Spark's UI, or the cluster's) say why;"
     return SparkJobError(
-        f"Spark job {name} ({tasks} tasks on {where}) failed after Spark's retries: {cause}. The executors' logs "
-        "(Spark's UI, or the cluster's) hold the whole traceback. Nothing half-written is left (every output is "
-        "staged and renamed): run the same command again, and the days already converted are reused."
+        f"Spark job {name} ({tasks} tasks on {where}) failed after Spark's retries: {what} run the same command "
+        "again: nothing half-written is left (every output is staged and renamed), and the days already converted "
+        "are reused."
+    )
+
+
+def _raised_by_the_task(cause: str) -> bool:
+    """Whether a failed job's cause (``_last_python_error``) is a Python exception, not Spark's or the JVM's."""
+    return re.match(r"\w+(?:\.\w+)*(?:Error|Exception)\b: ", cause) is not None and not cause.startswith(
+        ("org.", "java.", "py4j.", "pyspark.")
     )
 
 
