@@ -123,7 +123,8 @@ def test_spark_settings_spark_would_fail_on_are_refused_in_seconds_naming_the_ke
     assert time.monotonic() - started < 5
     assert "conf/base/spark.yml" in str(refused.value) and "preprocessing.engine=local" in str(refused.value)
     check_spark_settings({"spark.master": "local[2]", "spark.driver.memory": "2g", "spark.executor.memory": 4096})
-    check_spark_settings({"spark.remote": "local[2]"})
+    with local_connect_port():  # no other suite's local Connect server on the port meanwhile (that one is refused)
+        check_spark_settings({"spark.remote": "local[2]"})
 
 
 @pytest.mark.parametrize(
