@@ -29,11 +29,17 @@ class SparkJobError(UserError, RuntimeError):
     """A Spark job whose task failed on every try (an executor lost, a failing disk), named with the task's error."""
 
 
+# An exception's line in a traceback (``OSError: ...``, ``org.apache.spark.SparkException: ...``), and the
+# prefixes of the ones that are Spark's or the JVM's, not the task's own Python.
+_ERROR_LINE = r"\w+(?:\.\w+)*(?:Error|Exception)\b: .*"
+_NOT_THE_TASKS = ("org.", "java.", "py4j.", "pyspark.")
+
+
 def _last_python_error(error: Exception) -> str:
     """The task's own exception line (``OSError: ...``) out of Spark's wrapped traceback, or Spark's first line."""
     text = str(error)
-    found = re.findall(r"^(\w+(?:\.\w+)*(?:Error|Exception)\b: .*)$", text, flags=re.MULTILINE)
-    python = [line for line in found if not line.startswith(("org.", "java.", "py4j.", "pyspark."))]
+    found = re.findall(f"^({_ERROR_LINE})$", text, flags=re.MULTILINE)
+    python = [line for line in found if not line.startswith(_NOT_THE_TASKS)]
     return (python or found or [text.strip().splitlines()[0] if text.strip() else type(error).__name__])[-1]
 
 
@@ -76,9 +82,7 @@ def _job_error(name: str, tasks: int, where: str, python: str, cause: str) -> Sp
 
 def _raised_by_the_task(cause: str) -> bool:
     """Whether a failed job's cause (``_last_python_error``) is a Python exception, not Spark's or the JVM's."""
-    return re.match(r"\w+(?:\.\w+)*(?:Error|Exception)\b: ", cause) is not None and not cause.startswith(
-        ("org.", "java.", "py4j.", "pyspark.")
-    )
+    return re.fullmatch(_ERROR_LINE, cause) is not None and not cause.startswith(_NOT_THE_TASKS)
 
 
 def run_on_spark(

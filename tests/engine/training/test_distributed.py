@@ -316,7 +316,6 @@ def test_a_training_process_that_fails_frees_its_model_before_it_destroys_its_gr
     """A failed step's frames hold the model, whose DDP reducer holds the group: the worker clears them before it
     destroys the group (a DDP freed after ``destroy_process_group`` can deadlock the group's threads on the
     interpreter's lock), and the error it raises still shows where it was."""
-    import gc
     import traceback
     from types import SimpleNamespace
 
@@ -324,24 +323,18 @@ def test_a_training_process_that_fails_frees_its_model_before_it_destroys_its_gr
     from torch.nn.parallel import DistributedDataParallel
 
     from criteo_dlrm.engine.training import distributed
+    from tests.engine.training.test_process import _ddps_alive_at_each_destroy
 
     def train_process(job, device):
         model = DistributedDataParallel(torch.nn.Linear(2, 2))  # held by this frame while its error leaves
         model(torch.ones(1, 2)).sum().backward()
         raise RuntimeError("a step failed")
 
-    alive: list[int] = []
-    destroy = dist.destroy_process_group
-
-    def counted():
-        alive.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
-        destroy()
-
     job = SimpleNamespace(config=SimpleNamespace(device="cpu", num_threads=1, distributed=Distributed(backend="gloo")))
     monkeypatch.setattr(distributed.TrainingJob, "load", staticmethod(lambda path: job))
     monkeypatch.setattr(distributed, "train_process", train_process)
     monkeypatch.setattr(distributed, "_worker_logging", lambda: None)
-    monkeypatch.setattr(dist, "destroy_process_group", counted)
+    alive = _ddps_alive_at_each_destroy(monkeypatch)
     for name, value in {
         "RANK": "0",
         "WORLD_SIZE": "1",
