@@ -75,3 +75,10 @@ def test_a_caller_s_settings_do_not_reach_the_tests(tmp_path):
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_in_a_run_of_both_tiers_the_slow_tier_runs_first(request):
+    """pytest-xdist hands out tests in the collected order: with the slow tier first, the two test processes end on
+    the fast tier together (in file order the last minute-long run kept one process busy after the other was done)."""
+    slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
+    assert slow == sorted(slow, reverse=True), [item.nodeid for item in request.session.items][:50]

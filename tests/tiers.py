@@ -92,8 +92,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = [item for item in items if is_slow(item)]
     for item in slow:
         item.add_marker(pytest.mark.slow)
-    if config.getoption("--full") or config.getoption("markexpr"):
-        return  # every test, or the tiers a -m expression picks
     chosen = set(map(id, slow))
+    if config.getoption("--full") or config.getoption("markexpr"):
+        # Every test, or the tiers a -m expression picks: the slow tier first (in its collection order), so the two
+        # test processes end on the fast tests together, not one of them on a minute-long run while the other waits.
+        items.sort(key=lambda item: id(item) not in chosen)
+        return
     config.hook.pytest_deselected(items=[item for item in items if id(item) in chosen])
     items[:] = [item for item in items if id(item) not in chosen]
