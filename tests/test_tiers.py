@@ -79,6 +79,6 @@ def test_a_caller_s_settings_do_not_reach_the_tests(tmp_path):
 
 def test_in_a_run_of_both_tiers_the_slow_tier_runs_first(request):
     """pytest-xdist hands out tests in the collected order: with the slow tier first, the two test processes end on
-    the fast tier together (in file order the last minute-long run kept one process busy after the other was done)."""
+    the fast tier together (in file order a minute-long test near the end can keep one busy after the other is done)."""
     slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
     assert slow == sorted(slow, reverse=True), [item.nodeid for item in request.session.items][:50]

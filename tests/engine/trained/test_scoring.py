@@ -113,8 +113,8 @@ def test_scoring_a_day_holds_a_bounded_batch(tmp_path):
     assert scored == rows
     # The results (labels and logits, 5 bytes a row, held twice while they are joined) and one batch of 65,536 rows:
     # Arrow's decoded Parquet (860 bytes a batch row) and the encoded rows and scores (560). Measured 52 + 56 MB of
-    # 141 (2M rows: 57 + 56 of 151); the 262,144-row batches of before held 194 + 216 MB at any day of more rows than
-    # one batch. At 1M rows the margin is 33 MB: 33 bytes a row more than counted fail here.
+    # 141 (2M rows: 57 + 56 of 151); the 262,144-row batches of before held 189 + 214 MB (2M rows: 194 + 216). At 1M
+    # rows the margin is 33 MB: 33 bytes a row more than counted fail here.
     bound = 2 * 5 * rows + 2000 * 65_536
     assert numpy_peak + arrow_peak < bound, (
         f"scoring {rows:,} rows held {numpy_peak / 1e6:,.0f} MB of numpy arrays and {arrow_peak / 1e6:,.0f} MB of Arrow's"
