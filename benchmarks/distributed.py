@@ -110,7 +110,7 @@ def main() -> None:
         write_encoded(arrays, Path(tmp))  # stored as training stores rows: digests included
         results = {}
         for processes in (int(p) for p in args.processes.split(",")):
-            launch = launch_config(processes)
+            launch = launch_config(processes, Path(tmp) / "launcher")  # removed with the folder
             results[processes] = elastic_launch(launch, _measure)(tmp, args.batch, args.steps, args.device)[0]
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {os.cpu_count()} cores"
     print()

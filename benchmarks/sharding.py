@@ -96,7 +96,7 @@ def _run(folder: str, tables: list[int], backend: str, processes: int, args, sha
         except ConfigError as error:
             return "refused: " + str(error).split(" in every process")[0].split("need ")[-1] + " per process"
     try:
-        launch = launch_config(processes)
+        launch = launch_config(processes, Path(folder) / "launcher")  # removed with the benchmark's folder
         measure = elastic_launch(launch, _measure)
         return measure(folder, tables, backend, args.batch, args.steps, args.device, sharding)[0]
     except Exception as error:  # noqa: BLE001 - a planner refusal inside a worker: report it in the table

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,12 +56,19 @@ def _run(features, config: TrainingConfig, name: str):
     )
 
 
-def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tiny_features, tmp_path):
+def test_two_processes_take_the_same_steps_as_one_with_the_same_global_batch(tiny_features, tmp_path, monkeypatch):
     # 3,000 rows, global batch 256: 12 steps; the last batch (184 rows) splits 92 + 92. Every process draws
     # the same global batches as one process would, so the gradients are the same sums in another order:
     # Adam's and SparseAdam's updates agree to float rounding.
+    temporary = tmp_path / "tmp"  # this process's temporary folder, where the launcher's own files went by default
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     one, one_summary = _run(tiny_features, _config(tmp_path / "one", 1), "one")
     two, two_summary = _run(tiny_features, _config(tmp_path / "two", 2), "two")
+    # The launcher's files (a torchelastic_* folder per run, left in /tmp) are written in the run's folder and
+    # removed when its processes end.
+    assert not list(temporary.glob("torchelastic_*"))
+    assert not list((tmp_path / "two" / "progress").glob("launcher_*"))
     assert one_summary.processes == 1 and two_summary.processes == 2
     assert one.step == two.step == 12
     for name, weights in one.model_state.items():

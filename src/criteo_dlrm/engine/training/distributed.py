@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from loguru import logger
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -64,7 +65,8 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
         job.save(job_path)
         if settings.nnodes > 1:
             return _wait_for_nodes(job_path, outcome_path, settings)
-        config = launch_config(settings.nproc_per_node, settings.master_port, settings.max_restarts)
+        logs = launcher_folder(job)  # removed when the processes end (torch's default left one in /tmp per run)
+        config = launch_config(settings.nproc_per_node, logs, settings.master_port, settings.max_restarts)
         # Each process starts Python, imports torch and joins the group before its first step: seconds of
         # silence otherwise (about 11 s for 2 processes on 2 cores).
         logger.info(
@@ -82,12 +84,21 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
         except ChildFailedError as error:
             rank, _ = root_failure(error)
             raise TrainingWorkerError(_describe_failure(error, job), fix=_rank_fixes(job_path, rank)) from error
+        finally:
+            shutil.rmtree(logs, ignore_errors=True)
         return _collect(job_path, outcome_path)
     finally:
         for rows in stored:
             shutil.rmtree(rows, ignore_errors=True)
         for fixes in folder.glob(f"{job_path.stem}.rank*.fixes.json"):
             fixes.unlink(missing_ok=True)
+
+
+def launcher_folder(job: TrainingJob) -> Path:
+    """Where ``launch`` has torch's launcher write its files (each process's error file, read into a failure's
+    message): beside the job's file, in its in-progress folder. A run killed while its processes ran leaves it, and
+    the job's next run removes it, in any number of processes (``recipe._train``)."""
+    return Path(job.config.in_progress_dir) / f"launcher_{job.fingerprint}"
 
 
 def _fixes_path(job_path: Path, rank: int) -> Path:
@@ -116,8 +127,9 @@ def _store_rows_in_memory(job: TrainingJob, folder: Path) -> list[Path]:
     return stored
 
 
-def launch_config(processes: int, port: int | None = None, max_restarts: int = 0) -> LaunchConfig:
-    """``processes`` spawned processes on this machine, meeting at a c10d rendezvous on ``port`` (None: free)."""
+def launch_config(processes: int, logs: Path, port: int | None = None, max_restarts: int = 0) -> LaunchConfig:
+    """``processes`` spawned processes on this machine, meeting at a c10d rendezvous on ``port`` (None: free); the
+    launcher writes its files (each process's error file) under ``logs``, which the caller removes."""
     return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -128,6 +140,7 @@ def launch_config(processes: int, port: int | None = None, max_restarts: int = 0
         max_restarts=max_restarts,
         monitor_interval=0.5,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(logs)),
     )
 
 
