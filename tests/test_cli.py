@@ -272,26 +272,6 @@ def test_kill_9_of_kedro_run_while_it_encodes_in_workers_leaves_no_process_behin
             run.kill()
 
 
-def test_a_copy_of_a_finished_project_at_another_path_reuses_every_stage(tmp_path):
-    """Issue 62 item 12: a copy of a finished project (its files' times kept: cp -a, rsync -a) converted every day
-    again and retrained, the raw folder's absolute path being part of each day's identity. Paths inside the
-    project count relative to it."""
-    project = copy_project(tmp_path / "project")
-    params = "--params=training.max_steps=30"
-    first = _kedro(project, params, tracking=False)
-    assert first.returncode == 0, first.stderr[-3000:]
-    moved = tmp_path / "elsewhere" / "copy"
-    shutil.copytree(project, moved, symlinks=True)  # copy2: the files' modification times kept
-    again = _kedro(moved, params, tracking=False)
-    output = again.stdout + again.stderr
-    assert again.returncode == 0, output[-3000:]
-    stages = _stages(again.stdout)
-    assert stages["ingestion"].startswith("3 days (reused), 60,000 rows"), stages
-    assert stages["metadata"].startswith("reused version "), stages
-    assert stages["training"].startswith("reused version "), stages
-    assert "training on cpu" not in output, "nothing trained"
-
-
 def test_kill_9_of_kedro_run_as_it_starts_its_training_processes_ends_them_at_once(tmp_path):
     """Issue 62 item 9: a kedro process killed just as it started two training processes left both running for 300 s
     or more (importing torch, then waiting for the rendezvous store of a process that was gone). Each now asks
@@ -333,23 +313,31 @@ def test_kill_9_of_kedro_run_as_it_starts_its_training_processes_ends_them_at_on
             run.kill()
 
 
-def test_a_rerun_with_nothing_changed_reuses_the_finished_training_and_says_so(tmp_path):
+def test_a_rerun_with_nothing_changed_reuses_the_finished_training_and_says_so_in_place_or_in_a_copy(tmp_path):
     """Issue 45 item 2: a second `kedro run` reused the days, metadata and encoded rows but trained again from
     step 0. Now the finished run is reused when its settings and rows are this run's (a changed setting, or
-    training.resume=false, trains)."""
+    training.resume=false, trains). Issue 62 item 12: a copy of a finished project (its files' times kept: cp -a,
+    rsync -a) converted every day again and retrained, the raw folder's absolute path being part of each day's
+    identity. Paths inside the project count relative to it."""
     project = copy_project(tmp_path / "project")
     params = "--params=training.max_steps=30"
     first = _kedro(project, params, tracking=False)
     assert first.returncode == 0, first.stderr[-3000:]
-    again = _kedro(project, params, tracking=False)
-    output = again.stdout + again.stderr
-    assert again.returncode == 0, output[-3000:]
+    moved = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(project, moved, symlinks=True)  # copy2: the files' modification times kept
     [trained] = re.findall(r"run folder data/08_reporting/tensorboard/(\S+)", first.stderr + first.stdout)
-    assert f"training: reused the finished run of version {trained}" in output
-    assert "training on cpu" not in output, "nothing trained"
-    assert _stages(again.stdout)["training"].startswith(f"reused version {trained}: 30 steps")
     auc = re.compile(r"AUC (0\.\d+), log loss (0\.\d+)")
-    assert auc.findall(first.stdout)[-1] == auc.findall(again.stdout)[-1], "the same model evaluated"
+    for where in (project, moved):
+        again = _kedro(where, params, tracking=False)
+        output = again.stdout + again.stderr
+        assert again.returncode == 0, output[-3000:]
+        assert f"training: reused the finished run of version {trained}" in output, where
+        assert "training on cpu" not in output, "nothing trained"
+        stages = _stages(again.stdout)
+        assert stages["ingestion"].startswith("3 days (reused), 60,000 rows"), stages
+        assert stages["metadata"].startswith("reused version "), stages
+        assert stages["training"].startswith(f"reused version {trained}: 30 steps"), stages
+        assert auc.findall(first.stdout)[-1] == auc.findall(again.stdout)[-1], "the same model evaluated"
     changed = _kedro(project, "--params=training.max_steps=30,training.resume=false", "--pipelines=training",
                      tracking=False)  # fmt: skip
     assert changed.returncode == 0 and "training on cpu" in changed.stdout + changed.stderr
