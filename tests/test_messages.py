@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.conftest import copy_project, unused_port
 from tests.test_cli import _kedro
@@ -70,10 +71,21 @@ def fresh(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ran_once(tmp_path_factory) -> Path:
-    """A project the whole job ran in once (``FAST``): shared by the cases that start from a finished run."""
-    project = copy_project(tmp_path_factory.mktemp("ran") / "project")
-    _succeeds(project, FAST)
+def ran_once(tmp_path_factory, worker_id) -> Path:
+    """A project the whole job ran in once (``FAST``): shared by the cases that start from a finished run, each of
+    which copies it, on every xdist worker (the first to need it runs it, under a lock the others wait on)."""
+    if worker_id == "master":  # no xdist: this session's own folder
+        project = copy_project(tmp_path_factory.mktemp("ran") / "project")
+        _succeeds(project, FAST)
+        return project
+    shared = tmp_path_factory.getbasetemp().parent  # this session's folder, above each worker's own
+    project = shared / "messages_ran" / "project"
+    with FileLock(shared / "messages_ran.lock"):
+        if not (shared / "messages_ran" / "finished").exists():
+            shutil.rmtree(project.parent, ignore_errors=True)  # a worker that failed while running it
+            copy_project(project)
+            _succeeds(project, FAST)
+            (shared / "messages_ran" / "finished").touch()
     return project
 
 
