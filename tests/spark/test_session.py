@@ -109,7 +109,9 @@ def test_spark_s_console_progress_bar_is_off_where_the_output_is_not_a_terminal(
         ({"spark.remote": "http://host:15002"}, r"spark.remote 'http://host:15002' is not a Spark Connect address"),
     ],
 )
-def test_spark_settings_spark_would_fail_on_are_refused_in_seconds_naming_the_key(settings, problem):
+def test_spark_settings_spark_would_fail_on_are_refused_in_seconds_naming_the_key(
+    settings, problem, monkeypatch, tmp_path
+):
     """Issue 46 item 6: an unreachable master ended in a Java stack trace after 214 s, an invalid one in 256 lines
     ending JAVA_GATEWAY_EXITED, a 1k driver in 244 lines; none named spark.yml or the key. An unreachable Spark
     Connect server was not checked: its client was still retrying after 90 s."""
@@ -123,6 +125,7 @@ def test_spark_settings_spark_would_fail_on_are_refused_in_seconds_naming_the_ke
     assert time.monotonic() - started < 5
     assert "conf/base/spark.yml" in str(refused.value) and "preprocessing.engine=local" in str(refused.value)
     check_spark_settings({"spark.master": "local[2]", "spark.driver.memory": "2g", "spark.executor.memory": 4096})
+    _no_connect_server_variables(monkeypatch, tmp_path)
     with local_connect_port():  # no other suite's local Connect server on the port meanwhile (that one is refused)
         check_spark_settings({"spark.remote": "local[2]"})
 
@@ -191,15 +194,25 @@ def test_a_spark_yml_that_is_a_list_is_refused_in_a_few_lines_naming_the_file(tm
     assert "`kedro run --pipelines=ingestion --params=preprocessing.engine=local`" in lines[-2]
 
 
-def test_a_local_spark_connect_server_whose_port_another_holds_is_refused_naming_the_port(monkeypatch):
+def _no_connect_server_variables(monkeypatch, tmp_path) -> None:
+    """No variable of PySpark's that says a Connect server is this process's; the port's lock (which the check takes
+    until the process ends) in the test's own folder, not the machine's temporary folder that runs share."""
+    import tempfile
+
+    for variable in ("SPARK_LOCAL_REMOTE", "SPARK_TESTING", "SPARK_LOCAL_CONNECT_REUSE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
+def test_a_local_spark_connect_server_whose_port_another_holds_is_refused_naming_the_port(monkeypatch, tmp_path):
     """spark.remote: local[N] starts a Connect server on PySpark's fixed port 15002: with another run's server
     there, Spark failed after its JVM started, in a long Py4J trace that named neither the port nor spark.yml."""
     import socket
 
     from criteo_dlrm.spark.session import CONNECT_PORT, check_spark_settings
 
-    for variable in ("SPARK_LOCAL_REMOTE", "SPARK_TESTING", "SPARK_LOCAL_CONNECT_REUSE"):
-        monkeypatch.delenv(variable, raising=False)
+    _no_connect_server_variables(monkeypatch, tmp_path)
     with local_connect_port():
         check_spark_settings({"spark.remote": "local[2]"})  # nothing listens: the server can start
         with socket.create_server(("127.0.0.1", CONNECT_PORT)):
@@ -215,3 +228,35 @@ def test_a_local_spark_connect_server_whose_port_another_holds_is_refused_naming
             check_spark_settings({"spark.remote": "local[2]", "spark.local.connect.reuse": "true"})
             monkeypatch.setenv("SPARK_LOCAL_REMOTE", "1")
             check_spark_settings({"spark.remote": "local[2]"})
+
+
+def test_two_runs_starting_local_connect_servers_at_once_the_second_is_refused_before_the_port_is_taken(
+    monkeypatch, tmp_path
+):
+    """The port check alone let two runs started in the same second both find the port free; the second then failed
+    after its JVM started. The first run's check holds the port until its process ends: the second is refused at
+    its check, naming the first, though nothing listens on the port yet."""
+    import subprocess
+
+    from criteo_dlrm.spark.session import check_spark_settings
+
+    _no_connect_server_variables(monkeypatch, tmp_path)
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from criteo_dlrm.spark.session import check_spark_settings; "
+         "check_spark_settings({'spark.remote': 'local[2]'}); print('checked', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with local_connect_port():  # no other suite's local Connect server on the port meanwhile
+            assert first.stdout.readline() == "checked\n"
+            with pytest.raises(ConfigError, match="and another run holds that port: process ") as refused:
+                check_spark_settings({"spark.remote": "local[2]"})
+            message = str(refused.value)
+            assert f"process {first.pid} on " in message, message
+            assert "leave spark.remote out to run this one on Spark without Connect (spark.master: local[2])" in message
+            assert [str(fix) for fix in refused.value.fixes] == ["kedro run --params=preprocessing.engine=local"]
+            first.communicate("", timeout=60)  # the first run ends: the port is free again
+            check_spark_settings({"spark.remote": "local[2]"})
+    finally:
+        first.kill()
+        first.wait()

@@ -8,6 +8,7 @@ run that needs the same files stops at once with that process's pid, command and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -66,16 +67,7 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
     Raises:
         LockedError: another process holds it; the message names that process and what to do.
     """
-    lock_path = Path(path).with_name(f".{Path(path).name}.lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    owner = Path(f"{lock_path}.owner")
-    for entry in (lock_path, owner):  # a planted link would make the lock write where it points
-        kind = "a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else None
-        if kind:
-            raise LockError(
-                f"{entry} is {kind}, where this project keeps the lock on {what} ({path}); it was not followed. "
-                f"Remove it (rm -r '{entry}') and run the same command again."
-            )
+    lock_path, owner = _paths(path, what)
     lock = _acquire(lock_path)
     if lock is None:
         raise LockedError(
@@ -90,16 +82,58 @@ def exclusive(path: str | os.PathLike, what: str) -> Iterator[None]:
             what, path, _owner(lock_path),
         )  # fmt: skip
     try:
-        record = asdict(Holder.this_process())
-        # Staged (created exclusively, never through a link) and renamed over the name: a link planted there
-        # since the check above is replaced, not followed.
-        with atomic_file(owner, what=f"the lock's owner record {owner}") as handle:
-            handle.write(json.dumps(record).encode())
+        _record_holder(owner, what)
         yield
     finally:
-        owner.unlink(missing_ok=True)
-        lock_path.unlink(missing_ok=True)  # while held: no lock file is left behind (``_acquire`` sees it go)
-        lock.release()
+        _let_go(lock, lock_path, owner)
+
+
+# The locks this process holds until it exits (``hold_until_exit``), by their lock files.
+_HELD: dict[Path, FileLock] = {}
+
+
+def hold_until_exit(path: str | os.PathLike, what: str) -> str | None:
+    """Hold the lock on ``path`` until this process ends (let go at its exit, or by the OS when it is killed), for
+    what a process keeps while it lives (a server it starts). Returns None, or, when another process holds the lock,
+    that process (its pid, command and start time)."""
+    lock_path, owner = _paths(path, what)
+    if lock_path in _HELD:
+        return None
+    lock = _acquire(lock_path)
+    if lock is None:
+        return _owner(lock_path)
+    _record_holder(owner, what)
+    _HELD[lock_path] = lock
+    atexit.register(_let_go, lock, lock_path, owner)
+    return None
+
+
+def _paths(path: str | os.PathLike, what: str) -> tuple[Path, Path]:
+    """The lock file of ``path`` and its owner record, refused where something other than this project's is there."""
+    lock_path = Path(path).with_name(f".{Path(path).name}.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    owner = Path(f"{lock_path}.owner")
+    for entry in (lock_path, owner):  # a planted link would make the lock write where it points
+        kind = "a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else None
+        if kind:
+            raise LockError(
+                f"{entry} is {kind}, where this project keeps the lock on {what} ({path}); it was not followed. "
+                f"Remove it (rm -r '{entry}') and run the same command again."
+            )
+    return lock_path, owner
+
+
+def _record_holder(owner: Path, what: str) -> None:
+    # Staged (created exclusively, never through a link) and renamed over the name: a link planted there since the
+    # check of ``_paths`` is replaced, not followed.
+    with atomic_file(owner, what=f"the lock's owner record {owner}") as handle:
+        handle.write(json.dumps(asdict(Holder.this_process())).encode())
+
+
+def _let_go(lock: FileLock, lock_path: Path, owner: Path) -> None:
+    owner.unlink(missing_ok=True)
+    lock_path.unlink(missing_ok=True)  # while held: no lock file is left behind (``_acquire`` sees it go)
+    lock.release()
 
 
 def _acquire(lock_path: Path) -> FileLock | None:

@@ -13,10 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from criteo_dlrm.common.errors import ConfigError, Fix, Remedy
+from criteo_dlrm.common.locks import hold_until_exit
 
 INSTALL_SPARK = 'pip install -e ".[spark]"'
 # Spark 4 runs on Java 17 and 21 (its documentation's list).
@@ -198,9 +200,22 @@ def _check_remote(remote: str, timeout: float, reuse: bool = False) -> None:
 
 def _check_local_connect_port(remote: str, timeout: float) -> None:
     """``spark.remote: local[N]`` starts a Spark Connect server in this process on PySpark's fixed port: with the
-    port taken (another run's server) Spark failed after its JVM started, in a long Py4J trace naming neither."""
+    port taken (another run's server) Spark failed after its JVM started, in a long Py4J trace naming neither.
+
+    The port is this process's from the check on: it holds a lock on it until it exits (the check alone let two
+    runs started at once both find the port free), and a run of this project that holds it is named."""
     if "SPARK_LOCAL_REMOTE" in os.environ or "SPARK_TESTING" in os.environ:  # as PySpark tells them
         return  # this process's own server already listens there (or PySpark's test mode, on a port of its own)
+    lock = Path(tempfile.gettempdir()) / f"criteo_dlrm_spark_connect_server_{CONNECT_PORT}"
+    holder = hold_until_exit(lock, f"the local Spark Connect server's port {CONNECT_PORT}")
+    if holder is not None:
+        raise ConfigError(
+            f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed "
+            f"port {CONNECT_PORT}, and another run holds that port: {holder}. Run one such job at a time on a "
+            f"machine, or leave spark.remote out to run this one on Spark without Connect (spark.master: {remote}), "
+            f"{BACK}.",
+            fix=BACK,
+        )
     try:
         socket.create_connection(("localhost", CONNECT_PORT), timeout=min(timeout, 1.0)).close()
     except OSError:
