@@ -260,3 +260,23 @@ def test_two_runs_starting_local_connect_servers_at_once_the_second_is_refused_b
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_port_lock_this_user_cannot_open_leaves_the_port_s_own_check(monkeypatch, tmp_path):
+    """On a shared machine the lock file in the temporary folder may be another user's (left by a killed run, which
+    the sticky bit keeps there): the check then tries the port itself, as before the lock, instead of failing."""
+    import socket
+
+    from criteo_dlrm.spark import session
+    from criteo_dlrm.spark.session import CONNECT_PORT, check_spark_settings
+
+    def denied(path, what):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    _no_connect_server_variables(monkeypatch, tmp_path)
+    monkeypatch.setattr(session, "hold_until_exit", denied)
+    with local_connect_port():
+        check_spark_settings({"spark.remote": "local[2]"})
+        with socket.create_server(("127.0.0.1", CONNECT_PORT)):
+            with pytest.raises(ConfigError, match="another process already listens there"):
+                check_spark_settings({"spark.remote": "local[2]"})

@@ -207,7 +207,10 @@ def _check_local_connect_port(remote: str, timeout: float) -> None:
     if "SPARK_LOCAL_REMOTE" in os.environ or "SPARK_TESTING" in os.environ:  # as PySpark tells them
         return  # this process's own server already listens there (or PySpark's test mode, on a port of its own)
     lock = Path(tempfile.gettempdir()) / f"criteo_dlrm_spark_connect_server_{CONNECT_PORT}"
-    holder = hold_until_exit(lock, f"the local Spark Connect server's port {CONNECT_PORT}")
+    try:
+        holder = hold_until_exit(lock, f"the local Spark Connect server's port {CONNECT_PORT}")
+    except OSError:  # another user's lock file (a killed run's, on a shared machine): the port's own check below
+        holder = None
     if holder is not None:
         raise ConfigError(
             f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed "
