@@ -74,11 +74,8 @@ def fresh(tmp_path) -> Path:
 def ran_once(tmp_path_factory, worker_id) -> Path:
     """A project the whole job ran in once (``FAST``): shared by the cases that start from a finished run, each of
     which copies it, on every xdist worker (the first to need it runs it, under a lock the others wait on)."""
-    if worker_id == "master":  # no xdist: this session's own folder
-        project = copy_project(tmp_path_factory.mktemp("ran") / "project")
-        _succeeds(project, FAST)
-        return project
-    shared = tmp_path_factory.getbasetemp().parent  # this session's folder, above each worker's own
+    # This session's folder: above each xdist worker's own, or, without xdist, the session's own.
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
     project = shared / "messages_ran" / "project"
     with FileLock(shared / "messages_ran.lock"):
         if not (shared / "messages_ran" / "finished").exists():

@@ -212,23 +212,24 @@ def _check_local_connect_port(remote: str, timeout: float) -> None:
     except OSError:  # another user's lock file (a killed run's, on a shared machine): the port's own check below
         holder = None
     if holder is not None:
-        raise ConfigError(
-            f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed "
-            f"port {CONNECT_PORT}, and another run holds that port: {holder}. Run one such job at a time on a "
-            f"machine, or leave spark.remote out to run this one on Spark without Connect (spark.master: {remote}), "
-            f"{BACK}.",
-            fix=BACK,
-        )
+        raise _port_taken(remote, f"another run holds that port: {holder}")
     try:
         socket.create_connection(("localhost", CONNECT_PORT), timeout=min(timeout, 1.0)).close()
     except OSError:
         return  # nothing listens: the server can start
-    raise ConfigError(
+    raise _port_taken(
+        remote,
+        "another process already listens there (most likely another run's local Spark Connect server: "
+        f"`ss -ltnp 'sport = :{CONNECT_PORT}'` names it)",
+    )
+
+
+def _port_taken(remote: str, by: str) -> ConfigError:
+    """The refusal of a local Connect server (``spark.remote: local[N]``) whose port ``by`` holds."""
+    return ConfigError(
         f"{SPARK_YML}: spark.remote {remote!r} starts a Spark Connect server on this machine, on PySpark's fixed port "
-        f"{CONNECT_PORT}, and another process already listens there (most likely another run's local Spark "
-        f"Connect server: `ss -ltnp 'sport = :{CONNECT_PORT}'` names it). Run one such job at a time on a "
-        f"machine, or leave spark.remote out to run this one on Spark without Connect (spark.master: {remote}), "
-        f"{BACK}.",
+        f"{CONNECT_PORT}, and {by}. Run one such job at a time on a machine, or leave spark.remote out to run this "
+        f"one on Spark without Connect (spark.master: {remote}), {BACK}.",
         fix=BACK,
     )
 
