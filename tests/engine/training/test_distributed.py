@@ -229,20 +229,33 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
     # Two "nodes" on this machine: two torchrun agents with one process each, meeting at a c10d rendezvous.
     import threading
 
-    from criteo_dlrm.engine.training.distributed import torchrun_command
+    from loguru import logger
 
     port = unused_port()  # never one the kernel hands to another test's port-0 bind (a c10d store) meanwhile
     config = _config(tmp_path, 1, distributed={"nproc_per_node": 1, "nnodes": 2, "master_port": port})
     outcome: dict = {}
-    waiting = threading.Thread(target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True)
-    waiting.start()
-    deadline = time.monotonic() + 60
-    while not (jobs := list((tmp_path / "progress").glob("job_*.json"))):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    outcome_path = jobs[0].with_name(jobs[0].name.replace("job_", "outcome_").replace(".json", ".pt"))
-    command = torchrun_command(jobs[0], outcome_path, config.distributed, head="localhost").split()
+    logged: list[str] = []
+    sink = logger.add(lambda message: logged.append(str(message)), level="INFO", format="{message}")
+    try:
+        waiting = threading.Thread(
+            target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True
+        )
+        waiting.start()
+        deadline = time.monotonic() + 60
+        while not (started := [m for m in logged if "Multi-node training" in m]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        logger.remove(sink)
+    # The command the run logged, for a node named localhost.
+    command = started[0].splitlines()[-1].strip().replace("HEAD_NODE", "localhost").split()
     assert command[0] == "torchrun"
+    jobs = list((tmp_path / "progress").glob("job_*.json"))
+    outcome_path = jobs[0].with_name(jobs[0].name.replace("job_", "outcome_").replace(".json", ".pt"))
+    # Each node's torchrun writes its files in the run's folder (by default a torchelastic_* folder in its /tmp,
+    # left there), and the run removes them when it has the outcome.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     logs = [tmp_path / f"node_{i}.log" for i in range(2)]
     with contextlib.ExitStack() as files:
         nodes = [  # each node's log a file (a pipe read one node at a time can fill and stall the other node)
@@ -250,7 +263,7 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
                 [sys.executable, "-m", "torch.distributed.run", *command[1:]],
                 stderr=files.enter_context(log.open("w")),
                 # A stack of every thread if one is ended as hung; the agents' own steps (rendezvous, exit barrier).
-                env={**os.environ, "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO"},
+                env={**os.environ, "PYTHONFAULTHANDLER": "1", "LOGLEVEL": "INFO", "TMPDIR": str(temporary)},
             )
             for log in logs
         ]
@@ -261,6 +274,8 @@ def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features
     checkpoint, summary = outcome["result"]
     assert summary.processes == 2 and checkpoint.step == 12
     assert not jobs[0].exists() and not outcome_path.exists()
+    assert not list(temporary.glob("torchelastic_*"))
+    assert not list((tmp_path / "progress").glob("launcher_*"))
 
 
 @pytest.mark.parametrize(

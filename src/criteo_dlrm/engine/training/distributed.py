@@ -63,9 +63,12 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     stored = _store_rows_in_memory(job, folder)
     try:
         job.save(job_path)
-        if settings.nnodes > 1:
-            return _wait_for_nodes(job_path, outcome_path, settings)
         logs = launcher_folder(job)  # removed when the processes end (torch's default left one in /tmp per run)
+        if settings.nnodes > 1:
+            try:
+                return _wait_for_nodes(job_path, outcome_path, settings, logs)
+            finally:
+                shutil.rmtree(logs, ignore_errors=True)
         config = launch_config(settings.nproc_per_node, logs, settings.master_port, settings.max_restarts)
         # Each process starts Python, imports torch and joins the group before its first step: seconds of
         # silence otherwise (about 11 s for 2 processes on 2 cores).
@@ -95,9 +98,10 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
 
 
 def launcher_folder(job: TrainingJob) -> Path:
-    """Where ``launch`` has torch's launcher write its files (each process's error file, read into a failure's
-    message): beside the job's file, in its in-progress folder. A run killed while its processes ran leaves it, and
-    the job's next run removes it, in any number of processes (``recipe._train``)."""
+    """Where torch's launcher writes its files (each process's error file, read into a failure's message), ``launch``'s
+    on this machine and ``torchrun``'s on every node of a multi-node run (each node a folder of its own in it): beside
+    the job's file, in its in-progress folder. Removed when the run ends; one a killed run left is removed by the job's
+    next run, in any number of processes (``recipe._train``)."""
     return Path(job.config.in_progress_dir) / f"launcher_{job.fingerprint}"
 
 
@@ -152,20 +156,23 @@ def _collect(job_path: Path, outcome_path: Path) -> TrainingOutcome:
     return outcome
 
 
-def torchrun_command(job_path: Path, outcome_path: Path, settings: Distributed, head: str = "HEAD_NODE") -> str:
-    """The command to start on every node of a multi-node run (``head``: a host every node can reach)."""
+def torchrun_command(
+    job_path: Path, outcome_path: Path, settings: Distributed, logs: Path, head: str = "HEAD_NODE"
+) -> str:
+    """The command to start on every node of a multi-node run (``head``: a host every node can reach; ``logs``:
+    the launcher's folder, where each node's torchrun writes a folder of its own instead of one in its /tmp)."""
     return (
         f"torchrun --nnodes={settings.nnodes} --nproc-per-node={settings.nproc_per_node} --rdzv-backend=c10d "
-        f"--rdzv-endpoint={head}:{settings.master_port or 29400} --rdzv-id={job_path.stem} "
+        f"--rdzv-endpoint={head}:{settings.master_port or 29400} --rdzv-id={job_path.stem} --log-dir={logs} "
         f"-m criteo_dlrm.engine.training.distributed {job_path} --outcome {outcome_path}"
     )
 
 
-def _wait_for_nodes(job_path: Path, outcome_path: Path, settings: Distributed) -> TrainingOutcome:
+def _wait_for_nodes(job_path: Path, outcome_path: Path, settings: Distributed, logs: Path) -> TrainingOutcome:
     """Multi-node: the job is written; torchrun runs it on every node; rank 0 writes the outcome file."""
     logger.info(
         "Multi-node training: start this on each of the {} nodes (paths on a filesystem they all see):\n  {}",
-        settings.nnodes, torchrun_command(job_path.resolve(), outcome_path.resolve(), settings),
+        settings.nnodes, torchrun_command(job_path.resolve(), outcome_path.resolve(), settings, logs.resolve()),
     )  # fmt: skip
     waited = 0.0
     while not outcome_path.exists():
