@@ -1,11 +1,12 @@
 """Spark engine benchmark: ingestion, metadata and encoding on the local engine and on Spark, the same days, one run.
 
     python -m benchmarks.spark [--days 4] [--rows-per-day 250000] [--master "local[2]"] [--repeats 2]
-                               [--executor-cores 64 256 1024]
+                               [--executor-cores 64 256 1024] [--together]
 
 Generates D gzip days, then runs each stage with each engine, each measurement in a fresh process (``--repeats``
-interleaved runs, the fastest kept): the local engine with its default workers, and Spark on ``--master`` (its
-session started before the clock, and its start timed apart). Prints each stage's rows/s, CPU busy share (from
+interleaved runs, the fastest kept; ``--together``: each engine's three stages in one process, one Spark session
+start instead of three): the local engine with its default workers, and Spark on ``--master`` (its session started
+before the clock, and its start timed apart). Prints each stage's rows/s, CPU busy share (from
 /proc/stat: run it on a quiet machine), the peak RSS of the whole process tree (for Spark: the driver, its JVM and
 the Python workers) and Spark's time over the local engine's; checks that both engines wrote the same Parquet days,
 metadata and encoded files; and projects Criteo 1TB on ``--executor-cores`` Spark cores from Spark's measured rate
@@ -61,18 +62,17 @@ def measure(stage: str, engine: str, data: Path, master: str) -> dict:
         metadata = FeatureMetadata.from_dict(json.loads((data / "metadata.json").read_text()))
         encoder = FeatureEncoder.from_metadata(metadata, dict(np.load(data / "vocabularies.npz")))
     rows = count_rows(parquet)
-    for previous in (data / f"parquet_{engine}", data / f"encoded_{engine}"):  # a repeat converts, never reuses
-        shutil.rmtree(previous, ignore_errors=True)
+    output = data / f"{'encoded' if stage == 'encoding' else 'parquet'}_{engine}"
+    if stage != "metadata":  # a repeat converts, never reuses (the stage's own output: the others' stay compared)
+        shutil.rmtree(output, ignore_errors=True)
     if stage == "ingestion":
-        output = data / f"parquet_{engine}"
         pairs = [(s, output / p.name) for s, p in zip(raw, parquet, strict=True)]
         _, figures = measured(lambda: convert_days(pairs, run=run))
     elif stage == "metadata":
         (metadata, _), figures = measured(lambda: chosen.count_metadata(parquet, config))
         (data / f"metadata_{engine}.json").write_text(json.dumps(metadata.to_dict(), sort_keys=True))
     else:
-        into = data / f"encoded_{engine}"
-        _, figures = measured(lambda: encoder.encode_days(parquet, into=into, workers=None, shuffle=True, run=run))
+        _, figures = measured(lambda: encoder.encode_days(parquet, into=output, workers=None, shuffle=True, run=run))
     return {"rows": rows, **figures, "session": session_seconds}
 
 
@@ -86,8 +86,9 @@ def _child(*args: str) -> dict:
 def _same_outputs(data: Path) -> list[str]:
     import pyarrow.parquet as pq
 
-    problems = []
-    for day in sorted((data / "parquet_local").glob("*.parquet")):
+    days = sorted((data / "parquet_local").glob("*.parquet"))
+    problems = [] if days else ["Parquet: none written by the local engine"]  # never a vacuous comparison
+    for day in days:
         if not pq.read_table(data / "parquet_spark" / day.name).equals(pq.read_table(day)):
             problems.append(f"Parquet {day.name}")
     if (data / "metadata_local.json").read_text() != (data / "metadata_spark.json").read_text():
@@ -98,8 +99,9 @@ def _same_outputs(data: Path) -> list[str]:
     return problems
 
 
-# What the tests run (--smallest): this benchmark at its smallest sizes.
-SMALLEST = ["--days", "1", "--rows-per-day", "5000", "--repeats", "1"]
+# What the tests run (--smallest): this benchmark at its smallest sizes, each engine's stages in one process (one
+# Spark session started, not three: the smallest run's figures are not compared).
+SMALLEST = ["--days", "1", "--rows-per-day", "5000", "--repeats", "1", "--together"]
 
 
 def main() -> None:
@@ -109,11 +111,19 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the fastest is kept")
     parser.add_argument("--executor-cores", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument(
+        "--together", action="store_true", help="each engine's three stages in one process, not each in a fresh one"
+    )
     parser.add_argument("--measure", nargs=4, metavar=("STAGE", "ENGINE", "DATA", "MASTER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         stage, engine, data, master = args.measure
-        print(json.dumps(measure(stage, engine, Path(data), master)))
+        measured_here = {
+            name: measure(name, engine, Path(data), master) for name in (STAGES if stage == "all" else [stage])
+        }
+        for result in measured_here.values():  # the session this process started (the later stages found it up)
+            result["session"] = max(other["session"] for other in measured_here.values())
+        print(json.dumps(measured_here))
         return
     from criteo_dlrm.common.errors import ConfigError
     from criteo_dlrm.spark.session import require_spark
@@ -142,8 +152,9 @@ def main() -> None:
         np.savez(data / "vocabularies.npz", **vocabularies)
         runs = {(stage, engine): [] for stage in STAGES for engine in engines}
         for _ in range(args.repeats):  # interleaved: on a shared machine the slow runs measure the neighbours
-            for stage, engine in runs:
-                runs[(stage, engine)].append(_child("--measure", stage, engine, tmp, args.master))
+            for stage, engine in [(None, engine) for engine in engines] if args.together else runs:
+                for name, result in _child("--measure", stage or "all", engine, tmp, args.master).items():
+                    runs[(name, engine)].append(result)
         results = {key: min(measured, key=lambda r: r["wall"]) for key, measured in runs.items()}
         problems = _same_outputs(data)
     cores = os.cpu_count()

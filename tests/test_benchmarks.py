@@ -197,3 +197,22 @@ def test_the_ingestion_benchmark_s_day_from_a_sample_repeats_its_lines_in_order(
     (tmp_path / "empty.tsv").write_bytes(b"")
     with pytest.raises(SystemExit, match="empty.tsv: no rows to repeat"):
         write_sampled_day(tmp_path / name, 8, tmp_path / "empty.tsv")
+
+
+def test_the_spark_benchmark_compares_every_output_and_never_nothing(tmp_path):
+    """Each measurement removed both engines' earlier outputs, so the Parquet days were gone by the comparison, which
+    then compared none and said both engines wrote the same days."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.spark import _same_outputs
+
+    for engine in ("local", "spark"):
+        (tmp_path / f"metadata_{engine}.json").write_text("{}")
+        (tmp_path / f"encoded_{engine}").mkdir()
+        (tmp_path / f"encoded_{engine}" / "part_0.bin").write_bytes(b"same")
+    assert _same_outputs(tmp_path) == ["Parquet: none written by the local engine"]
+    for engine, values in (("local", [1, 2]), ("spark", [1, 3])):
+        (tmp_path / f"parquet_{engine}").mkdir()
+        pq.write_table(pa.table({"label": values}), tmp_path / f"parquet_{engine}" / "day_0.parquet")
+    assert _same_outputs(tmp_path) == ["Parquet day_0.parquet"]
