@@ -204,8 +204,7 @@ def tiny_features(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ran_project(tmp_path_factory) -> Path:
-    """A project copy after one `kedro run` (one epoch), shared by the tests that only read its outputs: they run
-    on one test process (``pytest_collection_modifyitems``), so the run is made once, not once per process."""
+    """A project copy after one `kedro run` (one epoch), shared by the tests that only read its outputs."""
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
@@ -374,12 +373,3 @@ def converted_day(tmp_path_factory) -> tuple[Path, Path, list]:
     write_day(folder / "day_0", 3000, day=0, model=ClickModel(seed=4))
     parquet = Path(convert_day(folder / "day_0", folder / "out" / "day_0.parquet").parquet)
     return folder / "day_0", parquet, pq.read_table(parquet).to_pylist()
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use ``ran_project`` form one pytest-xdist group (``--dist loadgroup``, pyproject.toml): one
-    test process runs them all and the session-scoped run behind them once (each process made its own, 30-50 s)."""
-    for item in items:
-        if "ran_project" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ran_project"))

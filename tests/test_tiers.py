@@ -82,33 +82,3 @@ def test_in_a_run_of_both_tiers_the_slow_tier_runs_first(request):
     the fast tier together (in file order a minute-long test near the end can keep one busy after the other is done)."""
     slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
     assert slow == sorted(slow, reverse=True), [item.nodeid for item in request.session.items][:50]
-
-
-def test_the_tests_reading_the_finished_run_share_one_test_process():
-    """``ran_project`` (a whole `kedro run`, 30-50 s on 2 cores) was made by each test process that ran one of its
-    tests: they form one pytest-xdist group, which one process runs (``--dist loadgroup``)."""
-    import subprocess
-    import sys
-    import tomllib
-
-    from tests.conftest import PROJECT_ROOT
-
-    readers = {
-        "tests/test_notebook.py::test_exploration_notebook_executes_from_its_own_folder_on_the_bundled_sample",
-        "tests/test_project.py::test_a_pinned_version_that_does_not_exist_lists_the_ones_that_do",
-        "tests/test_viz.py::test_api_lists_every_pipeline_node_dataset_and_layer",  # through the viz fixture
-        "tests/tracking/test_hooks.py::test_the_bundled_run_is_tracked_with_parameters_history_metrics_artifacts_and_"
-        "lineage",
-        "tests/tracking/test_ui.py::test_headless_chromium_lists_the_bundled_run",  # through the ui fixture
-    }
-    modules = sorted({reader.partition("::")[0] for reader in readers})
-    found = subprocess.run(  # the tests that carry the group's mark, in the readers' modules
-        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-n", "0", "--full",
-         "-m", "xdist_group", *modules],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    grouped = {line for line in found.stdout.splitlines() if "::" in line}
-    assert readers <= grouped, found.stdout[-2000:]
-    assert not [test for test in grouped if "test_tracking_off_is_one_setting" in test], "a test of its own project"
-    options = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    assert "--dist loadgroup" in options["addopts"]
