@@ -190,7 +190,9 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
     from tests.engine.training.test_distributed import _saved_step
 
     project = copy_project(tmp_path / "project")
-    params = ("--params=training.num_epochs=100,training.max_steps=1500,training.checkpoint_every_steps=20,"
+    # 500 steps: the interrupted run is still training when its checkpoint at step 20 is seen (about 9 s later at the
+    # bundled sample's 14,000 samples/s), and the resumed one trains the rest (3 epochs more) in seconds.
+    params = ("--params=training.num_epochs=100,training.max_steps=500,training.checkpoint_every_steps=20,"
               "training.early_stopping.patience=1000")  # fmt: skip
     env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1", "CRITEO_DLRM_TRACKING": "off"}
     run = subprocess.Popen([sys.executable, "-m", "kedro", "run", params], cwd=project, env=env, text=True,
@@ -215,14 +217,14 @@ def test_ctrl_c_in_training_then_the_same_command_resumes_reusing_what_was_made(
     assert "already encoded from the same metadata version and days; reused" in output
     resumed = re.search(r"resumed from .*dlrm_\w+\.pt at step (\d+)", output)
     assert resumed and int(resumed.group(1)) >= 20, output[-3000:]
-    assert "training finished at step 1,500" in output or "training finished at step 1500" in output
+    assert "training finished at step 500" in output
     assert not list(in_progress.rglob("*.pt")) and not list(in_progress.glob(".*.lock")), "nothing left behind"
     stages = _stages(again.stdout)  # the summary says what was reused
     assert stages["ingestion"].startswith("3 days (reused), 60,000 rows"), stages
     assert stages["metadata"].startswith(
         f"reused version {sorted(os.listdir(project / 'data/04_feature/feature_metadata.json'))[0]}: "
     )
-    assert stages["training"].startswith(f"resumed at step {int(resumed.group(1)):,}, 1,500 steps"), stages
+    assert stages["training"].startswith(f"resumed at step {int(resumed.group(1)):,}, 500 steps"), stages
 
 
 def test_kedro_run_help_ends_with_the_project_s_pipelines_and_where_its_parameters_are(tmp_path):
