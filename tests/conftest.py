@@ -202,22 +202,45 @@ def tiny_features(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="session")
-def ran_project(tmp_path_factory) -> Path:
-    """A project copy after one `kedro run` (one epoch), shared by the tests that only read its outputs."""
+def made_once(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, make) -> Path:
+    """``make(folder)``'s folder, made once for the whole session: the first test process (pytest-xdist's worker)
+    to need it makes it, under a lock the others wait on, in the session's folder above each worker's own."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    folder = shared / name
+    with FileLock(shared / f"{name}.lock"):
+        if not (shared / f"{name}.finished").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed while making it
+            make(folder)
+            (shared / f"{name}.finished").touch()
+    return folder
+
+
+def _run_the_job(folder: Path) -> None:
+    """A project copy in ``folder`` after one `kedro run` (one epoch, tracked)."""
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
-    path = copy_project(tmp_path_factory.mktemp("ran") / "project")
+    copy_project(folder)
     previous = Path.cwd()
-    os.chdir(path)
+    os.chdir(folder)
     try:
-        bootstrap_project(path)
-        with KedroSession.create(project_path=path, runtime_params={"training": {"num_epochs": 1}}) as session:
+        bootstrap_project(folder)
+        with KedroSession.create(project_path=folder, runtime_params={"training": {"num_epochs": 1}}) as session:
             session.run()
     finally:
         os.chdir(previous)
-    return path
+
+
+@pytest.fixture(scope="session")
+def ran_project(tmp_path_factory, worker_id) -> Path:
+    """A project copy after one `kedro run` (one epoch), shared by the tests that only read its outputs: the run is
+    made once a session (each test process made its own, 30-50 s on 2 cores), and each test process reads its own
+    copy (kedro-viz, the MLflow UI and the notebook write their files in it). The copy's MLflow records name the
+    artifacts where the run wrote them, in the session's folder."""
+    made = made_once(tmp_path_factory, worker_id, "ran_project", _run_the_job)
+    return Path(shutil.copytree(made, tmp_path_factory.mktemp("ran") / "project", symlinks=True))
 
 
 @pytest.fixture

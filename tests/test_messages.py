@@ -18,9 +18,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
-from tests.conftest import copy_project, unused_port
+from tests.conftest import copy_project, made_once, unused_port
 from tests.test_cli import _kedro
 
 pytestmark = pytest.mark.slow
@@ -74,16 +73,11 @@ def fresh(tmp_path) -> Path:
 def ran_once(tmp_path_factory, worker_id) -> Path:
     """A project the whole job ran in once (``FAST``): shared by the cases that start from a finished run, each of
     which copies it, on every xdist worker (the first to need it runs it, under a lock the others wait on)."""
-    # This session's folder: above each xdist worker's own, or, without xdist, the session's own.
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    project = shared / "messages_ran" / "project"
-    with FileLock(shared / "messages_ran.lock"):
-        if not (shared / "messages_ran" / "finished").exists():
-            shutil.rmtree(project.parent, ignore_errors=True)  # a worker that failed while running it
-            copy_project(project)
-            _succeeds(project, FAST)
-            (shared / "messages_ran" / "finished").touch()
-    return project
+
+    def run(folder: Path) -> None:
+        _succeeds(copy_project(folder / "project"), FAST)
+
+    return made_once(tmp_path_factory, worker_id, "messages_ran", run) / "project"
 
 
 @pytest.fixture

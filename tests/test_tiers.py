@@ -82,3 +82,15 @@ def test_in_a_run_of_both_tiers_the_slow_tier_runs_first(request):
     the fast tier together (in file order a minute-long test near the end can keep one busy after the other is done)."""
     slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
     assert slow == sorted(slow, reverse=True), [item.nodeid for item in request.session.items][:50]
+
+
+def test_the_finished_run_the_tests_read_is_made_once_a_session_and_each_process_reads_a_copy(
+    ran_project, tmp_path_factory, worker_id
+):
+    """``ran_project`` (a whole `kedro run`, 30-50 s on 2 cores) was made by every test process that used it."""
+    session = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    made = session / "ran_project"
+    assert (session / "ran_project.finished").exists() and (made / "data/06_models/dlrm_checkpoint.pt").is_dir()
+    assert ran_project != made and ran_project.is_relative_to(tmp_path_factory.getbasetemp()), "this process's copy"
+    versions = sorted(p.name for p in (ran_project / "data/06_models/dlrm_checkpoint.pt").iterdir())
+    assert versions == sorted(p.name for p in (made / "data/06_models/dlrm_checkpoint.pt").iterdir())
