@@ -365,8 +365,8 @@ def test_a_killed_sharded_run_resumes_from_its_own_shards_in_as_many_or_another_
     state = progress / load_checkpoint(latest)["sharded_state"]["folder"]
     written = sorted({path.name.split("_")[2] for path in state.glob("part-*/__*_*.distcp")})
     assert written == [str(rank) for rank in range(before)], "each process wrote its own shards"
-    if before > 1:
-        assert list(progress.glob("launcher_*")), "the killed launcher's folder is there for the resume to remove"
+    if before > 1:  # what the killed launch wrote, there for the resume to remove
+        assert list(progress.glob("launcher_*")) and list(progress.glob("rows_*")), "the launcher's folder, the rows"
     shutil.copytree(tmp_path / "run", tmp_path / "other")  # the killed run, resumed in each number of processes
     for folder, processes in (("run", before), ("other", after)):
         _, resumed = _run(tiny_features, _resumable(tmp_path / folder, processes), f"resumed_{folder}")
@@ -377,6 +377,7 @@ def test_a_killed_sharded_run_resumes_from_its_own_shards_in_as_many_or_another_
         progress = tmp_path / folder / "progress"
         assert not list(progress.glob(".*.partial")), "no staging folder left"
         assert not list(progress.glob("launcher_*")), "no launcher's folder left"
+        assert not list(progress.glob("rows_*")), "no rows the launch stored left"
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     folder.mkdir(parents=True, exist_ok=True)
     job_path, outcome_path = folder / f"job_{job.fingerprint}.json", folder / f"outcome_{job.fingerprint}.pt"
     outcome_path.unlink(missing_ok=True)
-    stored = _store_rows_in_memory(job, folder)
+    stored = _store_rows_in_memory(job)
     try:
         job.save(job_path)
         logs = launcher_folder(job)  # removed when the processes end (torch's default left one in /tmp per run)
@@ -97,6 +97,9 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
             fixes.unlink(missing_ok=True)
 
 
+SPLITS = ("train", "validation")  # a job's rows, by its attributes' names
+
+
 def launcher_folder(job: TrainingJob) -> Path:
     """Where torch's launcher writes its files (each process's error file, read into a failure's message), ``launch``'s
     on this machine and ``torchrun``'s on every node of a multi-node run (each node a folder of its own in it): beside
@@ -118,13 +121,20 @@ def _rank_fixes(job_path: Path, rank: int) -> list[Fix]:
         return []
 
 
-def _store_rows_in_memory(job: TrainingJob, folder: Path) -> list[Path]:
-    """Rows held in memory (a notebook's, a test's) go to folders of the run, so the processes can open them."""
+def rows_folder(job: TrainingJob, split: str) -> Path:
+    """Where ``launch`` stores ``split``'s rows held in memory (a notebook's, a test's) for the processes to open:
+    in the in-progress folder, removed when the processes end. A run killed meanwhile leaves them, and the job's next
+    run removes them (``recipe._train``)."""
+    return Path(job.config.in_progress_dir) / f"rows_{job.fingerprint}_{split}"
+
+
+def _store_rows_in_memory(job: TrainingJob) -> list[Path]:
+    """Rows held in memory go to folders of the run (``rows_folder``), so the processes can open them."""
     stored = []
-    for split in ("train", "validation"):
+    for split in SPLITS:
         rows = getattr(job, split)
         if not isinstance(rows, str):
-            target = folder / f"rows_{job.fingerprint}_{split}"
+            target = rows_folder(job, split)
             write_encoded(rows, target)
             setattr(job, split, str(target))
             stored.append(target)

@@ -45,7 +45,7 @@ from criteo_dlrm.engine.trained.checkpoint import (
 from criteo_dlrm.engine.trained.metrics import log_loss
 from criteo_dlrm.engine.trained.reports import TrainingSummary
 from criteo_dlrm.engine.trained.scoring import calibrated, predict
-from criteo_dlrm.engine.training.distributed import launch, launcher_folder
+from criteo_dlrm.engine.training.distributed import SPLITS, launch, launcher_folder, rows_folder
 from criteo_dlrm.engine.training.job import TrainingJob, TrainingOutcome
 from criteo_dlrm.engine.training.process import train_process
 from criteo_dlrm.engine.training.run_state import best_path_for, load_best, remove_checkpoint
@@ -152,8 +152,9 @@ def _train(job: TrainingJob) -> TrainingOutcome:
     if job.resume_path is not None:
         remove_stale_locks(job.resume_path.parent, keep=job.resume_path)
     with exclusive(job.resume_path, "the in-progress checkpoint") if job.resume_path else contextlib.nullcontext():
-        if job.resume_path is not None:  # the launcher's folder of a killed run of this job, which the lock makes ours
-            shutil.rmtree(launcher_folder(job), ignore_errors=True)
+        if job.resume_path is not None:  # what a killed run of this job left in its folder, which the lock makes ours
+            for leftover in [launcher_folder(job), *(rows_folder(job, split) for split in SPLITS)]:
+                shutil.rmtree(leftover, ignore_errors=True)
         try:
             if job.config.launches_processes and not dist.is_initialized():
                 return launch(job, job.config.distributed)
