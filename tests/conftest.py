@@ -202,12 +202,17 @@ def tiny_features(tmp_path_factory):
     }
 
 
+def session_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """This test session's folder: above each pytest-xdist worker's own, or, without xdist, the session's own."""
+    return tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+
+
 def made_once(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str, make) -> Path:
     """``make(folder)``'s folder, made once for the whole session: the first test process (pytest-xdist's worker)
     to need it makes it, under a lock the others wait on, in the session's folder above each worker's own."""
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    shared = session_folder(tmp_path_factory, worker_id)
     folder = shared / name
     with FileLock(shared / f"{name}.lock"):
         if not (shared / f"{name}.finished").exists():

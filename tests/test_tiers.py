@@ -88,7 +88,9 @@ def test_the_finished_run_the_tests_read_is_made_once_a_session_and_each_process
     ran_project, tmp_path_factory, worker_id
 ):
     """``ran_project`` (a whole `kedro run`, 30-50 s on 2 cores) was made by every test process that used it."""
-    session = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    from tests.conftest import session_folder
+
+    session = session_folder(tmp_path_factory, worker_id)
     made = session / "ran_project"
     assert (session / "ran_project.finished").exists() and (made / "data/06_models/dlrm_checkpoint.pt").is_dir()
     assert ran_project != made and ran_project.is_relative_to(tmp_path_factory.getbasetemp()), "this process's copy"

@@ -225,28 +225,19 @@ def test_a_hung_process_tree_is_ended_showing_where_each_of_its_processes_was(tm
     assert tree.poll() is not None
 
 
-def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path):
+def test_two_nodes_started_with_torchrun_train_the_job_a_run_wrote(tiny_features, tmp_path, logged):
     # Two "nodes" on this machine: two torchrun agents with one process each, meeting at a c10d rendezvous.
     import threading
-
-    from loguru import logger
 
     port = unused_port()  # never one the kernel hands to another test's port-0 bind (a c10d store) meanwhile
     config = _config(tmp_path, 1, distributed={"nproc_per_node": 1, "nnodes": 2, "master_port": port})
     outcome: dict = {}
-    logged: list[str] = []
-    sink = logger.add(lambda message: logged.append(str(message)), level="INFO", format="{message}")
-    try:
-        waiting = threading.Thread(
-            target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True
-        )
-        waiting.start()
-        deadline = time.monotonic() + 60
-        while not (started := [m for m in logged if "Multi-node training" in m]):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        logger.remove(sink)
+    waiting = threading.Thread(target=lambda: outcome.update(result=_run(tiny_features, config, "nodes")), daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 60
+    while not (started := [m for m in logged if "Multi-node training" in m]):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     # The command the run logged, for a node named localhost.
     command = started[0].splitlines()[-1].strip().replace("HEAD_NODE", "localhost").split()
     assert command[0] == "torchrun"

@@ -61,14 +61,11 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
     job_path, outcome_path = folder / f"job_{job.fingerprint}.json", folder / f"outcome_{job.fingerprint}.pt"
     outcome_path.unlink(missing_ok=True)
     stored = _store_rows_in_memory(job)
+    logs = launcher_folder(job)  # removed when the processes end (torch's default left one in /tmp per run)
     try:
         job.save(job_path)
-        logs = launcher_folder(job)  # removed when the processes end (torch's default left one in /tmp per run)
         if settings.nnodes > 1:
-            try:
-                return _wait_for_nodes(job_path, outcome_path, settings, logs)
-            finally:
-                shutil.rmtree(logs, ignore_errors=True)
+            return _wait_for_nodes(job_path, outcome_path, settings, logs)
         config = launch_config(settings.nproc_per_node, logs, settings.master_port, settings.max_restarts)
         # Each process starts Python, imports torch and joins the group before its first step: seconds of
         # silence otherwise (about 11 s for 2 processes on 2 cores).
@@ -87,12 +84,10 @@ def launch(job: TrainingJob, settings: Distributed) -> TrainingOutcome:
         except ChildFailedError as error:
             rank, _ = root_failure(error)
             raise TrainingWorkerError(_describe_failure(error, job), fix=_rank_fixes(job_path, rank)) from error
-        finally:
-            shutil.rmtree(logs, ignore_errors=True)
         return _collect(job_path, outcome_path)
     finally:
-        for rows in stored:
-            shutil.rmtree(rows, ignore_errors=True)
+        for leftover in [logs, *stored]:
+            shutil.rmtree(leftover, ignore_errors=True)
         for fixes in folder.glob(f"{job_path.stem}.rank*.fixes.json"):
             fixes.unlink(missing_ok=True)
 
